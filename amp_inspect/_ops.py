@@ -1,0 +1,91 @@
+"""The only module that touches ``torch.ops.amp_inspect``: loads the compiled kernels, registers the fake
+(meta) implementation torch.compile traces with, and falls back to the pure-torch reference, with one
+clear warning, when the extension cannot load or was built without the kernel a device needs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .reference import FIXED_COUNT_COLUMNS, HIST_BINS, tensor_stats_reference
+
+OP_NAME = "amp_inspect::tensor_stats"
+
+try:
+    from . import _C  # noqa: F401  (loading it runs the op's registrations)
+
+    LOAD_ERROR: str | None = None
+except (ImportError, OSError) as error:  # pragma: no cover - exercised by the fallback test in a subprocess
+    LOAD_ERROR = f"{type(error).__name__}: {error}"
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def extension_loaded() -> bool:
+    return LOAD_ERROR is None
+
+
+def has_kernel(device_type: str) -> bool:
+    """Whether the compiled extension registered a tensor_stats kernel for this device type ("cpu", "cuda")."""
+    if LOAD_ERROR is not None:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(OP_NAME, device_type.upper())
+
+
+def build_info() -> dict[str, str]:
+    """What the compiled extension was built with: {"cpu": "1", "cuda": "0" or "1", "cuda_archs": ...}."""
+    if LOAD_ERROR is not None:
+        return {}
+    text = torch.ops.amp_inspect.build_info()
+    return dict(item.split("=", 1) for item in text.splitlines())
+
+
+if LOAD_ERROR is None:
+
+    @torch.library.register_fake(OP_NAME)
+    def _tensor_stats_fake(tensors, scale, scale_value, formats):
+        device = tensors[0].device if tensors else torch.device("cpu")
+        t = len(tensors)
+        return (
+            torch.empty(t, FIXED_COUNT_COLUMNS + 3 * len(formats), dtype=torch.int64, device=device),
+            torch.empty(t, HIST_BINS, dtype=torch.int64, device=device),
+            torch.empty(t, dtype=torch.float32, device=device),
+            torch.empty(t, dtype=torch.float32, device=device),
+            torch.empty(t, dtype=torch.float64, device=device),
+        )
+
+
+def tensor_stats_op(
+    tensors: list[torch.Tensor],
+    scale: torch.Tensor | None,
+    scale_value: float | None,
+    formats: list[str],
+) -> tuple[torch.Tensor, ...]:
+    """Runs the op on tensors of one device (checked by the caller); the reference where no kernel exists."""
+    device_type = tensors[0].device.type if tensors else "cpu"
+    if not tensors:
+        return tensor_stats_reference(tensors, scale, scale_value, formats)
+    if LOAD_ERROR is not None:
+        _warn_once(
+            "load",
+            "amp_inspect: the compiled extension amp_inspect._C could not be loaded "
+            f"({LOAD_ERROR}); using the pure-torch reference, which is exact but much slower. "
+            "Rebuild with `pip install --no-build-isolation -e .` and see `python -m amp_inspect.info`.",
+        )
+        return tensor_stats_reference(tensors, scale, scale_value, formats)
+    if not has_kernel(device_type):
+        _warn_once(
+            device_type,
+            f"amp_inspect: the compiled extension has no {device_type} kernel (built without it); "
+            "using the pure-torch reference for these tensors. See `python -m amp_inspect.info`.",
+        )
+        return tensor_stats_reference(tensors, scale, scale_value, formats)
+    return torch.ops.amp_inspect.tensor_stats(tensors, scale, scale_value, formats)

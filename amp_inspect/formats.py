@@ -1,0 +1,67 @@
+"""The low-precision formats amp_inspect judges values against, and what its terms mean.
+
+For a value v and a format f, "cast" means what ``v.to(dtype)`` does: round to nearest, ties to even.
+
+- **overflow**: v is finite and its cast to f is +-Inf. fp8 e4m3fn has no Inf; there, |v| > 464 counts
+  (torch >= 2.13 saturates such values to 448, older torch gives NaN).
+- **subnormal**: v is finite, nonzero, and its cast is a nonzero subnormal of f (precision is being lost).
+- **underflow**: v is finite, nonzero, and its cast is zero (the value is lost).
+
+The thresholds are exact float32 bit patterns of |v| (../shared/NUMERICS.md, checked against torch's casts
+by the tests); the kernels compare bits as integers, so flush-to-zero modes cannot change a count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FormatBounds:
+    """Where a format's casts change category, as float32 bit patterns of |v|."""
+
+    name: str
+    dtype_name: str  # the torch dtype attribute this format is, for oracles and messages
+    max_finite: float
+    overflow_from: int  # |v| >= this overflows
+    normal_from: int  # |v| >= this casts to a normal number (or overflows)
+    zero_upto: int  # |v| <= this casts to zero
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return getattr(torch, self.dtype_name, None)
+
+
+# In the order of the C++ FormatId enum (csrc/numerics.h).
+FORMAT_BOUNDS: dict[str, FormatBounds] = {
+    b.name: b
+    for b in (
+        FormatBounds("fp16", "float16", 65504.0, 0x477FF000, 0x387FE000, 0x33000000),
+        FormatBounds("bf16", "bfloat16", 3.3895313892515355e38, 0x7F7F8000, 0x007F8000, 0x00008000),
+        # e4m3fn: out of range *above* 464, i.e. from the float32 after 464.
+        FormatBounds("fp8_e4m3", "float8_e4m3fn", 448.0, 0x43E80001, 0x3C700000, 0x3A800000),
+        FormatBounds("fp8_e5m2", "float8_e5m2", 57344.0, 0x47700000, 0x38600000, 0x37000000),
+    )
+}
+
+FORMATS: tuple[str, ...] = tuple(FORMAT_BOUNDS)
+
+
+def check_formats(formats: object) -> tuple[str, ...]:
+    """Returns ``formats`` as a tuple of known, distinct names, or raises a ValueError/TypeError saying why."""
+    if isinstance(formats, str):
+        formats = (formats,)
+    try:
+        names = tuple(formats)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"formats must be a sequence of format names, got {type(formats).__name__}") from None
+    if not names:
+        raise ValueError("formats must name at least one format")
+    for name in names:
+        if name not in FORMAT_BOUNDS:
+            raise ValueError(f"unknown format {name!r}; expected one of {', '.join(FORMATS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"formats lists a format twice: {names}")
+    return names

@@ -1,0 +1,213 @@
+// tensor_stats.cpp: the schema of amp_inspect::tensor_stats (defined once, here), input checks, the
+// torch-free call description the backends run on, and the build_info op. Always built.
+#include "tensor_stats.h"
+
+#include <ATen/ATen.h>
+#include <Python.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace amp_inspect {
+namespace {
+
+// Names in FormatId order; amp_inspect/formats.py keeps the same list.
+const char* const kFormatNames[kNumFormats] = {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"};
+
+int format_id(const std::string& name) {
+  for (int f = 0; f < kNumFormats; ++f) {
+    if (name == kFormatNames[f]) return f;
+  }
+  TORCH_CHECK(false, "amp_inspect.tensor_stats: unknown format '", name,
+              "'; expected one of fp16, bf16, fp8_e4m3, fp8_e5m2");
+}
+
+InputDtype input_dtype(const at::Tensor& t, size_t position) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return kFloat32;
+    case at::kHalf:
+      return kFloat16;
+    case at::kBFloat16:
+      return kBFloat16;
+    case at::kDouble:
+      return kFloat64;
+    default:
+      TORCH_CHECK(false, "amp_inspect.tensor_stats: tensor ", position, " has dtype ", t.scalar_type(),
+                  "; expected float32, float16, bfloat16 or float64");
+  }
+}
+
+// Describes a strided tensor with its dims collapsed: size-1 dims dropped, neighbours merged where they
+// are laid out as one. Returns false when more than kMaxDims dims remain.
+bool describe_strided(const at::Tensor& t, TensorView& view) {
+  int64_t sizes[64];
+  int64_t strides[64];
+  int ndim = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.size(d);
+    const int64_t stride = t.stride(d);
+    if (size == 1) continue;
+    if (ndim > 0 && strides[ndim - 1] == stride * size) {
+      sizes[ndim - 1] *= size;
+      strides[ndim - 1] = stride;
+      continue;
+    }
+    if (ndim == 64) return false;
+    sizes[ndim] = size;
+    strides[ndim] = stride;
+    ++ndim;
+  }
+  if (ndim > kMaxDims) return false;
+  if (ndim == 0) {  // a single element
+    sizes[0] = 1;
+    strides[0] = 1;
+    ndim = 1;
+  }
+  view.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    view.sizes[d] = sizes[d];
+    view.strides[d] = strides[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+StatsCall prepare_call(const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
+                       std::optional<double> scale_value, const std::vector<std::string>& formats,
+                       int64_t chunk_elems) {
+  StatsCall call;
+  call.num_tensors = static_cast<int64_t>(tensors.size());
+  call.chunk_elems = chunk_elems;
+
+  TORCH_CHECK(!formats.empty(), "amp_inspect.tensor_stats: formats must name at least one format");
+  TORCH_CHECK(formats.size() <= static_cast<size_t>(kMaxFormats),
+              "amp_inspect.tensor_stats: at most ", kMaxFormats, " formats, got ", formats.size());
+  bool seen[kNumFormats] = {false, false, false, false};
+  for (const auto& name : formats) {
+    const int id = format_id(name);
+    TORCH_CHECK(!seen[id], "amp_inspect.tensor_stats: format '", name, "' is listed twice");
+    seen[id] = true;
+    call.bounds[call.num_formats++] = kFormatBounds[id];
+  }
+
+  std::optional<at::Device> device;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.defined(), "amp_inspect.tensor_stats: tensor ", i, " is undefined (None)");
+    TORCH_CHECK(t.layout() == at::kStrided, "amp_inspect.tensor_stats: tensor ", i, " has layout ",
+                t.layout(), "; only dense (strided) tensors are supported");
+    input_dtype(t, i);
+    if (!device) device = t.device();
+    TORCH_CHECK(t.device() == *device, "amp_inspect.tensor_stats: tensor ", i, " is on ", t.device(),
+                " but tensor 0 is on ", *device, "; the op takes one device per call (the Python entry "
+                "point amp_inspect.tensor_stats groups mixed lists by device)");
+  }
+
+  TORCH_CHECK(!(scale.has_value() && scale_value.has_value()),
+              "amp_inspect.tensor_stats: pass the scale as a tensor or as a number, not both");
+  if (scale_value.has_value()) {
+    const double s = *scale_value;
+    TORCH_CHECK(std::isfinite(s) && s > 0, "amp_inspect.tensor_stats: scale must be finite and positive, got ",
+                s);
+    const float s32 = static_cast<float>(s);
+    TORCH_CHECK(std::isfinite(s32) && s32 > 0, "amp_inspect.tensor_stats: scale ", s,
+                " is not a finite positive float32");
+    call.has_scale = true;
+    call.scale_value = s32;
+  }
+  if (scale.has_value()) {
+    const at::Tensor& s = *scale;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1,
+                "amp_inspect.tensor_stats: a scale tensor must be a float32 tensor of one element, got dtype ",
+                s.scalar_type(), " and ", s.numel(), " elements");
+    if (device) {
+      TORCH_CHECK(s.device() == *device, "amp_inspect.tensor_stats: the scale tensor is on ", s.device(),
+                  " but the tensors are on ", *device);
+    }
+    if (s.device().is_cpu()) {  // reading it costs no sync here, so check it like a number
+      const float v = *s.data_ptr<float>();
+      TORCH_CHECK(std::isfinite(v) && v > 0, "amp_inspect.tensor_stats: scale must be finite and positive, got ",
+                  v);
+    }
+    call.has_scale = true;
+    call.scale_ptr = s.data_ptr<float>();
+  }
+
+  int64_t next_chunk = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    const int64_t numel = t.numel();
+    if (numel == 0) continue;
+    TensorView view{};
+    view.numel = numel;
+    view.out_row = static_cast<int64_t>(i);
+    view.dtype = input_dtype(t, i);
+    if (t.is_non_overlapping_and_dense()) {
+      // Statistics do not depend on element order, so any dense layout is read as its storage span.
+      view.data = t.data_ptr();
+      view.ndim = 1;
+      view.sizes[0] = numel;
+      view.strides[0] = 1;
+    } else if (describe_strided(t, view)) {
+      view.data = t.data_ptr();
+    } else {
+      // More strided dims than a view holds: read a contiguous copy (rare; the only temporary the op makes).
+      at::Tensor copy = t.contiguous();
+      call.keep_alive.push_back(copy);
+      view.data = copy.data_ptr();
+      view.ndim = 1;
+      view.sizes[0] = numel;
+      view.strides[0] = 1;
+    }
+    view.first_chunk = next_chunk;
+    next_chunk += (numel + chunk_elems - 1) / chunk_elems;
+    call.views.push_back(view);
+  }
+  call.total_chunks = next_chunk;
+  return call;
+}
+
+StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device) {
+  const auto int64s = at::TensorOptions().dtype(at::kLong).device(device);
+  StatsOutputs out;
+  out.counts = at::zeros({num_tensors, count_columns(num_formats)}, int64s);
+  out.hist = at::zeros({num_tensors, kHistBins}, int64s);
+  out.amax = at::zeros({num_tensors}, int64s.dtype(at::kFloat));
+  out.amin_nonzero = at::full({num_tensors}, INFINITY, int64s.dtype(at::kFloat));
+  out.sumsq = at::zeros({num_tensors}, int64s.dtype(at::kDouble));
+  return out;
+}
+
+namespace {
+
+// What this binary was built with; amp_inspect.info prints it.
+std::string build_info() {
+  std::ostringstream s;
+  s << "cpu=1";
+#ifdef AMPI_WITH_CUDA
+  s << "\ncuda=1\ncuda_archs=" << AMPI_CUDA_ARCHS;
+#else
+  s << "\ncuda=0";
+#endif
+  return s.str();
+}
+
+}  // namespace
+}  // namespace amp_inspect
+
+TORCH_LIBRARY(amp_inspect, m) {
+  m.def(
+      "tensor_stats(Tensor[] tensors, Tensor? scale, float? scale_value, str[] formats) -> "
+      "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
+  m.def("build_info() -> str", &amp_inspect::build_info);
+}
+
+// `import amp_inspect._C` loads this library, which runs the registrations above; the module itself is empty.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr, nullptr, nullptr, nullptr, nullptr};
+  return PyModule_Create(&module);
+}

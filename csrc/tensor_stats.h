@@ -1,0 +1,54 @@
+// tensor_stats.h: the host side shared by the CPU and CUDA backends of amp_inspect::tensor_stats.
+//
+// tensor_stats.cpp checks the inputs and turns them into a torch-free StatsCall (plain pointers, sizes,
+// strides, format bounds); each backend walks the call's flat list of work chunks and fills the outputs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "numerics.h"
+
+namespace amp_inspect {
+
+// Outputs of one call, T = number of tensors, F = number of formats:
+//   counts       int64   [T, 5 + 3F]  numel, nan, posinf, neginf, zero, overflow[F], subnormal[F], underflow[F]
+//   hist         int64   [T, 256]     elements per float32 exponent field
+//   amax         float32 [T]          max |v| over finite v (0 when none)
+//   amin_nonzero float32 [T]          min |v| over finite nonzero v (+inf when none)
+//   sumsq        float64 [T]          sum of v*v over finite v
+struct StatsOutputs {
+  at::Tensor counts;
+  at::Tensor hist;
+  at::Tensor amax;
+  at::Tensor amin_nonzero;
+  at::Tensor sumsq;
+};
+
+struct StatsCall {
+  std::vector<TensorView> views;  // nonempty tensors only, in caller order
+  std::vector<at::Tensor> keep_alive;  // contiguous copies made for tensors of more than kMaxDims strided dims
+  int64_t num_tensors = 0;        // T, empty tensors included
+  int64_t total_chunks = 0;
+  int64_t chunk_elems = 0;
+  FormatBounds bounds[kMaxFormats];
+  int num_formats = 0;
+  // v = x when !has_scale; else v = float32(x) * scale, with the scale read from scale_ptr when it is set
+  // (a 0-dim float32 tensor on the inputs' device) and from scale_value otherwise.
+  bool has_scale = false;
+  float scale_value = 1.0f;
+  const float* scale_ptr = nullptr;
+};
+
+// Checks the op's arguments (every message names the offending tensor's position) and describes them for
+// a backend whose work chunks hold `chunk_elems` elements.
+StatsCall prepare_call(const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
+                       std::optional<double> scale_value, const std::vector<std::string>& formats,
+                       int64_t chunk_elems);
+
+// Zero-filled outputs (amin_nonzero filled with +inf) on `device`.
+StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device);
+
+}  // namespace amp_inspect

@@ -1,0 +1,67 @@
+"""Build of amp_inspect's compiled extension, amp_inspect._C.
+
+CPU kernels are always built. CUDA kernels are built whenever torch is a CUDA build and nvcc is found,
+also on a machine with no GPU visible: then TORCH_CUDA_ARCH_LIST defaults to "8.0;9.0" and CUDA_HOME to
+/usr/local/cuda where it exists. AMP_INSPECT_NO_CUDA=1 skips them; DEBUG=1 builds with -g -O0.
+Never built with fast-math: the kernels count float32 subnormals that fast-math would flush.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+DEFAULT_ARCHS = "8.0;9.0"
+
+
+def _prepare_cuda_env() -> None:
+    # Must run before torch.utils.cpp_extension is imported: it reads CUDA_HOME at import time. A wrapper
+    # nvcc on PATH (e.g. /usr/local/bin/nvcc) would otherwise mislead its toolkit detection.
+    if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
+        if Path(DEFAULT_CUDA_HOME, "bin", "nvcc").exists():
+            os.environ["CUDA_HOME"] = DEFAULT_CUDA_HOME
+
+
+_prepare_cuda_env()
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+ROOT = Path(__file__).parent
+CSRC = "csrc"
+
+
+def _want_cuda() -> bool:
+    if os.environ.get("AMP_INSPECT_NO_CUDA") == "1":
+        return False
+    if torch.version.cuda is None:
+        return False
+    nvcc = Path(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
+    return bool(nvcc and nvcc.exists()) or shutil.which("nvcc") is not None
+
+
+def _extension():
+    debug = os.environ.get("DEBUG") == "1"
+    opt = ["-g", "-O0"] if debug else ["-O3"]
+    cxx = [*opt, "-fno-fast-math"]
+    sources = [f"{CSRC}/tensor_stats.cpp", f"{CSRC}/tensor_stats_cpu.cpp"]
+    if not _want_cuda():
+        return CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx})
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "detected")
+    defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{archs}"']
+    nvcc = [*opt, "-lineinfo", *defines]
+    return CUDAExtension(
+        "amp_inspect._C",
+        [*sources, f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"],
+        extra_compile_args={"cxx": [*cxx, *defines], "nvcc": nvcc},
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension},
+)
