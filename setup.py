@@ -19,9 +19,9 @@ DEFAULT_ARCHS = "8.0;9.0"
 def _prepare_cuda_env() -> None:
     # Must run before torch.utils.cpp_extension is imported: it reads CUDA_HOME at import time. A wrapper
     # nvcc on PATH (e.g. /usr/local/bin/nvcc) would otherwise mislead its toolkit detection.
-    if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
-        if Path(DEFAULT_CUDA_HOME, "bin", "nvcc").exists():
-            os.environ["CUDA_HOME"] = DEFAULT_CUDA_HOME
+    unset = "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ
+    if unset and Path(DEFAULT_CUDA_HOME, "bin", "nvcc").exists():
+        os.environ["CUDA_HOME"] = DEFAULT_CUDA_HOME
 
 
 _prepare_cuda_env()
