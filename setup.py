@@ -8,6 +8,7 @@ Never built with fast-math: the kernels count float32 subnormals that fast-math 
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -31,6 +32,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 ROOT = Path(__file__).parent
 CSRC = "csrc"
+OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
 
 
 def _want_cuda() -> bool:
@@ -45,10 +47,11 @@ def _want_cuda() -> bool:
 def _extension():
     debug = os.environ.get("DEBUG") == "1"
     opt = ["-g", "-O0"] if debug else ["-O3"]
-    cxx = [*opt, "-fno-fast-math"]
+    # -fopenmp: ATen's parallel_for is an inline OpenMP loop, serial unless the extension is built with it.
+    cxx = [*opt, "-fno-fast-math", *OPENMP]
     sources = [f"{CSRC}/tensor_stats.cpp", f"{CSRC}/tensor_stats_cpu.cpp"]
     if not _want_cuda():
-        return CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx})
+        return CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=OPENMP)
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "detected")
@@ -58,6 +61,7 @@ def _extension():
         "amp_inspect._C",
         [*sources, f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"],
         extra_compile_args={"cxx": [*cxx, *defines], "nvcc": nvcc},
+        extra_link_args=OPENMP,
     )
 
 

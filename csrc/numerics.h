@@ -83,25 +83,39 @@ constexpr FormatBounds kFormatBounds[kNumFormats] = {
 
 AMPI_HD uint32_t bf16_to_f32_bits(uint16_t h) { return static_cast<uint32_t>(h) << 16; }
 
-// Exact fp16 -> float32 on the bits (subnormal halves become normal floats), so no FTZ mode can alter it.
+AMPI_HD float bits_as_float32(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+AMPI_HD uint32_t float32_as_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, sizeof bits);
+  return bits;
+#endif
+}
+
+// Exact fp16 -> float32, branch-free so the CPU loop vectorises. Normal halves, Inf and NaN (payload kept)
+// are re-biased on the bits. A subnormal half is mantissa * 2^-24: the int -> float conversion and the
+// product are exact and their results normal float32, so no flush-to-zero mode can alter them.
 AMPI_HD uint32_t fp16_to_f32_bits(uint16_t h) {
+  constexpr uint32_t kRebias = (127 - 15) << kExponentShift32;          // normal halves
+  constexpr uint32_t kRebiasInfNan = (255 - 31) << kExponentShift32;    // exponent 31 -> 255
+  constexpr float kHalfSubnormalUnit = 5.9604644775390625e-08f;         // 2^-24
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exponent = (h >> 10) & 0x1Fu;
-  uint32_t mantissa = h & 0x3FFu;
-  if (exponent == 0x1Fu) return sign | kInfBits32 | (mantissa << 13);  // Inf, NaN (payload kept)
-  if (exponent == 0) {
-    if (mantissa == 0) return sign;  // +-0
-    // Subnormal half: shift the leading one up into the implicit bit position.
-    int shift = 0;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    mantissa &= 0x3FFu;
-    exponent = static_cast<uint32_t>(127 - 15 + 1 - shift);
-    return sign | (exponent << kExponentShift32) | (mantissa << 13);
-  }
-  return sign | ((exponent + (127 - 15)) << kExponentShift32) | (mantissa << 13);
+  const uint32_t magnitude = h & 0x7FFFu;
+  const uint32_t exponent = magnitude >> 10;
+  const uint32_t normal = (magnitude << 13) + (exponent == 0x1Fu ? kRebiasInfNan : kRebias);
+  const uint32_t subnormal = float32_as_bits(static_cast<float>(magnitude) * kHalfSubnormalUnit);
+  return sign | (exponent == 0 ? subnormal : normal);
 }
 
 // ---- per-element tests on |bits| ----

@@ -21,8 +21,9 @@ namespace {
 
 constexpr int64_t kCpuChunkElems = int64_t{1} << 16;  // one unit of parallel work
 constexpr int64_t kBlockElems = 2048;                 // staged in L1: 8 KiB of float32 bits
-constexpr int kHistCopies = 4;  // interleaved histograms: runs of equal bins don't chain on one counter
-constexpr int kLanes = 8;       // independent accumulators per loop, so the compiler can vectorise
+constexpr int kHistCopies = 8;  // interleaved histograms: runs of equal bins don't chain on one counter
+constexpr int kLanes = 8;       // float64 lanes of the sum of squares
+constexpr int kChains = 4;      // independent sum-of-squares accumulators
 
 inline float bits_to_float(uint32_t bits) {
   float f;
@@ -91,74 +92,128 @@ struct ElementReader {
   }
 };
 
-// Counts a block of float32 bits of v (the common path: float32, float16, bfloat16, and scaled inputs).
-void count_block32(const uint32_t* bits, int64_t n, const StatsCall& call, TensorAccumulator& acc,
-                   uint32_t (&hist)[kHistCopies][kHistBins]) {
-  // Fixed counts, extremes and the sum of squares. Lane arrays keep every accumulator independent.
-  int32_t nan[kLanes] = {}, posinf[kLanes] = {}, neginf[kLanes] = {}, zero[kLanes] = {};
-  int32_t max_abs[kLanes] = {}, min_abs[kLanes];
-  double sumsq[kLanes] = {};
-  for (int l = 0; l < kLanes; ++l) min_abs[l] = static_cast<int32_t>(kInfBits32);
-  const int64_t full = n - n % kLanes;
-  auto one = [&](int l, uint32_t b) {
-    // abs bits fit in int32, so signed compares (what SSE2 has) are exact
-    const int32_t a = static_cast<int32_t>(b & kAbsMask32);
-    const bool finite = a < static_cast<int32_t>(kInfBits32);
-    nan[l] += a > static_cast<int32_t>(kInfBits32);
-    posinf[l] += b == kInfBits32;
-    neginf[l] += b == kNegInfBits32;
-    zero[l] += a == 0;
-    max_abs[l] = std::max(max_abs[l], finite ? a : 0);
-    min_abs[l] = std::min(min_abs[l], (finite && a != 0) ? a : static_cast<int32_t>(kInfBits32));
-    const double v = static_cast<double>(bits_to_float(finite ? b : 0u));
-    sumsq[l] += v * v;
-  };
-  for (int64_t i = 0; i < full; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) one(l, bits[i + l]);
-  }
-  for (int64_t i = full; i < n; ++i) one(0, bits[i]);
-
-  // Per format: the three threshold counts (see numerics.h for how they become the statistics).
+// Block totals of count_block32, merged into a TensorAccumulator by the caller.
+struct BlockCounts {
+  int64_t nan, posinf, neginf, zero;
   int64_t over[kMaxFormats], below[kMaxFormats], at_zero[kMaxFormats];
-  for (int f = 0; f < call.num_formats; ++f) {
-    const int32_t overflow_from = static_cast<int32_t>(call.bounds[f].overflow_from);
-    const int32_t normal_from = static_cast<int32_t>(call.bounds[f].normal_from);
-    const int32_t zero_upto = static_cast<int32_t>(call.bounds[f].zero_upto);
-    int32_t c_over = 0, c_below = 0, c_zero = 0;
+  int32_t max_abs, min_abs_nonzero;
+  double sumsq;
+};
+
+// Counts a block (at most kBlockElems) of float32 bits of v: the path of float32, float16, bfloat16 and
+// scaled inputs. Each statistic gets its own short loop over the L1-resident block, simple enough for the
+// compiler to vectorise; the function is cloned for AVX-512, AVX2 and baseline x86-64 and the best clone
+// is picked when the library loads. Abs bits fit in int32, so signed compares are exact.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void count_block32(const uint32_t* __restrict bits, int64_t n, const FormatBounds* bounds, int num_formats,
+                   BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  constexpr int32_t kInf = static_cast<int32_t>(kInfBits32);
+  constexpr int32_t kNegInf = static_cast<int32_t>(kNegInfBits32);
+  constexpr int32_t kAbs = static_cast<int32_t>(kAbsMask32);
+  const int32_t* __restrict sbits = reinterpret_cast<const int32_t*>(bits);
+
+  int32_t nan = 0, posinf = 0, neginf = 0, zero = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t b = sbits[i];
+    const int32_t a = b & kAbs;
+    nan += a > kInf;
+    posinf += b == kInf;
+    neginf += b == kNegInf;
+    zero += a == 0;
+  }
+  // Extremes over finite values. The minimum is taken over |bits| - 1 as unsigned, which sends zero (and
+  // the non-finite values, mapped to zero first) to the top: one select instead of two, which vectorises.
+  int32_t max_abs = 0;
+  uint32_t min_abs_minus_one = kInfBits32;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t a = sbits[i] & kAbs;
+    const int32_t finite = a < kInf ? a : 0;
+    max_abs = std::max(max_abs, finite);
+    min_abs_minus_one = std::min(min_abs_minus_one, std::min(static_cast<uint32_t>(finite - 1), kInfBits32));
+  }
+  const int32_t min_abs = min_abs_minus_one == kInfBits32 ? kInf : static_cast<int32_t>(min_abs_minus_one + 1);
+  out.nan = nan;
+  out.posinf = posinf;
+  out.neginf = neginf;
+  out.zero = zero;
+  out.max_abs = max_abs;
+  out.min_abs_nonzero = min_abs;
+
+  for (int f = 0; f < num_formats; ++f) {
+    const int32_t overflow_from = static_cast<int32_t>(bounds[f].overflow_from);
+    const int32_t normal_from = static_cast<int32_t>(bounds[f].normal_from);
+    const int32_t zero_upto = static_cast<int32_t>(bounds[f].zero_upto);
+    int32_t over = 0, below = 0, at_zero = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t a = static_cast<int32_t>(bits[i] & kAbsMask32);
-      c_over += a >= overflow_from;
-      c_below += a < normal_from;
-      c_zero += a <= zero_upto;
+      const int32_t a = sbits[i] & kAbs;
+      over += a >= overflow_from;
+      below += a < normal_from;
+      at_zero += a <= zero_upto;
     }
-    over[f] = c_over;
-    below[f] = c_below;
-    at_zero[f] = c_zero;
+    out.over[f] = over;
+    out.below[f] = below;
+    out.at_zero[f] = at_zero;
   }
 
-  for (int64_t i = 0; i < n; ++i) hist[i & (kHistCopies - 1)][hist_bin(bits[i])] += 1;
+  // Sum of squares in float64. Written with GCC vector types: a plain loop's float reduction is never
+  // reordered (fast-math is not an option), so the lanes are made explicit.
+  using Int8 = int32_t __attribute__((vector_size(32)));
+  using Float8 = float __attribute__((vector_size(32)));
+  using Double8 = double __attribute__((vector_size(64)));
+  // kChains independent accumulators, so the loop is not bound by the latency of one chain of adds.
+  Double8 partial[kChains] = {};
+  const int64_t full = n - n % (kLanes * kChains);
+  for (int64_t i = 0; i < full; i += kLanes * kChains) {
+    for (int c = 0; c < kChains; ++c) {
+      Int8 b;
+      std::memcpy(&b, sbits + i + c * kLanes, sizeof b);
+      const Int8 a = b & kAbs;
+      const Int8 finite = a & (a < kInf);  // the comparison yields all-ones lanes where true
+      Float8 f;
+      std::memcpy(&f, &finite, sizeof f);
+      const Double8 v = __builtin_convertvector(f, Double8);
+      partial[c] += v * v;
+    }
+  }
+  double sumsq = 0.0;
+  for (int c = 0; c < kChains; ++c) {
+    for (int l = 0; l < kLanes; ++l) sumsq += partial[c][l];
+  }
+  for (int64_t i = full; i < n; ++i) {
+    const int32_t a = sbits[i] & kAbs;
+    const double v = static_cast<double>(bits_to_float(static_cast<uint32_t>(a < kInf ? a : 0)));
+    sumsq += v * v;
+  }
+  out.sumsq = sumsq;
 
+  // Exponent histogram: bins extracted by a vector loop, then counted into kHistCopies interleaved
+  // histograms so that runs of one bin do not serialise on a single counter.
+  alignas(64) uint8_t bins[kBlockElems];
+  for (int64_t i = 0; i < n; ++i) bins[i] = static_cast<uint8_t>(hist_bin(bits[i]));
+  const int64_t whole = n - n % kHistCopies;
+  for (int64_t i = 0; i < whole; i += kHistCopies) {
+    for (int k = 0; k < kHistCopies; ++k) hist[k][bins[i + k]] += 1;
+  }
+  for (int64_t i = whole; i < n; ++i) hist[0][bins[i]] += 1;
+}
+
+void add_block(TensorAccumulator& acc, const BlockCounts& block, int64_t n, int num_formats) {
   RawCounts& c = acc.counts;
   c.numel += n;
-  int32_t block_max = 0, block_min = static_cast<int32_t>(kInfBits32);
-  double block_sumsq = 0.0;
-  for (int l = 0; l < kLanes; ++l) {
-    c.nan += nan[l];
-    c.posinf += posinf[l];
-    c.neginf += neginf[l];
-    c.zero += zero[l];
-    block_max = std::max(block_max, max_abs[l]);
-    block_min = std::min(block_min, min_abs[l]);
-    block_sumsq += sumsq[l];
+  c.nan += block.nan;
+  c.posinf += block.posinf;
+  c.neginf += block.neginf;
+  c.zero += block.zero;
+  for (int f = 0; f < num_formats; ++f) {
+    c.at_or_above_overflow[f] += block.over[f];
+    c.below_normal[f] += block.below[f];
+    c.at_or_below_zero[f] += block.at_zero[f];
   }
-  for (int f = 0; f < call.num_formats; ++f) {
-    c.at_or_above_overflow[f] += over[f];
-    c.below_normal[f] += below[f];
-    c.at_or_below_zero[f] += at_zero[f];
-  }
-  acc.max_abs = std::max(acc.max_abs, static_cast<uint32_t>(block_max));
-  acc.min_abs_nonzero = std::min(acc.min_abs_nonzero, static_cast<uint32_t>(block_min));
-  acc.sumsq += block_sumsq;
+  acc.max_abs = std::max(acc.max_abs, static_cast<uint32_t>(block.max_abs));
+  acc.min_abs_nonzero = std::min(acc.min_abs_nonzero, static_cast<uint32_t>(block.min_abs_nonzero));
+  acc.sumsq += block.sumsq;
 }
 
 // float64 without a scale: classified on the exact value, element by element (a rare input dtype).
@@ -202,7 +257,9 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
     if constexpr (std::is_same<T, uint32_t>::value) {
       if (!call.has_scale && is_contiguous_view(view)) {
         bits = reinterpret_cast<const uint32_t*>(reader.base + start + done);  // float32 as stored: no copy
-        count_block32(bits, n, call, acc, hist);
+        BlockCounts block;
+        count_block32(bits, n, call.bounds, call.num_formats, block, hist);
+        add_block(acc, block, n, call.num_formats);
         continue;
       }
     }
@@ -213,7 +270,9 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
     } else {
       reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
     }
-    count_block32(bits, n, call, acc, hist);
+    BlockCounts block;
+    count_block32(bits, n, call.bounds, call.num_formats, block, hist);
+    add_block(acc, block, n, call.num_formats);
   }
   for (int b = 0; b < kHistBins; ++b) {
     int64_t total = 0;

@@ -1,0 +1,39 @@
+# The documented commands: `make demo`, `make test` (each sets up .venv first when it is missing),
+# `make setup` (set-up alone), `make bench`, `make lint`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-run the set-up when the build inputs change (it rebuilds the extension).
+STAMP := $(VENV)/.amp_inspect-setup
+BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
+
+.PHONY: setup demo test lint bench gpu-check clean
+
+setup: $(STAMP)
+
+$(STAMP): $(BUILD_INPUTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=64" wheel
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test]"
+	$(BIN)/python -m amp_inspect.info
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m amp_inspect.demo
+
+lint: setup
+	$(BIN)/ruff check amp_inspect tests bench setup.py
+	$(BIN)/ruff format --check amp_inspect tests bench setup.py
+
+test: setup lint
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/bench_tensor_stats.py --device cpu
+
+# On a machine with a GPU and torch already installed (no network): see bench/gpu_check.sh.
+gpu-check:
+	bash bench/gpu_check.sh bench/results/gpu
+
+clean:
+	rm -rf build amp_inspect/_C*.so *.egg-info
