@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     model = TinyGPT().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     names = [n for n, _ in model.named_parameters()]
-    print(f"amp_inspect demo: TinyGPT, {sum(p.numel() for p in model.parameters()):,} parameters in {len(names)} tensors")
+    numel = sum(p.numel() for p in model.parameters())
+    print(f"amp_inspect demo: TinyGPT, {numel:,} parameters in {len(names)} tensors")
     print(f"device {device}, autocast {amp_dtype}, loss scale 2^16, gradients judged against fp16\n")
 
     for step in range(args.steps):

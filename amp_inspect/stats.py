@@ -90,9 +90,7 @@ class TensorStats:
         try:
             return self.formats.index(fmt)
         except ValueError:
-            raise KeyError(
-                f"format {fmt!r} was not requested; these were: {', '.join(self.formats)}"
-            ) from None
+            raise KeyError(f"format {fmt!r} was not requested; these were: {', '.join(self.formats)}") from None
 
 
 def _check_scale(scale: object) -> tuple[torch.Tensor | None, float | None]:

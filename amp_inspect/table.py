@@ -59,10 +59,12 @@ def format_stats_table(
         for r in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for c in cells:
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))))
+
+    def line(values: list[str]) -> str:  # names left-aligned, numbers right-aligned
+        pairs = enumerate(zip(values, widths, strict=True))
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
+
+    lines = [line(headers), "  ".join("-" * w for w in widths), *(line(c) for c in cells)]
     if not cells:
         lines.append("(no tensor in trouble)")
     return "\n".join(lines)
