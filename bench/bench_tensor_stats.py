@@ -1,0 +1,506 @@
+"""Benchmark of amp_inspect.tensor_stats against the roofline proxy and the ways users check gradients today.
+
+Every method is timed per call, in this one process, on the same synthetic gradient sets:
+
+- ``gpt2-style``: the 76 gradients of a 6-layer GPT (d_model 384, vocab 8192, context 256), ~14M elements.
+- ``300x75M``: 300 gradients, 75M elements in all, sizes spread log-uniformly from a few elements to ~3.5M.
+- ``1000x20M`` (CUDA only): 1000 gradients, used to show the fused op's kernel launches do not grow with T.
+
+Methods: the fused op (fp16; all four formats; with scale), torch._foreach_norm (one read pass: the roofline
+proxy), GradScaler's non-finite check, the pure-torch reference, and per-tensor checks with one op and one
+.item() per statistic. Timings are medians over repeats after warmup; on CUDA, CUDA events around each call.
+
+Run:
+    python bench/bench_tensor_stats.py [--device cpu|cuda] [--quick] [--out DIR]
+
+Prints a table and PASS/MISS lines for the targets and writes bench/results/tensor_stats_<device>.json
+(a --quick run writes nothing unless --out is given, and then to tensor_stats_<device>_quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+# Run from a checkout without installing: the package sits one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import amp_inspect  # noqa: E402
+from amp_inspect import _ops  # noqa: E402
+from amp_inspect.reference import tensor_stats_reference  # noqa: E402
+
+SEED = 20240601
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ROOFLINE = "foreach_norm"
+PURE_PYTHON = "pure_python"
+FUSED = "fused_fp16"
+
+# Targets (the lead's acceptance criteria): fused time relative to one read pass and to per-tensor checks.
+CPU_MAX_X_ROOFLINE = 2.5
+CPU_MIN_SPEEDUP_VS_PYTHON = 50.0
+CUDA_MAX_X_ROOFLINE = 1.2
+
+# fp16 thresholds on |v| as users write them: casts overflow to Inf from the midpoint 65520 between 65504
+# and 2**16; 2**-25 (half the smallest subnormal) ties to even, i.e. to zero; the midpoint between the
+# largest subnormal and 2**-14 ties to 2**-14, a normal number.
+FP16_OVERFLOW_FROM = 65520.0
+FP16_ZERO_UPTO = 2.0**-25
+FP16_NORMAL_FROM = 2.0**-14 - 2.0**-25
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
+class GradSet:
+    """A named list of gradient shapes; values are drawn from ``SEED`` so every run sees the same data."""
+
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    timed: bool = True  # False: only used for launch counts
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One way to compute gradient statistics; ``slow`` methods get fewer repeats."""
+
+    name: str
+    description: str
+    prepare: Callable[[list[torch.Tensor]], Callable[[], object]]
+    slow: bool = False
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    device: str
+    quick: bool
+    out_dir: Path | None
+    warmup: int
+    repeats: int
+    slow_warmup: int
+    slow_repeats: int
+
+
+@dataclass
+class Measurement:
+    set_name: str
+    method: str
+    tensors: int
+    numel: int
+    bytes_read: int
+    warmup: int
+    times_ms: list[float]
+    median_ms: float = 0.0
+    min_ms: float = 0.0  # next to the median, a sign of interference from other processes
+    gb_per_s: float = 0.0
+    x_roofline: float | None = None
+    speedup_vs_python: float | None = None
+
+    def __post_init__(self) -> None:
+        self.median_ms = statistics.median(self.times_ms)
+        self.min_ms = min(self.times_ms)
+        self.gb_per_s = self.bytes_read / (self.median_ms * 1e-3) / 1e9
+
+
+@dataclass
+class LaunchCount:
+    set_name: str
+    method: str
+    tensors: int
+    kernels: int
+    memcpy: int
+    memset: int
+
+
+@dataclass
+class TargetCheck:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class BenchResult:
+    machine: dict[str, object]
+    config: dict[str, object]
+    sets: list[dict[str, object]] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    launches: list[LaunchCount] = field(default_factory=list)
+    agreement: list[TargetCheck] = field(default_factory=list)
+    targets: list[TargetCheck] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------- gradient sets
+
+
+def gpt2_style_shapes(
+    layers: int = 6, d_model: int = 384, vocab: int = 8192, context: int = 256
+) -> tuple[tuple[int, ...], ...]:
+    """Parameter shapes of a small GPT-2 in ``model.parameters()`` order (tied lm_head: no extra tensor)."""
+    d, hidden = d_model, 4 * d_model
+    shapes: list[tuple[int, ...]] = [(vocab, d), (context, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,)]  # ln1 weight, bias
+        shapes += [(3 * d, d), (3 * d,)]  # attn.qkv
+        shapes += [(d, d), (d,)]  # attn.proj
+        shapes += [(d,), (d,)]  # ln2 weight, bias
+        shapes += [(hidden, d), (hidden,)]  # mlp.fc
+        shapes += [(d, hidden), (d,)]  # mlp.proj
+    shapes += [(d,), (d,)]  # ln_f weight, bias
+    return tuple(shapes)
+
+
+def spread_sizes(count: int, total: int, decades: float, seed: int) -> tuple[tuple[int, ...], ...]:
+    """``count`` 1-D sizes summing to ``total``, log-uniform over ``decades`` decades: a few tensors of a
+    handful of elements, most in the thousands to hundreds of thousands, a few of millions."""
+    g = torch.Generator().manual_seed(seed)
+    weights = (10.0 ** (torch.rand(count, generator=g, dtype=torch.float64) * decades)).tolist()
+    scale = total / sum(weights)
+    sizes = [max(1, round(w * scale)) for w in weights]
+    sizes[max(range(count), key=sizes.__getitem__)] += total - sum(sizes)  # exact total, on the largest
+    return tuple((s,) for s in sizes)
+
+
+def grad_sets(device: str, quick: bool) -> list[GradSet]:
+    sets = [GradSet("gpt2-style", gpt2_style_shapes())]
+    if not quick:
+        sets.append(GradSet("300x75M", spread_sizes(300, 75_000_000, decades=6.0, seed=SEED + 1)))
+    if device == "cuda":
+        # Many small tensors: the case where per-tensor launches would show; counted, not timed.
+        sets.append(GradSet("1000x20M", spread_sizes(1000, 20_000_000, decades=5.0, seed=SEED + 2), timed=False))
+    return sets
+
+
+def make_gradients(grad_set: GradSet, device: str) -> list[torch.Tensor]:
+    """float32 "gradients": randn times a per-tensor magnitude 10**U(-6, -2), so the small tensors reach
+    fp16's subnormal and underflow ranges, plus ~0.1% exact zeros (dead units, masked positions).
+    Drawn on the CPU from one seed, then moved, so CPU and CUDA runs measure the same values."""
+    g = torch.Generator().manual_seed(SEED)
+    grads = []
+    for shape in grad_set.shapes:
+        magnitude = 10.0 ** (torch.rand((), generator=g).item() * 4.0 - 6.0)
+        t = torch.randn(shape, generator=g) * magnitude
+        flat = t.view(-1)
+        zeros = max(1, flat.numel() // 1000)
+        flat[torch.randint(flat.numel(), (zeros,), generator=g)] = 0.0
+        grads.append(t.to(device))
+    return grads
+
+
+# --------------------------------------------------------------------------------------------- methods
+
+
+def per_tensor_checks(grads: Sequence[torch.Tensor]) -> list[tuple[float, ...]]:
+    """What users write today: per tensor, one op and one .item() (a host sync on CUDA) per statistic."""
+    rows = []
+    for g in grads:
+        a = g.abs()
+        finite = torch.isfinite(g)
+        rows.append(
+            (
+                torch.isnan(g).sum().item(),
+                (g == math.inf).sum().item(),
+                (g == -math.inf).sum().item(),
+                (g == 0).sum().item(),
+                (finite & (a >= FP16_OVERFLOW_FROM)).sum().item(),
+                ((a > 0) & (a <= FP16_ZERO_UPTO)).sum().item(),
+                ((a > FP16_ZERO_UPTO) & (a < FP16_NORMAL_FROM)).sum().item(),
+                a[finite].max().item() if g.numel() else 0.0,
+                a[finite & (a > 0)].min().item() if bool((a > 0).any()) else math.inf,
+                g[finite].double().pow(2).sum().item(),
+            )
+        )
+    return rows
+
+
+def fused(formats: tuple[str, ...] = ("fp16",), scale: float | None = None) -> Callable:
+    def prepare(grads: list[torch.Tensor]) -> Callable[[], object]:
+        return lambda: amp_inspect.tensor_stats(grads, formats=formats, scale=scale)
+
+    return prepare
+
+
+def foreach_norm(grads: list[torch.Tensor]) -> Callable[[], object]:
+    return lambda: torch._foreach_norm(grads)
+
+
+def gradscaler_check(grads: list[torch.Tensor]) -> Callable[[], object]:
+    # inv_scale 1 leaves the values as they are, so the in-place write does not disturb later methods.
+    found_inf = torch.zeros((), device=grads[0].device)
+    inv_scale = torch.ones((), device=grads[0].device)
+    return lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+def reference(grads: list[torch.Tensor]) -> Callable[[], object]:
+    return lambda: tensor_stats_reference(grads, None, None, ["fp16"])
+
+
+def pure_python(grads: list[torch.Tensor]) -> Callable[[], object]:
+    return lambda: per_tensor_checks(grads)
+
+
+METHODS: tuple[MethodSpec, ...] = (
+    MethodSpec(FUSED, "amp_inspect.tensor_stats(grads)", fused()),
+    MethodSpec("fused_4formats", "tensor_stats, formats fp16, bf16, fp8_e4m3, fp8_e5m2", fused(amp_inspect.FORMATS)),
+    MethodSpec("fused_scaled", "tensor_stats(grads, scale=65536.0)", fused(scale=65536.0)),
+    MethodSpec(ROOFLINE, "torch._foreach_norm(grads): one read pass, the roofline proxy", foreach_norm),
+    MethodSpec("gradscaler_check", "torch._amp_foreach_non_finite_check_and_unscale_", gradscaler_check),
+    MethodSpec("reference", "amp_inspect.reference.tensor_stats_reference", reference, slow=True),
+    MethodSpec(PURE_PYTHON, "per tensor: 10 statistics, one op + .item() each", pure_python, slow=True),
+)
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def time_calls(fn: Callable[[], object], device: str, warmup: int, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls after ``warmup`` untimed ones. On CUDA, events recorded on
+    an idle stream around each call, so the time covers host launch overhead and the kernels."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def count_launches(fn: Callable[[], object]) -> tuple[int, int, int]:
+    """(kernels, memcpys, memsets) one call puts on the GPU, from the profiler's device events."""
+    fn()  # untimed first call: lazy initialisation must not be counted
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    memcpy = sum(n.startswith("Memcpy") for n in names)
+    memset = sum(n.startswith("Memset") for n in names)
+    return len(names) - memcpy - memset, memcpy, memset
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def check_agreement(set_name: str, grads: list[torch.Tensor]) -> TargetCheck:
+    """Fused totals must equal the per-tensor checks', so the benchmark times calls that compute the same."""
+    stats = amp_inspect.tensor_stats(grads)
+    rows = per_tensor_checks(grads)
+    mine = [
+        int(stats.nan.sum()),
+        int(stats.posinf.sum()),
+        int(stats.neginf.sum()),
+        int(stats.zero.sum()),
+        int(stats.overflow[:, 0].sum()),
+        int(stats.underflow[:, 0].sum()),
+        int(stats.subnormal[:, 0].sum()),
+    ]
+    theirs = [int(sum(r[k] for r in rows)) for k in range(7)]
+    amax_ok = float(stats.amax.max()) == max(r[7] for r in rows)
+    amin_ok = float(stats.amin_nonzero.min()) == min(r[8] for r in rows)
+    sumsq = float(stats.sumsq.sum())
+    sumsq_ok = math.isclose(sumsq, sum(r[9] for r in rows), rel_tol=1e-9)
+    passed = mine == theirs and amax_ok and amin_ok and sumsq_ok
+    detail = (
+        f"nan, +inf, -inf, zero, fp16 overflow/underflow/subnormal = {mine} (per-tensor checks: {theirs}); "
+        f"amax {'equal' if amax_ok else 'DIFFERS'}, min nonzero {'equal' if amin_ok else 'DIFFERS'}, "
+        f"sumsq {'close' if sumsq_ok else 'DIFFERS'}"
+    )
+    return TargetCheck(f"{set_name}: fused agrees with per-tensor checks", passed, detail)
+
+
+def check_targets(device: str, result: BenchResult) -> list[TargetCheck]:
+    checks = []
+    fused_rows = [m for m in result.measurements if m.method == FUSED]
+    for m in fused_rows:
+        assert m.x_roofline is not None
+        if device == "cpu":
+            ok = m.x_roofline <= CPU_MAX_X_ROOFLINE
+            checks.append(
+                TargetCheck(f"{m.set_name}: fused <= {CPU_MAX_X_ROOFLINE}x foreach_norm", ok, f"{m.x_roofline:.2f}x")
+            )
+            speedup = m.speedup_vs_python or 0.0
+            ok = speedup >= CPU_MIN_SPEEDUP_VS_PYTHON
+            checks.append(
+                TargetCheck(
+                    f"{m.set_name}: fused >= {CPU_MIN_SPEEDUP_VS_PYTHON:.0f}x faster than pure-Python",
+                    ok,
+                    f"{speedup:.1f}x",
+                )
+            )
+        else:
+            ok = m.x_roofline <= CUDA_MAX_X_ROOFLINE
+            checks.append(
+                TargetCheck(f"{m.set_name}: fused <= {CUDA_MAX_X_ROOFLINE}x foreach_norm", ok, f"{m.x_roofline:.2f}x")
+            )
+    fused_launches = [c for c in result.launches if c.method == FUSED]
+    if fused_launches:
+        kernels = {c.kernels for c in fused_launches}
+        detail = ", ".join(f"{c.tensors} tensors: {c.kernels} kernels" for c in fused_launches)
+        checks.append(TargetCheck("fused kernel launches independent of tensor count", len(kernels) == 1, detail))
+    return checks
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+def measure_set(grad_set: GradSet, config: BenchConfig, result: BenchResult) -> None:
+    grads = make_gradients(grad_set, config.device)
+    bytes_read = sum(g.numel() * g.element_size() for g in grads)
+    result.sets.append({"name": grad_set.name, "tensors": len(grads), "numel": grad_set.numel, "bytes": bytes_read})
+    size = f"{len(grads)} tensors, {grad_set.numel:,} elements, {bytes_read / 1e6:.1f} MB"
+    print(f"# {grad_set.name}: {size}", flush=True)
+
+    if config.device == "cuda":
+        for name, prepare in ((FUSED, fused()), (ROOFLINE, foreach_norm)):
+            kernels, memcpy, memset = count_launches(prepare(grads))
+            result.launches.append(LaunchCount(grad_set.name, name, len(grads), kernels, memcpy, memset))
+    if not grad_set.timed:
+        return
+
+    result.agreement.append(check_agreement(grad_set.name, grads))
+    rows = []
+    for spec in METHODS:
+        warmup, repeats = (config.slow_warmup, config.slow_repeats) if spec.slow else (config.warmup, config.repeats)
+        times = time_calls(spec.prepare(grads), config.device, warmup, repeats)
+        rows.append(Measurement(grad_set.name, spec.name, len(grads), grad_set.numel, bytes_read, warmup, times))
+    by_name = {m.method: m for m in rows}
+    for m in rows:
+        m.x_roofline = m.median_ms / by_name[ROOFLINE].median_ms
+        m.speedup_vs_python = by_name[PURE_PYTHON].median_ms / m.median_ms
+    result.measurements += rows
+
+
+def machine_info(device: str) -> dict[str, object]:
+    cpu_model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    info: dict[str, object] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "amp_inspect": amp_inspect.__version__,
+        "amp_inspect_build": _ops.build_info(),
+        "git": commit,
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_before": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def print_table(result: BenchResult) -> None:
+    header = (
+        f"{'set':<12} {'method':<18} {'ms (median)':>12} {'ms (min)':>9} {'GB/s':>8} "
+        f"{'x roofline':>11} {'speedup vs py':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for m in result.measurements:
+        print(
+            f"{m.set_name:<12} {m.method:<18} {m.median_ms:>12.3f} {m.min_ms:>9.3f} {m.gb_per_s:>8.2f} "
+            f"{m.x_roofline:>11.2f} {m.speedup_vs_python:>14.1f}"
+        )
+    if result.launches:
+        print()
+        print(f"{'set':<12} {'method':<18} {'tensors':>8} {'kernels':>8} {'memcpy':>7} {'memset':>7}")
+        for c in result.launches:
+            print(f"{c.set_name:<12} {c.method:<18} {c.tensors:>8} {c.kernels:>8} {c.memcpy:>7} {c.memset:>7}")
+
+
+def print_checks(checks: Sequence[TargetCheck]) -> None:
+    for c in checks:
+        print(f"{'PASS' if c.passed else 'MISS'}  {c.name}: {c.detail}")
+
+
+def parse_args(argv: Sequence[str] | None) -> BenchConfig:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="smoke test: gpt2-style set only, few repeats")
+    parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
+    args = parser.parse_args(argv)
+    out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
+    if args.quick:
+        return BenchConfig(args.device, True, out_dir, warmup=1, repeats=5, slow_warmup=0, slow_repeats=1)
+    return BenchConfig(args.device, False, out_dir, warmup=3, repeats=20, slow_warmup=1, slow_repeats=3)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    if config.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+        return 2
+    if not _ops.has_kernel(config.device):
+        # The op would fall back to the reference; say so rather than publish its timings as the kernel's.
+        print(f"warning: amp_inspect has no compiled {config.device} kernel; 'fused' rows time the reference")
+    torch.manual_seed(SEED)
+
+    result = BenchResult(machine_info(config.device), {k: str(v) for k, v in asdict(config).items()})
+    for grad_set in grad_sets(config.device, config.quick):
+        measure_set(grad_set, config, result)
+    result.targets = check_targets(config.device, result)
+    # Load during the run, beside the load before it: high values mean the timings shared the CPUs.
+    result.machine["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+    print()
+    print_table(result)
+    print()
+    print_checks(result.agreement + result.targets)
+    if config.out_dir is not None:
+        suffix = "_quick" if config.quick else ""
+        path = config.out_dir / f"tensor_stats_{config.device}{suffix}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(result), indent=2) + "\n")
+        print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
