@@ -188,6 +188,7 @@ def tensor_stats(
         template = parts[0][1][k]
         full = torch.empty((len(items), *template.shape[1:]), dtype=template.dtype, device=home)
         for rows, outputs in parts:
-            full[torch.tensor(rows, device=home)] = outputs[k].to(home, non_blocking=True)
+            # Host-to-device copies may run asynchronously; a copy to the host must complete before use.
+            full[torch.tensor(rows, device=home)] = outputs[k].to(home, non_blocking=home.type != "cpu")
         merged.append(full)
     return TensorStats.from_op_outputs(merged, names)

@@ -22,8 +22,6 @@ namespace {
 constexpr int64_t kCpuChunkElems = int64_t{1} << 16;  // one unit of parallel work
 constexpr int64_t kBlockElems = 2048;                 // staged in L1: 8 KiB of float32 bits
 constexpr int kHistCopies = 8;  // interleaved histograms: runs of equal bins don't chain on one counter
-constexpr int kLanes = 8;       // float64 lanes of the sum of squares
-constexpr int kChains = 4;      // independent sum-of-squares accumulators
 
 inline float bits_to_float(uint32_t bits) {
   float f;
@@ -101,102 +99,144 @@ struct BlockCounts {
 };
 
 // Counts a block (at most kBlockElems) of float32 bits of v: the path of float32, float16, bfloat16 and
-// scaled inputs. Each statistic gets its own short loop over the L1-resident block, simple enough for the
-// compiler to vectorise; the function is cloned for AVX-512, AVX2 and baseline x86-64 and the best clone
-// is picked when the library loads. Abs bits fit in int32, so signed compares are exact.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-void count_block32(const uint32_t* __restrict bits, int64_t n, const FormatBounds* bounds, int num_formats,
-                   BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+// scaled inputs. One loop does everything for kVectorWidth elements at a time, written with GCC vector
+// types so every statistic but the histogram is a handful of vector instructions, and the histogram's
+// scattered increments overlap with them. Lane counters are int32: a lane sees at most
+// kBlockElems / kVectorWidth elements. Abs bits fit in int32, so signed compares are exact.
+constexpr int kVectorWidth = 16;
+using IntVec = int32_t __attribute__((vector_size(kVectorWidth * 4)));
+using UintVec = uint32_t __attribute__((vector_size(kVectorWidth * 4)));
+using FloatVec = float __attribute__((vector_size(kVectorWidth * 4)));
+using DoubleVec = double __attribute__((vector_size(kVectorWidth * 8)));
+
+template <typename V>
+inline int64_t lane_sum(const V& v) {
+  int64_t total = 0;
+  for (int l = 0; l < kVectorWidth; ++l) total += v[l];
+  return total;
+}
+
+template <int kFormats>
+__attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __restrict bits, int64_t n,
+                                                             const FormatBounds* bounds, BlockCounts& out,
+                                                             uint32_t (&hist)[kHistCopies][kHistBins]) {
   constexpr int32_t kInf = static_cast<int32_t>(kInfBits32);
   constexpr int32_t kNegInf = static_cast<int32_t>(kNegInfBits32);
   constexpr int32_t kAbs = static_cast<int32_t>(kAbsMask32);
-  const int32_t* __restrict sbits = reinterpret_cast<const int32_t*>(bits);
-
-  int32_t nan = 0, posinf = 0, neginf = 0, zero = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t b = sbits[i];
-    const int32_t a = b & kAbs;
-    nan += a > kInf;
-    posinf += b == kInf;
-    neginf += b == kNegInf;
-    zero += a == 0;
+  // A vector comparison yields -1 in the lanes where it holds, so counters subtract it.
+  IntVec nan = {}, posinf = {}, neginf = {}, zero = {}, max_abs = {};
+  UintVec min_abs_minus_one = {};
+  min_abs_minus_one += kInfBits32;
+  IntVec over[kFormats] = {}, below[kFormats] = {}, at_zero[kFormats] = {};
+  int32_t overflow_from[kFormats], normal_from[kFormats], zero_upto[kFormats];
+  for (int f = 0; f < kFormats; ++f) {
+    overflow_from[f] = static_cast<int32_t>(bounds[f].overflow_from);
+    normal_from[f] = static_cast<int32_t>(bounds[f].normal_from);
+    zero_upto[f] = static_cast<int32_t>(bounds[f].zero_upto);
   }
-  // Extremes over finite values. The minimum is taken over |bits| - 1 as unsigned, which sends zero (and
-  // the non-finite values, mapped to zero first) to the top: one select instead of two, which vectorises.
-  int32_t max_abs = 0;
-  uint32_t min_abs_minus_one = kInfBits32;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t a = sbits[i] & kAbs;
-    const int32_t finite = a < kInf ? a : 0;
-    max_abs = std::max(max_abs, finite);
-    min_abs_minus_one = std::min(min_abs_minus_one, std::min(static_cast<uint32_t>(finite - 1), kInfBits32));
-  }
-  const int32_t min_abs = min_abs_minus_one == kInfBits32 ? kInf : static_cast<int32_t>(min_abs_minus_one + 1);
-  out.nan = nan;
-  out.posinf = posinf;
-  out.neginf = neginf;
-  out.zero = zero;
-  out.max_abs = max_abs;
-  out.min_abs_nonzero = min_abs;
+  DoubleVec sumsq = {};
 
-  for (int f = 0; f < num_formats; ++f) {
-    const int32_t overflow_from = static_cast<int32_t>(bounds[f].overflow_from);
-    const int32_t normal_from = static_cast<int32_t>(bounds[f].normal_from);
-    const int32_t zero_upto = static_cast<int32_t>(bounds[f].zero_upto);
-    int32_t over = 0, below = 0, at_zero = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t a = sbits[i] & kAbs;
-      over += a >= overflow_from;
-      below += a < normal_from;
-      at_zero += a <= zero_upto;
+  const int64_t full = n - n % kVectorWidth;
+  for (int64_t i = 0; i < full; i += kVectorWidth) {
+    IntVec b;
+    std::memcpy(&b, bits + i, sizeof b);
+    const IntVec a = b & kAbs;
+    nan -= a > kInf;
+    posinf -= b == kInf;
+    neginf -= b == kNegInf;
+    zero -= a == 0;
+    for (int f = 0; f < kFormats; ++f) {
+      over[f] -= a >= overflow_from[f];
+      below[f] -= a < normal_from[f];
+      at_zero[f] -= a <= zero_upto[f];
     }
-    out.over[f] = over;
-    out.below[f] = below;
-    out.at_zero[f] = at_zero;
-  }
-
-  // Sum of squares in float64. Written with GCC vector types: a plain loop's float reduction is never
-  // reordered (fast-math is not an option), so the lanes are made explicit.
-  using Int8 = int32_t __attribute__((vector_size(32)));
-  using Float8 = float __attribute__((vector_size(32)));
-  using Double8 = double __attribute__((vector_size(64)));
-  // kChains independent accumulators, so the loop is not bound by the latency of one chain of adds.
-  Double8 partial[kChains] = {};
-  const int64_t full = n - n % (kLanes * kChains);
-  for (int64_t i = 0; i < full; i += kLanes * kChains) {
-    for (int c = 0; c < kChains; ++c) {
-      Int8 b;
-      std::memcpy(&b, sbits + i + c * kLanes, sizeof b);
-      const Int8 a = b & kAbs;
-      const Int8 finite = a & (a < kInf);  // the comparison yields all-ones lanes where true
-      Float8 f;
-      std::memcpy(&f, &finite, sizeof f);
-      const Double8 v = __builtin_convertvector(f, Double8);
-      partial[c] += v * v;
-    }
-  }
-  double sumsq = 0.0;
-  for (int c = 0; c < kChains; ++c) {
-    for (int l = 0; l < kLanes; ++l) sumsq += partial[c][l];
-  }
-  for (int64_t i = full; i < n; ++i) {
-    const int32_t a = sbits[i] & kAbs;
-    const double v = static_cast<double>(bits_to_float(static_cast<uint32_t>(a < kInf ? a : 0)));
+    // Extremes over finite values: non-finite lanes become 0. The minimum is taken over |bits| - 1 as
+    // unsigned, which sends zeros to the top, so one select serves both exclusions.
+    const IntVec finite = a & (a < kInf);
+    max_abs = finite > max_abs ? finite : max_abs;
+    const UintVec minus_one = reinterpret_cast<const UintVec&>(finite) - 1u;
+    min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+    const DoubleVec v = __builtin_convertvector(reinterpret_cast<const FloatVec&>(finite), DoubleVec);
     sumsq += v * v;
+    // Exponent histogram, into kHistCopies interleaved copies so runs of one bin do not chain on a counter.
+    const IntVec bin = (b >> kExponentShift32) & static_cast<int32_t>(kExponentMask32);
+    for (int l = 0; l < kVectorWidth; ++l) hist[l % kHistCopies][bin[l]] += 1;
   }
-  out.sumsq = sumsq;
 
-  // Exponent histogram: bins extracted by a vector loop, then counted into kHistCopies interleaved
-  // histograms so that runs of one bin do not serialise on a single counter.
-  alignas(64) uint8_t bins[kBlockElems];
-  for (int64_t i = 0; i < n; ++i) bins[i] = static_cast<uint8_t>(hist_bin(bits[i]));
-  const int64_t whole = n - n % kHistCopies;
-  for (int64_t i = 0; i < whole; i += kHistCopies) {
-    for (int k = 0; k < kHistCopies; ++k) hist[k][bins[i + k]] += 1;
+  RawCounts tail;  // the last n % kVectorWidth elements, one by one
+  clear_counts(tail);
+  uint32_t tail_max = 0, tail_min = kInfBits32;
+  double tail_sumsq = 0.0;
+  for (int64_t i = full; i < n; ++i) {
+    count_element32(tail, bits[i], bounds, kFormats);
+    const uint32_t a = bits[i] & kAbsMask32;
+    if (is_finite32(a)) {
+      tail_max = std::max(tail_max, a);
+      if (a != 0) tail_min = std::min(tail_min, a);
+      const double v = static_cast<double>(bits_to_float(a));
+      tail_sumsq += v * v;
+    }
+    hist[0][hist_bin(bits[i])] += 1;
   }
-  for (int64_t i = whole; i < n; ++i) hist[0][bins[i]] += 1;
+
+  out.nan = lane_sum(nan) + tail.nan;
+  out.posinf = lane_sum(posinf) + tail.posinf;
+  out.neginf = lane_sum(neginf) + tail.neginf;
+  out.zero = lane_sum(zero) + tail.zero;
+  for (int f = 0; f < kFormats; ++f) {
+    out.over[f] = lane_sum(over[f]) + tail.at_or_above_overflow[f];
+    out.below[f] = lane_sum(below[f]) + tail.below_normal[f];
+    out.at_zero[f] = lane_sum(at_zero[f]) + tail.at_or_below_zero[f];
+  }
+  uint32_t block_max = tail_max, block_min_minus_one = kInfBits32;
+  double block_sumsq = tail_sumsq;
+  for (int l = 0; l < kVectorWidth; ++l) {
+    block_max = std::max(block_max, static_cast<uint32_t>(max_abs[l]));
+    block_min_minus_one = std::min(block_min_minus_one, min_abs_minus_one[l]);
+    block_sumsq += sumsq[l];
+  }
+  const uint32_t vector_min = block_min_minus_one >= kInfBits32 ? kInfBits32 : block_min_minus_one + 1;
+  out.max_abs = static_cast<int32_t>(block_max);
+  out.min_abs_nonzero = static_cast<int32_t>(std::min(vector_min, tail_min));
+  out.sumsq = block_sumsq;
+}
+
+// One entry point per format count, so each inner loop is unrolled over its formats, cloned for AVX-512,
+// AVX2 and baseline x86-64; the loader picks the best clone for the machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AMPI_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define AMPI_CPU_CLONES
+#endif
+AMPI_CPU_CLONES void count_block32_f1(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  count_block32_impl<1>(bits, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block32_f2(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  count_block32_impl<2>(bits, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block32_f3(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  count_block32_impl<3>(bits, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block32_f4(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  count_block32_impl<4>(bits, n, bounds, out, hist);
+}
+
+void count_block32(const uint32_t* bits, int64_t n, const FormatBounds* bounds, int num_formats,
+                   BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  switch (num_formats) {
+    case 1:
+      return count_block32_f1(bits, n, bounds, out, hist);
+    case 2:
+      return count_block32_f2(bits, n, bounds, out, hist);
+    case 3:
+      return count_block32_f3(bits, n, bounds, out, hist);
+    default:
+      return count_block32_f4(bits, n, bounds, out, hist);
+  }
 }
 
 void add_block(TensorAccumulator& acc, const BlockCounts& block, int64_t n, int num_formats) {
