@@ -33,11 +33,20 @@ def extension_loaded() -> bool:
     return LOAD_ERROR is None
 
 
+def _registered_kernels() -> frozenset[str]:
+    if LOAD_ERROR is not None:
+        return frozenset()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return frozenset(key.lower() for key in ("CPU", "CUDA") if has(OP_NAME, key))
+
+
+# Read once at import: torch.compile traces a constant, not a dispatcher query.
+KERNELS = _registered_kernels()
+
+
 def has_kernel(device_type: str) -> bool:
     """Whether the compiled extension registered a tensor_stats kernel for this device type ("cpu", "cuda")."""
-    if LOAD_ERROR is not None:
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(OP_NAME, device_type.upper())
+    return device_type in KERNELS
 
 
 def build_info() -> dict[str, str]:

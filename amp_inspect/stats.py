@@ -30,6 +30,10 @@ from .formats import check_formats
 from .reference import FIXED_COUNT_COLUMNS
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# Round-to-nearest-even into float32: 2^-150 (half the smallest subnormal) ties to zero, and from
+# 2^128 - 2^103 (half an ulp above the largest finite float32) values round to Inf.
+FLOAT32_ROUNDS_TO_ZERO_UPTO = 2.0**-150
+FLOAT32_ROUNDS_TO_INF_FROM = 2.0**128 - 2.0**103
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,8 @@ def _check_scale(scale: object) -> tuple[torch.Tensor | None, float | None]:
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float or a float32 tensor, got {type(scale).__name__}")
     value = float(scale)
-    rounded = float(torch.tensor(value, dtype=torch.float32))
-    if not (math.isfinite(value) and value > 0 and math.isfinite(rounded) and rounded > 0):
+    # The kernels multiply by float32(scale): it must stay finite and nonzero after that rounding.
+    if not (FLOAT32_ROUNDS_TO_ZERO_UPTO < value < FLOAT32_ROUNDS_TO_INF_FROM):
         raise ValueError(f"scale must be finite and positive (as a float32), got {value!r}")
     return None, value
 
