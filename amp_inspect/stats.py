@@ -106,7 +106,9 @@ def _check_scale(scale: object) -> tuple[torch.Tensor | None, float | None]:
                 f"a scale tensor must be a float32 tensor of one element, got {scale.dtype} with "
                 f"{scale.numel()} elements"
             )
-        if scale.device.type == "cpu":  # costs no sync here, so check it like a number
+        # On the CPU reading it costs no sync, so check it like a number. Under torch.compile the read would
+        # be a data-dependent guard; the op's own check (tensor_stats.cpp) still runs on the real value.
+        if scale.device.type == "cpu" and not torch.compiler.is_compiling():
             value = float(scale)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"scale must be finite and positive, got {value}")

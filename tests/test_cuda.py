@@ -1,0 +1,201 @@
+"""The CUDA kernel against the CPU kernel (exactly; sumsq to 1e-9) and the oracles. Every test here is
+marked ``cuda`` and skips (in conftest.py, when it is about to run) without a visible GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import amp_inspect
+from tests import oracles
+from tests.oracles import ALL_FORMATS
+from tests.test_large import check_planted, planted_values
+from tests.test_random_bits import DTYPES, EDGE_SIZES, random_tensor
+
+pytestmark = pytest.mark.cuda
+
+CUDA = torch.device("cuda")
+
+
+def op(tensors, scale, scale_value, formats=ALL_FORMATS):
+    return torch.ops.amp_inspect.tensor_stats(tensors, scale, scale_value, list(formats))
+
+
+def check_cuda_vs_cpu(tensors_cpu, scale=None, formats=ALL_FORMATS, *, oracle=True):
+    """Runs the op on CUDA copies of ``tensors_cpu`` (layouts kept) and on the CPU; compares everything."""
+    tensors_cuda = [cuda_like(t) for t in tensors_cpu]
+    if isinstance(scale, torch.Tensor):
+        scale_cpu, scale_cuda, scale_value, scale_f = scale.cpu(), scale.to(CUDA), None, float(scale)
+    else:
+        scale_cpu = scale_cuda = None
+        scale_value = scale_f = None if scale is None else float(scale)
+    got = op(tensors_cuda, scale_cuda, scale_value, formats)
+    for out in got:
+        assert out.device.type == CUDA.type
+    want = op(tensors_cpu, scale_cpu, scale_value, formats)
+    oracles.assert_outputs_equal(got, want, rtol=1e-9, what=f"cuda vs cpu (scale {scale}): ")
+    stats = amp_inspect.tensor_stats(
+        tensors_cuda, scale=scale_cuda if scale_cuda is not None else scale, formats=formats
+    )
+    assert stats.numel.device.type == CUDA.type
+    assert torch.equal(stats.hist.sum(dim=1), stats.numel)
+    if oracle:
+        oracles.assert_stats_match_oracle(stats, tensors_cpu, scale_f, exact=False)
+    return stats
+
+
+def cuda_like(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """A copy of ``t`` on ``device`` with the same sizes, strides and storage offset (so the same layout,
+    alignment and stride-0 dims): the whole storage is copied and viewed the same way."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+    return flat.to(device or CUDA).as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+SCALES = (None, 1.0, 2.0**16, 3.0, "tensor")
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_random_bits_chunk_edges(dtype, scale, rng):
+    tensors = [random_tensor(rng, n, dtype) for n in EDGE_SIZES]
+    if scale == "tensor":
+        scale = torch.tensor(2.0**-16)
+    check_cuda_vs_cpu(tensors, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_unaligned_starts(dtype, rng):
+    """Slices starting at element 1, 2, 3 (no 16-byte alignment) and ending anywhere."""
+    tensors = []
+    for n in (1, 5, 17, 16383, 16384, 16385, 65537):
+        base = random_tensor(rng, n + 8, dtype)
+        for start in (0, 1, 2, 3):
+            tensors.append(base[start : start + n])
+            tensors.append(base[start : start + n - 1] if n > 1 else base[start:start])
+    check_cuda_vs_cpu(tensors, None)
+    check_cuda_vs_cpu(tensors, 3.0, oracle=False)
+
+
+def test_nonfinite_positions(rng):
+    tensors = []
+    for dtype in DTYPES:
+        for n in (16383, 16384, 16385, 3 * 16384 + 1):
+            base = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(dtype)
+            for pos in (0, n // 2, n - 1, 16383):
+                t = base.clone()
+                t[min(pos, n - 1)] = float("nan")
+                tensors.append(t)
+    stats = check_cuda_vs_cpu(tensors, None)
+    assert stats.nan.tolist() == [1] * len(tensors)
+
+
+def test_more_than_1000_tensors(rng):
+    sizes = rng.integers(0, 3000, 1500)
+    tensors = [random_tensor(rng, int(n), DTYPES[i % 4]) for i, n in enumerate(sizes)]
+    check_cuda_vs_cpu(tensors, None, oracle=False)
+    check_cuda_vs_cpu(tensors, torch.tensor(0.25), oracle=False)
+
+
+def test_noncontiguous(rng):
+    def r(*shape, dtype=torch.float32):
+        return random_tensor(rng, int(np.prod(shape)), dtype).reshape(shape)
+
+    tensors = [
+        r(300, 257).t(),
+        r(5000)[::3],
+        r(4000, dtype=torch.bfloat16)[1::7],
+        r(3, 40, 50, 7, dtype=torch.float64).permute(2, 0, 3, 1),
+        r(6, 33, 20, 9, dtype=torch.float16)[:, 1:30:2, ::3, 2:],
+        r(1, 70).expand(500, 70),
+        r(*([4] * 10), dtype=torch.float16)[(slice(None, None, 2),) * 10],
+        torch.empty(0),
+        r(70, 80)[:, :33],
+        torch.tensor(3.0),
+    ]
+    check_cuda_vs_cpu(tensors, None)
+    check_cuda_vs_cpu(tensors, 2.0**16)
+
+
+@pytest.mark.parametrize("first", ["cpu", "cuda"])
+def test_mixed_cpu_and_cuda_list(first, rng):
+    cpu_tensors = [random_tensor(rng, n, DTYPES[i % 4]) for i, n in enumerate((100, 70000, 0, 5, 16385, 9))]
+    devices = [first if i % 2 == 0 else ("cuda" if first == "cpu" else "cpu") for i in range(len(cpu_tensors))]
+    mixed = [t.to(d) for t, d in zip(cpu_tensors, devices, strict=True)]
+    for scale in (None, 3.0, torch.tensor(2.0, device=first)):
+        stats = amp_inspect.tensor_stats(mixed, scale=scale, formats=ALL_FORMATS)
+        assert stats.numel.device.type == first and stats.hist.device.type == first
+        cpu_scale = scale.cpu() if isinstance(scale, torch.Tensor) else scale
+        want = amp_inspect.tensor_stats(cpu_tensors, scale=cpu_scale, formats=ALL_FORMATS)
+        for name in (
+            "numel",
+            "nan",
+            "posinf",
+            "neginf",
+            "zero",
+            "overflow",
+            "subnormal",
+            "underflow",
+            "amax",
+            "amin_nonzero",
+            "hist",
+        ):
+            assert torch.equal(getattr(stats, name).cpu(), getattr(want, name)), name
+        torch.testing.assert_close(stats.sumsq.cpu(), want.sumsq, rtol=1e-9, atol=0)
+
+
+def test_no_host_sync(rng):
+    tensors = [random_tensor(rng, n, DTYPES[i % 4]).to(CUDA) for i, n in enumerate((10, 70000, 0, 16385))]
+    scale = torch.tensor(2.0**-16, device=CUDA)
+    amp_inspect.tensor_stats(tensors, scale=3.0)  # warm up: lazy initialisation may sync once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        a = amp_inspect.tensor_stats(tensors, scale=3.0, formats=ALL_FORMATS)
+        b = amp_inspect.tensor_stats(tensors, scale=scale, formats=ALL_FORMATS)
+        c = amp_inspect.tensor_stats(tensors)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert a.numel.tolist() == b.numel.tolist() == c.numel.tolist() == [10, 70000, 0, 16385]
+
+
+def _kernel_launches(tensors) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        amp_inspect.tensor_stats(tensors, formats=ALL_FORMATS)
+        torch.cuda.synchronize()
+    names = [
+        e.name
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and "memcpy" not in e.name.lower()
+        and "memset" not in e.name.lower()
+    ]
+    return len(names)
+
+
+def test_launch_count_independent_of_tensor_count(rng):
+    few = [random_tensor(rng, 1000, DTYPES[i % 4]).to(CUDA) for i in range(10)]
+    many = [random_tensor(rng, 1000, DTYPES[i % 4]).to(CUDA) for i in range(1000)]
+    _kernel_launches(few)  # warm up
+    launches_few, launches_many = _kernel_launches(few), _kernel_launches(many)
+    assert launches_few > 0
+    assert launches_few == launches_many
+
+
+@pytest.mark.slow
+def test_more_than_2_31_elements_cuda():
+    free, _ = torch.cuda.mem_get_info()
+    if free < 6 * 2**30:
+        pytest.skip(f"needs about 5 GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+    n = 2**31 + 5
+    x = torch.zeros(n, dtype=torch.bfloat16, device=CUDA)
+    planted = planted_values(n)
+    for i, value in planted.items():
+        x[i] = value
+    stats = amp_inspect.tensor_stats([x], formats=ALL_FORMATS)
+    check_planted(stats, n, planted, torch.bfloat16)
+    shifted = amp_inspect.tensor_stats([x[3:]], formats=ALL_FORMATS)  # unaligned start
+    assert int(shifted.numel[0]) == n - 3 and int(shifted.nan[0]) == 1
