@@ -12,6 +12,7 @@ import torch
 from .reference import FIXED_COUNT_COLUMNS, HIST_BINS, tensor_stats_reference
 
 OP_NAME = "amp_inspect::tensor_stats"
+UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
 
 try:
     from . import _C  # noqa: F401  (loading it runs the op's registrations)
@@ -57,19 +58,27 @@ def build_info() -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.splitlines())
 
 
+def _empty_outputs(tensors, formats) -> tuple[torch.Tensor, ...]:
+    device = tensors[0].device if tensors else torch.device("cpu")
+    t = len(tensors)
+    return (
+        torch.empty(t, FIXED_COUNT_COLUMNS + 3 * len(formats), dtype=torch.int64, device=device),
+        torch.empty(t, HIST_BINS, dtype=torch.int64, device=device),
+        torch.empty(t, dtype=torch.float32, device=device),
+        torch.empty(t, dtype=torch.float32, device=device),
+        torch.empty(t, dtype=torch.float64, device=device),
+    )
+
+
 if LOAD_ERROR is None:
 
     @torch.library.register_fake(OP_NAME)
     def _tensor_stats_fake(tensors, scale, scale_value, formats):
-        device = tensors[0].device if tensors else torch.device("cpu")
-        t = len(tensors)
-        return (
-            torch.empty(t, FIXED_COUNT_COLUMNS + 3 * len(formats), dtype=torch.int64, device=device),
-            torch.empty(t, HIST_BINS, dtype=torch.int64, device=device),
-            torch.empty(t, dtype=torch.float32, device=device),
-            torch.empty(t, dtype=torch.float32, device=device),
-            torch.empty(t, dtype=torch.float64, device=device),
-        )
+        return _empty_outputs(tensors, formats)
+
+    @torch.library.register_fake(UNSCALE_OP_NAME)
+    def _unscale_stats_fake(tensors, inv_scale, found_inf, formats):
+        return _empty_outputs(tensors, formats)
 
 
 def tensor_stats_op(
@@ -98,3 +107,18 @@ def tensor_stats_op(
         )
         return tensor_stats_reference(tensors, scale, scale_value, formats)
     return torch.ops.amp_inspect.tensor_stats(tensors, scale, scale_value, formats)
+
+
+def unscale_stats_op(
+    tensors: list[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor, formats: list[str]
+) -> tuple[torch.Tensor, ...]:
+    """Statistics of ``tensors`` as stored, then ``tensors *= inv_scale`` in place and ``found_inf`` set to 1
+    where any value is NaN/Inf; tensors of one device (checked by the caller). Without the compiled kernel:
+    the reference statistics, then torch's own unscale (two passes, same results)."""
+    device_type = tensors[0].device.type if tensors else "cpu"
+    if tensors and has_kernel(device_type):
+        return torch.ops.amp_inspect.unscale_stats_(tensors, inv_scale, found_inf, formats)
+    stats = tensor_stats_op(tensors, None, None, formats)  # warns once when it falls back
+    if tensors:
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
+    return stats

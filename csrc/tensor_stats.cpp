@@ -3,6 +3,7 @@
 #include "tensor_stats.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <Python.h>
 #include <torch/library.h>
 
@@ -171,6 +172,32 @@ StatsCall prepare_call(const std::vector<at::Tensor>& tensors, const std::option
   return call;
 }
 
+void prepare_unscale(StatsCall& call, const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale,
+                     const at::Tensor& found_inf) {
+  TORCH_CHECK(!call.has_scale, "amp_inspect.unscale_stats_: takes no scale");
+  for (const at::Tensor& t : {inv_scale, found_inf}) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == 1,
+                "amp_inspect.unscale_stats_: inv_scale and found_inf must be float32 tensors of one element");
+    if (!tensors.empty()) {
+      TORCH_CHECK(t.device() == tensors[0].device(), "amp_inspect.unscale_stats_: inv_scale and found_inf must be on ",
+                  tensors[0].device(), ", got ", t.device());
+    }
+  }
+  TORCH_CHECK(call.keep_alive.empty(),
+              "amp_inspect.unscale_stats_: a tensor has more than ", kMaxDims,
+              " strided dims after collapsing; it cannot be unscaled in place (make it contiguous)");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TORCH_CHECK(tensors[i].numel() <= 1 || tensors[i].is_non_overlapping_and_dense() ||
+                    at::has_internal_overlap(tensors[i]) != at::MemOverlap::Yes,
+                "amp_inspect.unscale_stats_: tensor ", i, " has overlapping elements (e.g. expanded); it cannot be "
+                "unscaled in place");
+  }
+  call.unscale = true;
+  call.inv_scale_ptr = inv_scale.data_ptr<float>();
+  call.found_inf_ptr = found_inf.data_ptr<float>();
+  if (inv_scale.device().is_cpu()) call.inv_scale_value = *call.inv_scale_ptr;
+}
+
 StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device) {
   const auto int64s = at::TensorOptions().dtype(at::kLong).device(device);
   StatsOutputs out;
@@ -202,6 +229,11 @@ std::string build_info() {
 TORCH_LIBRARY(amp_inspect, m) {
   m.def(
       "tensor_stats(Tensor[] tensors, Tensor? scale, float? scale_value, str[] formats) -> "
+      "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
+  // The fused unscale pass of InspectingGradScaler: statistics of the tensors as stored (scaled), then each
+  // tensor multiplied in place by inv_scale, and found_inf set to 1 where any value was NaN or Inf.
+  m.def(
+      "unscale_stats_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats) -> "
       "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
   m.def("build_info() -> str", &amp_inspect::build_info);
 }

@@ -40,7 +40,18 @@ struct StatsCall {
   bool has_scale = false;
   float scale_value = 1.0f;
   const float* scale_ptr = nullptr;
+  // unscale_stats_ only: after counting, each element is overwritten with x * inv_scale (computed in
+  // float32, or float64 for float64 tensors, and rounded to the tensor's dtype), and *found_inf is set to
+  // 1.0 when any element was NaN or Inf: what torch._amp_foreach_non_finite_check_and_unscale_ does.
+  bool unscale = false;
+  float inv_scale_value = 1.0f;         // CPU: the value; CUDA: unused
+  const float* inv_scale_ptr = nullptr;  // CUDA: read on the device
+  float* found_inf_ptr = nullptr;
 };
+
+// The unscale_stats_ arguments, checked and described into `call` (which prepare_call made).
+void prepare_unscale(StatsCall& call, const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale,
+                     const at::Tensor& found_inf);
 
 // Checks the op's arguments (every message names the offending tensor's position) and describes them for
 // a backend whose work chunks hold `chunk_elems` elements.

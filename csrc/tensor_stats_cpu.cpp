@@ -7,6 +7,8 @@
 // it is on and merges them into the outputs, under a lock, only when it moves to another tensor, so the
 // lock is taken about T + threads times per call. No temporary grows with the number of elements.
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -57,7 +59,33 @@ struct TensorAccumulator {
 };
 
 // Walks the logical elements [start, start + count) of a view: contiguous, or strided with an odometer
-// over the collapsed dims (one division per block, none per element).
+// over the collapsed dims (one division per block, none per element). fn(i, offset) gets the element's
+// position in the walk and its offset from the view's base, in elements.
+template <typename Fn>
+void walk_offsets(const TensorView& view, int64_t start, int64_t count, Fn&& fn) {
+  if (is_contiguous_view(view)) {
+    for (int64_t i = 0; i < count; ++i) fn(i, start + i);
+    return;
+  }
+  const int nd = view.ndim;
+  int64_t index[kMaxDims];
+  int64_t linear = start;
+  for (int d = nd - 1; d >= 0; --d) {
+    index[d] = linear % view.sizes[d];
+    linear /= view.sizes[d];
+  }
+  int64_t offset = element_offset(view, start);
+  for (int64_t i = 0; i < count; ++i) {
+    fn(i, offset);
+    for (int d = nd - 1; d >= 0; --d) {  // advance the odometer
+      offset += view.strides[d];
+      if (++index[d] < view.sizes[d]) break;
+      offset -= view.strides[d] * view.sizes[d];
+      index[d] = 0;
+    }
+  }
+}
+
 template <typename T>
 struct ElementReader {
   const T* base;
@@ -65,28 +93,7 @@ struct ElementReader {
 
   template <typename Fn>
   void for_each(int64_t start, int64_t count, Fn&& fn) const {
-    if (is_contiguous_view(view)) {
-      const T* p = base + start;
-      for (int64_t i = 0; i < count; ++i) fn(i, p[i]);
-      return;
-    }
-    const int nd = view.ndim;
-    int64_t index[kMaxDims];
-    int64_t linear = start;
-    for (int d = nd - 1; d >= 0; --d) {
-      index[d] = linear % view.sizes[d];
-      linear /= view.sizes[d];
-    }
-    int64_t offset = element_offset(view, start);
-    for (int64_t i = 0; i < count; ++i) {
-      fn(i, base[offset]);
-      for (int d = nd - 1; d >= 0; --d) {  // advance the odometer
-        offset += view.strides[d];
-        if (++index[d] < view.sizes[d]) break;
-        offset -= view.strides[d] * view.sizes[d];
-        index[d] = 0;
-      }
-    }
+    walk_offsets(view, start, count, [&](int64_t i, int64_t offset) { fn(i, base[offset]); });
   }
 };
 
@@ -427,10 +434,37 @@ struct OutputSink {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_stats_cpu(
-    const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
-    std::optional<double> scale_value, const std::vector<std::string>& formats) {
-  const StatsCall call = prepare_call(tensors, scale, scale_value, formats, kCpuChunkElems);
+// unscale_stats_: overwrites elements [start, start + count) of a view with x * inv_scale, computed as
+// torch's unscale kernel does (float32 math rounded to the dtype; float64 math for float64). Runs right
+// after the chunk was counted, while it is still in cache, so memory is read once and written once.
+void unscale_chunk(const TensorView& view, int64_t start, int64_t count, float inv_scale) {
+  void* base = const_cast<void*>(view.data);  // unscale_stats_ takes its tensors as mutable (Tensor(a!)[])
+  switch (view.dtype) {
+    case kFloat32: {
+      float* p = static_cast<float*>(base);
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = p[o] * inv_scale; });
+      break;
+    }
+    case kFloat16: {
+      c10::Half* p = static_cast<c10::Half*>(base);
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = static_cast<float>(p[o]) * inv_scale; });
+      break;
+    }
+    case kBFloat16: {
+      c10::BFloat16* p = static_cast<c10::BFloat16*>(base);
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = static_cast<float>(p[o]) * inv_scale; });
+      break;
+    }
+    case kFloat64: {
+      double* p = static_cast<double*>(base);
+      const double inv = inv_scale;
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = p[o] * inv; });
+      break;
+    }
+  }
+}
+
+StatsOutputs run_cpu(const StatsCall& call) {
   StatsOutputs out = allocate_outputs(call.num_tensors, call.num_formats, at::Device(at::kCPU));
 
   OutputSink sink;
@@ -455,7 +489,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_st
       }
       const TensorView& view = call.views[v];
       const int64_t start = (chunk - view.first_chunk) * call.chunk_elems;
-      count_chunk(view, start, std::min(call.chunk_elems, view.numel - start), call, acc);
+      const int64_t count = std::min(call.chunk_elems, view.numel - start);
+      count_chunk(view, start, count, call, acc);
+      // Written even when inv_scale is 1: converting back to the dtype canonicalises NaN payloads, and
+      // torch's kernel does that too, so the results stay bitwise identical.
+      if (call.unscale) unscale_chunk(view, start, count, call.inv_scale_value);
     }
     if (current >= 0) sink.merge(call.views[current].out_row, acc);
   });
@@ -464,15 +502,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_st
   float* amax = out.amax.data_ptr<float>();
   float* amin = out.amin_nonzero.data_ptr<float>();
   const int columns = count_columns(call.num_formats);
+  bool any_non_finite = false;
   for (int64_t row = 0; row < call.num_tensors; ++row) {
-    finalize_counts(sink.counts[row], call.num_formats, counts + row * columns);
+    const RawCounts& c = sink.counts[row];
+    any_non_finite = any_non_finite || (c.nan + c.posinf + c.neginf) > 0;
+    finalize_counts(c, call.num_formats, counts + row * columns);
     amax[row] = bits_to_float(sink.max_abs[row]);
     amin[row] = bits_to_float(sink.min_abs_nonzero[row]);
   }
+  if (call.unscale && any_non_finite) *call.found_inf_ptr = 1.0f;
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_stats_cpu(
+    const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
+    std::optional<double> scale_value, const std::vector<std::string>& formats) {
+  const StatsOutputs out = run_cpu(prepare_call(tensors, scale, scale_value, formats, kCpuChunkElems));
+  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> unscale_stats_cpu(
+    const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale, const at::Tensor& found_inf,
+    const std::vector<std::string>& formats) {
+  StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, kCpuChunkElems);
+  prepare_unscale(call, tensors, inv_scale, found_inf);
+  const StatsOutputs out = run_cpu(call);
   return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
 }
 
 }  // namespace
 }  // namespace amp_inspect
 
-TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) { m.impl("tensor_stats", &amp_inspect::tensor_stats_cpu); }
+TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
+  m.impl("tensor_stats", &amp_inspect::tensor_stats_cpu);
+  m.impl("unscale_stats_", &amp_inspect::unscale_stats_cpu);
+}

@@ -9,6 +9,8 @@
 // raw threshold counts into overflow / subnormal / underflow. The per-element tests come from numerics.h,
 // the same code the CPU kernel runs. Built without fast-math (float32 subnormals must survive).
 #include <c10/cuda/CUDAException.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "tensor_stats_cuda.h"
@@ -50,7 +52,26 @@ struct ChunkContext {
   const CudaStatsArgs& args;
   uint32_t* warp_hist;  // this warp's 256 bins in shared memory
   float scale;
+  bool unscale;  // unscale_stats_: write x * inv_scale back
+  float inv_scale;
 };
+
+// x * inv_scale in the tensor's dtype, as torch's unscale kernel computes it.
+template <int kDtype, typename T>
+__device__ __forceinline__ T unscaled(T raw, float inv_scale) {
+  if constexpr (kDtype == kFloat32) {
+    return float_as_bits(__fmul_rn(bits_as_float(raw), inv_scale));
+  } else if constexpr (kDtype == kFloat64) {
+    const double x = __longlong_as_double(static_cast<long long>(raw));
+    return static_cast<T>(__double_as_longlong(__dmul_rn(x, static_cast<double>(inv_scale))));
+  } else if constexpr (kDtype == kFloat16) {
+    const float x = bits_as_float(fp16_to_f32_bits(raw));
+    return __half_as_ushort(__float2half_rn(__fmul_rn(x, inv_scale)));
+  } else {
+    const float x = bits_as_float(bf16_to_f32_bits(raw));
+    return __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(x, inv_scale)));
+  }
+}
 
 // Counts one element given as float32 bits of x (scaled here when the call has a scale).
 __device__ __forceinline__ void count32(ThreadCounts& c, uint32_t bits, const ChunkContext& ctx) {
@@ -104,13 +125,8 @@ __device__ __forceinline__ void count64(ThreadCounts& c, uint64_t bits, const Ch
   atomicAdd(&ctx.warp_hist[hist_bin(float_as_bits(__double2float_rn(x)))], 1u);
 }
 
-// Reads x as float32 bits (exact for every input dtype but float64, which is rounded once).
-template <typename T>
-__device__ __forceinline__ uint32_t to_f32_bits(T raw);
-template <>
-__device__ __forceinline__ uint32_t to_f32_bits<uint32_t>(uint32_t raw) { return raw; }
-template <>
-__device__ __forceinline__ uint32_t to_f32_bits<uint64_t>(uint64_t raw) {
+// float64 x as float32 bits, rounded once (the scaled path judges float32(x) * scale).
+__device__ __forceinline__ uint32_t f64_to_f32_bits(uint64_t raw) {
   return float_as_bits(__double2float_rn(__longlong_as_double(static_cast<long long>(raw))));
 }
 
@@ -123,14 +139,14 @@ __device__ __forceinline__ uint32_t half_to_f32_bits(uint16_t raw) {
 template <int kDtype, typename T>
 __device__ void count_range(ThreadCounts& c, const TensorView& view, int64_t start, int64_t count,
                             const ChunkContext& ctx) {
-  const T* base = static_cast<const T*>(view.data);
+  T* base = static_cast<T*>(const_cast<void*>(view.data));  // written only by unscale_stats_
   auto count_raw = [&](T raw) {
     if constexpr (kDtype == kFloat64) {
       if (!ctx.args.has_scale) {
         count64(c, raw, ctx);
         return;
       }
-      count32(c, to_f32_bits<uint64_t>(raw), ctx);
+      count32(c, f64_to_f32_bits(raw), ctx);
     } else if constexpr (kDtype == kFloat32) {
       count32(c, raw, ctx);
     } else {
@@ -138,25 +154,37 @@ __device__ void count_range(ThreadCounts& c, const TensorView& view, int64_t sta
     }
   };
   if (!is_contiguous_view(view)) {  // strided: one index computation per element
-    for (int64_t i = threadIdx.x; i < count; i += kThreads) count_raw(base[element_offset(view, start + i)]);
+    for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+      T& x = base[element_offset(view, start + i)];
+      count_raw(x);
+      if (ctx.unscale) x = unscaled<kDtype>(x, ctx.inv_scale);
+    }
     return;
   }
-  const T* p = base + start;
+  T* p = base + start;
   constexpr int kPerVector = kVectorBytes / sizeof(T);
   int64_t head = 0;
   if (reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0) {
     // 16-byte loads over the aligned bulk.
     const int64_t vectors = count / kPerVector;
-    const uint4* pv = reinterpret_cast<const uint4*>(p);
+    uint4* pv = reinterpret_cast<uint4*>(p);
     for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
-      const uint4 word = __ldg(pv + v);
-      const T* items = reinterpret_cast<const T*>(&word);
+      uint4 word = pv[v];
+      T* items = reinterpret_cast<T*>(&word);
 #pragma unroll
       for (int k = 0; k < kPerVector; ++k) count_raw(items[k]);
+      if (ctx.unscale) {
+#pragma unroll
+        for (int k = 0; k < kPerVector; ++k) items[k] = unscaled<kDtype>(items[k], ctx.inv_scale);
+        pv[v] = word;
+      }
     }
     head = vectors * kPerVector;
   }
-  for (int64_t i = head + threadIdx.x; i < count; i += kThreads) count_raw(p[i]);
+  for (int64_t i = head + threadIdx.x; i < count; i += kThreads) {
+    count_raw(p[i]);
+    if (ctx.unscale) p[i] = unscaled<kDtype>(p[i], ctx.inv_scale);
+  }
 }
 
 // Sums a value over the block; the result is valid in thread 0.
@@ -208,7 +236,9 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(const CudaStatsA
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const float scale = args.has_scale ? (args.scale_ptr ? *args.scale_ptr : args.scale_value) : 1.0f;
-  const ChunkContext ctx{args, hist[warp], scale};
+  const float inv_scale = args.inv_scale ? *args.inv_scale : 1.0f;
+  // Written even when inv_scale is 1, as torch's kernel does (the round trip canonicalises NaN payloads).
+  const ChunkContext ctx{args, hist[warp], scale, args.inv_scale != nullptr, inv_scale};
   const int columns = count_columns(args.num_formats);
 
   for (int64_t chunk = blockIdx.x; chunk < args.total_chunks; chunk += gridDim.x) {
@@ -286,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(const CudaStatsA
 }
 
 // Turns each row's raw threshold counts into overflow / subnormal / underflow, in place.
-__global__ void finalize_kernel(int64_t* counts, int64_t num_tensors, int num_formats) {
+__global__ void finalize_kernel(int64_t* counts, int64_t num_tensors, int num_formats, float* found_inf) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= num_tensors) return;
   int64_t* row = counts + t * count_columns(num_formats);
@@ -303,6 +333,8 @@ __global__ void finalize_kernel(int64_t* counts, int64_t num_tensors, int num_fo
     raw.at_or_below_zero[f] = row[kFixedCountColumns + 2 * num_formats + f];
   }
   finalize_counts(raw, num_formats, row);
+  // Every writer stores the same value, so the race is benign (as in torch's own unscale kernel).
+  if (found_inf != nullptr && raw.nan + raw.posinf + raw.neginf > 0) *found_inf = 1.0f;
 }
 
 int multiprocessor_count(int device_index) {
@@ -328,7 +360,7 @@ void launch_tensor_stats(const CudaStatsArgs& args, int device_index, cudaStream
   if (args.num_tensors > 0) {
     const int64_t blocks = (args.num_tensors + kFinalizeThreads - 1) / kFinalizeThreads;
     finalize_kernel<<<static_cast<unsigned int>(blocks), kFinalizeThreads, 0, stream>>>(
-        args.counts, args.num_tensors, args.num_formats);
+        args.counts, args.num_tensors, args.num_formats, args.found_inf);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }

@@ -23,6 +23,10 @@ struct CudaStatsArgs {
   int32_t has_scale;
   float scale_value;
   const float* scale_ptr;  // device memory, or null to use scale_value
+  // unscale_stats_: after counting, x is overwritten with x * *inv_scale (float32 math rounded to the dtype,
+  // float64 math for float64) and *found_inf set to 1 when a row has NaN/Inf. Null inv_scale: no writes.
+  const float* inv_scale;
+  float* found_inf;
   // Outputs, zero-filled (amin_nonzero +inf) before the launch. `counts` holds the raw threshold counts
   // (RawCounts layout, see kRawColumns) until the finalize kernel turns them into the user's counts.
   int64_t* counts;

@@ -15,14 +15,15 @@
 namespace amp_inspect {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_stats_cuda(
-    const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
-    std::optional<double> scale_value, const std::vector<std::string>& formats) {
+at::Device call_device(const std::vector<at::Tensor>& tensors) {
   TORCH_CHECK(!tensors.empty(), "amp_inspect.tensor_stats: the CUDA kernel needs at least one tensor");
   const at::Device device = tensors[0].device();
   TORCH_CHECK(device.is_cuda(), "amp_inspect.tensor_stats: tensor 0 is on ", device, ", not CUDA");
-  const c10::cuda::CUDAGuard guard(device);
-  const StatsCall call = prepare_call(tensors, scale, scale_value, formats, kCudaChunkElems);
+  return device;
+}
+
+// Allocates the outputs, copies the tensor table to the device and launches; the caller holds the guard.
+StatsOutputs run_cuda(const StatsCall& call, const at::Device& device) {
   const StatsOutputs out = allocate_outputs(call.num_tensors, call.num_formats, device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
 
@@ -46,6 +47,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_st
   args.has_scale = call.has_scale ? 1 : 0;
   args.scale_value = call.scale_value;
   args.scale_ptr = call.scale_ptr;
+  args.inv_scale = call.unscale ? call.inv_scale_ptr : nullptr;
+  args.found_inf = call.unscale ? call.found_inf_ptr : nullptr;
   args.counts = out.counts.data_ptr<int64_t>();
   args.hist = out.hist.data_ptr<int64_t>();
   args.amax = out.amax.data_ptr<float>();
@@ -54,10 +57,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_st
   launch_tensor_stats(args, device.index(), stream);
   // The table and any contiguous copies are freed on return: safe, since the caching allocator hands
   // their memory out again only to work queued after these kernels on this stream.
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_stats_cuda(
+    const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
+    std::optional<double> scale_value, const std::vector<std::string>& formats) {
+  const at::Device device = call_device(tensors);
+  const c10::cuda::CUDAGuard guard(device);
+  const StatsOutputs out = run_cuda(prepare_call(tensors, scale, scale_value, formats, kCudaChunkElems), device);
+  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> unscale_stats_cuda(
+    const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale, const at::Tensor& found_inf,
+    const std::vector<std::string>& formats) {
+  const at::Device device = call_device(tensors);
+  const c10::cuda::CUDAGuard guard(device);
+  StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, kCudaChunkElems);
+  prepare_unscale(call, tensors, inv_scale, found_inf);
+  const StatsOutputs out = run_cuda(call, device);
   return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
 }
 
 }  // namespace
 }  // namespace amp_inspect
 
-TORCH_LIBRARY_IMPL(amp_inspect, CUDA, m) { m.impl("tensor_stats", &amp_inspect::tensor_stats_cuda); }
+TORCH_LIBRARY_IMPL(amp_inspect, CUDA, m) {
+  m.impl("tensor_stats", &amp_inspect::tensor_stats_cuda);
+  m.impl("unscale_stats_", &amp_inspect::unscale_stats_cuda);
+}

@@ -1,0 +1,268 @@
+"""The run log: strict JSON lines, NaN/Inf round trips, per-line visibility, killed runs, sparse histograms."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from amp_inspect import runlog
+from amp_inspect.runlog import SCHEMA_VERSION, RunLog, dense_hist, read_log, sparse_hist
+
+
+def _strict_loads(line: str) -> object:
+    def reject(constant: str) -> float:
+        raise AssertionError(f"non-strict JSON constant {constant!r} in {line!r}")
+
+    return json.loads(line, parse_constant=reject)
+
+
+def _step_record(step: int, scale: float | None = 65536.0, total_norm: float = 1.5) -> dict:
+    return {
+        "step": step,
+        "scale": scale,
+        "skipped": not math.isfinite(total_norm),
+        "total_norm": total_norm,
+        "offenders": ["inf", "layer.0"] if not math.isfinite(total_norm) else [],
+        "headroom": {"up": 3, "down": 12},
+        "modules": {
+            "layer.0": {"numel": 10, "nan": 1, "posinf": 0, "amax": math.inf, "grad_norm": math.nan},
+            "layer.1": {"numel": 4, "nan": 0, "posinf": 0, "amax": 2.5, "grad_norm": -math.inf},
+        },
+    }
+
+
+def _same(a: object, b: object) -> bool:
+    """Equality that counts NaN equal to NaN."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def test_round_trip_with_nonfinite_floats(tmp_path: Path) -> None:
+    records = [_step_record(0), _step_record(1, scale=math.inf, total_norm=math.nan), _step_record(2, scale=None)]
+    with RunLog(tmp_path / "run.jsonl") as log:
+        for record in records:
+            log.write(record)
+    got = read_log(tmp_path / "run.jsonl")
+    assert len(got) == len(records)
+    for record, back in zip(records, got, strict=True):
+        assert back["schema"] == SCHEMA_VERSION
+        assert isinstance(back["time"], float)
+        assert _same({k: v for k, v in back.items() if k not in ("schema", "time")}, record)
+    # Only float fields decode: a module called "inf" stays a name.
+    assert got[1]["offenders"] == ["inf", "layer.0"]
+
+
+def test_write_does_not_modify_record_and_keeps_given_schema_and_time(tmp_path: Path) -> None:
+    record = {"step": 5, "time": 12.5}
+    with RunLog(tmp_path / "run.jsonl") as log:
+        log.write(record)
+    assert record == {"step": 5, "time": 12.5}
+    assert read_log(tmp_path / "run.jsonl") == [{"schema": SCHEMA_VERSION, "time": 12.5, "step": 5}]
+
+
+def test_every_line_is_strict_compact_json(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with RunLog(path) as log:
+        log.write(_step_record(0, scale=-math.inf, total_norm=math.inf))
+        log.write({"step": 1, "values": (math.nan, 1.0), "t": torch.tensor([math.inf, 2.0])})
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2
+    parsed = [_strict_loads(line) for line in lines]
+    assert parsed[0]["scale"] == "-inf" and parsed[0]["total_norm"] == "inf"
+    assert parsed[0]["modules"]["layer.0"]["grad_norm"] == "nan"
+    assert parsed[1]["values"] == ["nan", 1.0] and parsed[1]["t"] == ["inf", 2.0]
+    assert all(", " not in line and ": " not in line for line in lines)
+
+
+def test_each_line_is_visible_right_after_write(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with RunLog(path) as log, open(path, encoding="utf-8") as reader:
+        for step in range(3):
+            log.write({"step": step})
+            line = reader.readline()
+            assert line.endswith("\n")
+            assert _strict_loads(line)["step"] == step
+
+
+def test_fsync_option_writes_the_same(tmp_path: Path) -> None:
+    with RunLog(tmp_path / "a" / "b" / "run.jsonl", fsync=True) as log:  # parent dirs are created
+        log.write({"step": 0, "scale": math.nan})
+    (record,) = read_log(tmp_path / "a" / "b" / "run.jsonl")
+    assert record["step"] == 0 and math.isnan(record["scale"])
+
+
+# The child loads runlog.py by path: the module imports neither torch nor the package, and skipping the
+# package import (torch, the extension) keeps this test well under a second.
+_KILLED_RUN = textwrap.dedent(
+    """
+    import importlib.util, os, signal, sys
+    spec = importlib.util.spec_from_file_location("runlog", sys.argv[1])
+    runlog = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runlog)
+    path, n = sys.argv[2], int(sys.argv[3])
+    log = runlog.RunLog(path)
+    for step in range(n):
+        log.write({"step": step, "scale": float("inf") if step % 2 else 1024.0})
+    with open(path, "ab") as raw:  # a record torn mid-write
+        raw.write(b'{"schema":1,"time":1.0,"step":')
+        raw.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
+def test_killed_run_leaves_readable_log(tmp_path: Path) -> None:
+    path, n = tmp_path / "run.jsonl", 5
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, runlog.__file__, str(path), str(n)], capture_output=True, timeout=60
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert not path.read_bytes().endswith(b"\n")
+
+    with pytest.warns(RuntimeWarning, match=rf"run\.jsonl: line {n + 1} ") as caught:
+        records = read_log(path)
+    assert len(caught) == 1
+    assert [r["step"] for r in records] == list(range(n))
+    assert records[1]["scale"] == math.inf and records[0]["scale"] == 1024.0
+
+    # A resumed run appends to the same log: the torn tail goes, the old records stay, nothing is corrupt.
+    with pytest.warns(RuntimeWarning, match="torn last line"), RunLog(path) as log:
+        log.write({"step": n})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r["step"] for r in read_log(path)] == list(range(n + 1))
+
+
+def test_reopen_keeps_a_whole_last_record_missing_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b'{"step":0}\n{"step":1}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r["step"] for r in read_log(path)] == [0, 1]
+        with RunLog(path) as log:
+            log.write({"step": 2})
+        assert [r["step"] for r in read_log(path)] == [0, 1, 2]
+
+
+def test_corrupt_middle_line_raises_with_line_number(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"step":0}\n{"step":1}\n{"step": oops\n{"step":3}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"run\.jsonl: line 3 "):
+        read_log(path)
+
+
+def test_non_object_middle_line_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"step":0}\n[1, 2]\n{"step":2}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2 "):
+        read_log(path)
+
+
+def test_empty_file_and_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    path.touch()
+    assert read_log(path) == []
+    path.write_text('\n{"step":0}\n\n', encoding="utf-8")
+    assert read_log(path) == [{"step": 0}]
+
+
+def test_newer_schema_warns_once_and_is_returned(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with RunLog(path) as log:
+        log.write({"step": 0})
+        log.write({"schema": SCHEMA_VERSION + 1, "step": 1, "new_field": "x"})
+        log.write({"schema": SCHEMA_VERSION + 1, "step": 2})
+    with pytest.warns(RuntimeWarning, match="newer") as caught:
+        records = read_log(path)
+    assert len(caught) == 1
+    assert [r["schema"] for r in records] == [SCHEMA_VERSION, SCHEMA_VERSION + 1, SCHEMA_VERSION + 1]
+    assert records[1]["new_field"] == "x"
+
+
+def test_sparse_dense_hist_round_trip() -> None:
+    row = torch.zeros(runlog.HIST_BINS, dtype=torch.int64)
+    row[0], row[127], row[255] = 7, 3_000_000_000, 1  # a count past 2^31 survives
+    sparse = sparse_hist(row)
+    assert sparse == {"0": 7, "127": 3_000_000_000, "255": 1}
+    assert all(type(c) is int for c in sparse.values())
+    assert dense_hist(sparse) == row.tolist()
+
+    as_list = [0] * runlog.HIST_BINS
+    as_list[5] = 2
+    assert sparse_hist(as_list) == {"5": 2}
+    assert dense_hist(sparse_hist(as_list)) == as_list
+    assert sparse_hist([0] * runlog.HIST_BINS) == {}
+    assert dense_hist({}) == [0] * runlog.HIST_BINS
+
+
+def test_hist_survives_the_log(tmp_path: Path) -> None:
+    row = torch.arange(runlog.HIST_BINS, dtype=torch.int64) % 3
+    with RunLog(tmp_path / "run.jsonl") as log:
+        log.write({"step": 0, "hist": {"layer.0": sparse_hist(row)}})
+    (record,) = read_log(tmp_path / "run.jsonl")
+    assert dense_hist(record["hist"]["layer.0"]) == row.tolist()
+
+
+def test_hist_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="256 bins"):
+        sparse_hist([1, 2, 3])
+    with pytest.raises(ValueError, match="outside"):
+        dense_hist({"256": 1})
+
+
+def test_wants_hist(tmp_path: Path) -> None:
+    with RunLog(tmp_path / "a.jsonl", hist_every=10) as log:
+        assert [s for s in range(35) if log.wants_hist(s)] == [0, 10, 20, 30]
+    with RunLog(tmp_path / "b.jsonl") as log:
+        assert log.wants_hist(0) and log.wants_hist(200) and not log.wants_hist(150)
+    for off in (0, -5):
+        with RunLog(tmp_path / "c.jsonl", hist_every=off) as log:
+            assert not any(log.wants_hist(s) for s in range(20))
+
+
+def test_write_after_close_raises(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "run.jsonl")
+    assert not log.closed
+    log.close()
+    log.close()  # twice is harmless
+    assert log.closed
+    with pytest.raises(ValueError, match="closed"):
+        log.write({"step": 0})
+    with RunLog(tmp_path / "other.jsonl") as ctx:
+        pass
+    assert ctx.closed
+
+
+def test_unserialisable_record_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with RunLog(path) as log:
+        with pytest.raises(TypeError):
+            log.write({"step": 0, "bad": object()})
+        log.write({"step": 1})
+    assert [r["step"] for r in read_log(path)] == [1]
+
+
+def test_append_keeps_old_lines(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    with RunLog(path) as log:
+        log.write({"step": 0})
+        log.write({"step": 1})
+    with RunLog(path) as log:
+        log.write({"step": 2})
+    assert [r["step"] for r in read_log(path)] == [0, 1, 2]
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 3
