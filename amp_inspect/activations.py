@@ -1,0 +1,277 @@
+"""Which module first produced a non-finite or overflowing activation, or output gradient.
+
+After GradScaler skips a step, the gradients only say *that* something went wrong. An armed
+:class:`ActivationWatcher` records, for every named submodule, the statistics of its forward output and of
+the gradient that reaches that output in backward, in the order they ran. The first record that is
+non-finite, or overflows the first of ``formats``, names the producer.
+
+Terms:
+
+- **forward output**: the floating-point tensors a module's ``forward`` returned (a tensor, or a nested
+  tuple/list/dict of them), judged before any later in-place op changes them.
+- **output gradient**: the gradient of the loss with respect to such a tensor, as autograd hands it to the
+  op that produced it (a later in-place op does not change which gradient this is: it is the one for the
+  value the module returned).
+- **execution order**: forward hooks run when a module's ``forward`` returns, so a child is recorded before
+  the container that called it; output gradients are recorded in the order backward computes them. The
+  two orders are kept apart: a forward problem is reported before any backward one.
+
+Cost: nothing is registered while disarmed, so a disarmed watcher costs nothing. Armed, each module call
+adds one ``tensor_stats`` pass over its output (a container re-reads its children's outputs), and each
+output gradient one pass over that gradient; neither syncs the host. Reading findings syncs once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .formats import check_formats
+from .naming import module_names
+from .stats import SUPPORTED_DTYPES, TensorStats, tensor_stats
+
+FORWARD_OUTPUT = "forward output"
+OUTPUT_GRADIENT = "output gradient"
+NONFINITE = "non-finite"
+
+# Path components that wrappers insert into named_modules() names. "_orig_mod" is torch.compile's
+# OptimizedModule; the FSDP and activation-checkpoint wrappers use the other two. "module" is only a wrapper
+# component below DDP/DataParallel (a user's own submodule may be called "module").
+
+
+@dataclass(frozen=True)
+class ActivationFinding:
+    """A module whose forward output or output gradient went non-finite or overflowed a format."""
+
+    module: str
+    direction: str  # FORWARD_OUTPUT or OUTPUT_GRADIENT
+    problem: str  # "non-finite" or f"overflowed {fmt}"
+    amax: float  # max |v| over the finite values of all the tensors in the record
+    nonfinite: int  # NaN + Inf elements
+    overflow: int  # finite elements that overflow the judged format
+    step: int | None
+
+    def __str__(self) -> str:
+        if self.problem == NONFINITE:
+            text = f"{self.module}: {self.direction} went non-finite ({self.nonfinite} NaN/Inf)"
+        else:
+            text = f"{self.module}: {self.direction} {self.problem}, amax {self.amax:.1e}"
+        return text if self.step is None else f"{text}, step {self.step}"
+
+
+@dataclass(frozen=True)
+class ActivationRecord:
+    """The statistics of one module's forward output (all its float tensors, one row each) or of one output
+    gradient (one row). ``seq`` counts from 0 within its direction, in execution order."""
+
+    seq: int
+    module: str
+    direction: str
+    stats: TensorStats
+    step: int | None
+
+
+def _float_tensors(output: object) -> list[torch.Tensor]:
+    """The dense float32/16/bf16/64 tensors in a nested tuple/list/dict, depth first, each once."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [output]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if (
+                item.dtype in SUPPORTED_DTYPES
+                and item.layout == torch.strided
+                and item.device.type != "meta"
+                and id(item) not in seen
+            ):
+                seen.add(id(item))
+                found.append(item)
+        elif isinstance(item, Mapping):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (tuple, list)):
+            stack.extend(reversed(item))
+    return found
+
+
+class ActivationWatcher:
+    """Records forward-output and output-gradient statistics of every named submodule while armed.
+
+    Usage, after a skipped step::
+
+        watcher = ActivationWatcher(model)
+        with watcher.armed_for_step(step):
+            loss = model(batch).loss
+            scaler.scale(loss).backward()
+        finding = watcher.first_finding()  # e.g. "blocks.3.mlp.fc2: forward output overflowed fp16, ..."
+
+    The hooks never change an output or a gradient (they return None). Output gradients are watched with
+    ``Tensor.register_hook`` on each output that requires grad, not with ``register_full_backward_hook``
+    (which wraps outputs in a view and breaks a later in-place op on them). Those tensor hooks belong to the
+    forward's graph and go away with it; ``new_step`` and ``disarm`` also remove any still pending.
+
+    Args:
+        model: the model (a DDP or torch.compile wrapper is fine).
+        names: the modules to watch and the names to report; default :func:`module_names` of ``model``.
+        formats: formats to count overflow etc. against; the first is the one findings judge.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        names: Mapping[nn.Module, str] | None = None,
+        formats: Sequence[str] = ("fp16",),
+    ) -> None:
+        self.model = model
+        self.names: dict[nn.Module, str] = dict(module_names(model) if names is None else names)
+        self.formats = check_formats(formats)
+        self.step: int | None = None
+        self._forward: list[ActivationRecord] = []
+        self._backward: list[ActivationRecord] = []
+        self._module_handles: list[RemovableHandle] = []
+        self._tensor_handles: list[RemovableHandle] = []
+        # Bumped by new_step and disarm: a tensor hook from an older forward then records nothing.
+        self._epoch = 0
+
+    # -- arming -----------------------------------------------------------------------------------------
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._module_handles)
+
+    def arm(self) -> None:
+        """Registers one forward hook per watched module (no-op when already armed). Costs Python work per
+        module, no device work."""
+        if self.armed:
+            return
+        for module, name in self.names.items():
+            self._module_handles.append(module.register_forward_hook(self._forward_hook(name)))
+
+    def disarm(self) -> None:
+        """Removes every forward hook and every output-gradient hook not yet run; records are kept."""
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles.clear()
+        self._drop_tensor_hooks()
+
+    def new_step(self, step: int) -> None:
+        """Forgets the records (and pending output-gradient hooks) of the previous step. No device work."""
+        self.step = step
+        self._forward = []
+        self._backward = []
+        self._drop_tensor_hooks()
+
+    @contextlib.contextmanager
+    def armed_for_step(self, step: int) -> Iterator[ActivationWatcher]:
+        """``new_step(step)`` and armed inside the block; disarmed after it unless it was armed before.
+        Run backward inside the block: once disarmed, output-gradient hooks record nothing."""
+        was_armed = self.armed
+        self.new_step(step)
+        self.arm()
+        try:
+            yield self
+        finally:
+            if not was_armed:
+                self.disarm()
+
+    def _drop_tensor_hooks(self) -> None:
+        self._epoch += 1
+        for handle in self._tensor_handles:
+            handle.remove()
+        self._tensor_handles.clear()
+
+    # -- hooks ------------------------------------------------------------------------------------------
+
+    def _forward_hook(self, name: str):
+        def hook(module: nn.Module, args: object, output: object) -> None:
+            tensors = _float_tensors(output)
+            if not tensors:
+                return None
+            with torch.no_grad():
+                stats = tensor_stats([t.detach() for t in tensors], formats=self.formats)
+            self._forward.append(ActivationRecord(len(self._forward), name, FORWARD_OUTPUT, stats, self.step))
+            epoch = self._epoch
+            for t in tensors:
+                # A leaf (a parameter returned as is) would keep the hook across steps; its .grad is the
+                # gradient statistics' business, not this watcher's.
+                if t.requires_grad and t.grad_fn is not None:
+                    self._tensor_handles.append(t.register_hook(self._gradient_hook(name, epoch)))
+            return None
+
+        return hook
+
+    def _gradient_hook(self, name: str, epoch: int):
+        def hook(grad: torch.Tensor) -> None:
+            if epoch != self._epoch or grad.dtype not in SUPPORTED_DTYPES or grad.layout != torch.strided:
+                return None
+            with torch.no_grad():
+                stats = tensor_stats([grad.detach()], formats=self.formats)
+            self._backward.append(ActivationRecord(len(self._backward), name, OUTPUT_GRADIENT, stats, self.step))
+            return None
+
+        return hook
+
+    # -- reading ----------------------------------------------------------------------------------------
+
+    @property
+    def records(self) -> list[ActivationRecord]:
+        """This step's records: forward outputs in execution order, then output gradients in backward order.
+        Their statistics stay on the device (no sync)."""
+        return self._forward + self._backward
+
+    def findings(self) -> list[ActivationFinding]:
+        """Every record whose values are non-finite or overflow ``formats[0]``, forward ones first, each
+        direction in execution order. Reads the statistics to the host: on CUDA this syncs once."""
+        records = self.records
+        summaries = _summarize(records, self.formats[0])
+        found = []
+        for record, (nonfinite, overflow, amax) in zip(records, summaries, strict=True):
+            if nonfinite == 0 and overflow == 0:
+                continue
+            problem = NONFINITE if nonfinite else f"overflowed {self.formats[0]}"
+            found.append(
+                ActivationFinding(record.module, record.direction, problem, amax, nonfinite, overflow, record.step)
+            )
+        return found
+
+    def first_finding(self) -> ActivationFinding | None:
+        """The first forward output in execution order that is non-finite or overflows ``formats[0]``; if
+        there is none, the first such output gradient in backward order; None when all are clean. Reads the
+        statistics to the host: on CUDA this syncs once."""
+        found = self.findings()
+        return found[0] if found else None
+
+
+def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int, int, float]]:
+    """(nonfinite, overflow of ``fmt``, amax) per record, with one device-to-host copy per device."""
+    if not records:
+        return []
+    by_device: dict[torch.device, list[int]] = {}
+    for i, record in enumerate(records):
+        by_device.setdefault(record.stats.numel.device, []).append(i)
+    rows: list[list[list[float]]] = [[] for _ in records]
+    for indices in by_device.values():
+        group = [records[i].stats for i in indices]
+        col = group[0].column(fmt)
+        # float64 holds counts exactly up to 2**53 elements.
+        table = torch.stack(
+            [
+                torch.cat([s.nonfinite for s in group]).double(),
+                torch.cat([s.overflow[:, col] for s in group]).double(),
+                torch.cat([s.amax for s in group]).double(),
+            ],
+            dim=1,
+        ).tolist()
+        start = 0
+        for i, s in zip(indices, group, strict=True):
+            rows[i] = table[start : start + len(s)]
+            start += len(s)
+    return [
+        (int(sum(r[0] for r in rs)), int(sum(r[1] for r in rs)), max((r[2] for r in rs), default=0.0)) for rs in rows
+    ]

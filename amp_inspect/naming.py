@@ -1,0 +1,80 @@
+"""Module names as the user wrote them: each parameter maps to the qualified name of the module that owns it.
+
+"blocks.1.mlp.fc2.weight" belongs to "blocks.1.mlp.fc2". Wrappers are looked through: DDP's and
+DataParallel's "module." (only where the parent really is such a wrapper, so a user's own submodule named
+"module" keeps its name), and torch.compile's "_orig_mod.", FSDP1's and activation checkpointing's wrapper
+components anywhere, so names match the unwrapped model. A tied parameter (one tensor reachable under two
+names) is counted once, under the first name ``named_parameters`` gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ROOT_NAME = "(model)"  # parameters registered directly on the model itself
+_WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+_DATA_PARALLEL_TYPES = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+
+
+def _clean_names(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, clean name) for every module of ``model`` in ``named_modules`` order, the root as ""."""
+    out: list[tuple[nn.Module, str]] = []
+    clean_of: dict[str, str] = {"": ""}
+    for name, module in model.named_modules():
+        if name:
+            parent_name, _, component = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            is_wrapper_part = component in _WRAPPER_COMPONENTS or (
+                component == "module" and isinstance(parent, _DATA_PARALLEL_TYPES)
+            )
+            parent_clean = clean_of[parent_name]
+            joined = f"{parent_clean}.{component}" if parent_clean else component
+            clean_of[name] = parent_clean if is_wrapper_part else joined
+        out.append((module, clean_of[name]))
+    return out
+
+
+def module_names(model: nn.Module) -> dict[nn.Module, str]:
+    """Every submodule with its clean name. The root, and a wrapper's inner module (same name as the root),
+    are left out; where a wrapper and its inner module share a name, the outer one wins."""
+    names: dict[nn.Module, str] = {}
+    taken: set[str] = set()
+    for module, clean in _clean_names(model):
+        if clean and clean not in taken:
+            taken.add(clean)
+            names[module] = clean
+    return names
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    name: str  # clean parameter name, "blocks.1.mlp.fc2.weight"
+    module: str  # clean owning module, "blocks.1.mlp.fc2" (ROOT_NAME for the model's own parameters)
+    param: nn.Parameter
+
+
+def param_entries(model: nn.Module) -> list[ParamEntry]:
+    """Every distinct parameter of ``model`` with its owning module's clean name, in registration order."""
+    entries = []
+    seen: set[int] = set()
+    for module, clean in _clean_names(model):
+        for local, param in module.named_parameters(recurse=False):
+            if id(param) in seen:  # tied: keep the first name
+                continue
+            seen.add(id(param))
+            entries.append(ParamEntry(f"{clean}.{local}" if clean else local, clean or ROOT_NAME, param))
+    return entries
+
+
+def grads_of(entries: list[ParamEntry]) -> tuple[list[torch.Tensor], list[int]]:
+    """The dense gradients present, and for each, its index in ``entries`` (parameters without one skipped)."""
+    grads, rows = [], []
+    for i, e in enumerate(entries):
+        g = e.param.grad
+        if g is not None and g.layout == torch.strided:
+            grads.append(g)
+            rows.append(i)
+    return grads, rows
