@@ -4,10 +4,32 @@ One fused pass over all gradients counts NaN/Inf/zeros, what would overflow, tur
 in fp16 / bf16 / fp8, extremes, sum of squares and an exponent histogram per tensor::
 
     stats = amp_inspect.tensor_stats(grads, formats=("fp16", "bf16"))
+
+and ties them to module names and GradScaler::
+
+    insp = amp_inspect.attach(model, scaler)
+    report = insp.check()   # after backward, before scaler.step
 """
 
 from .formats import FORMATS
+from .history import StepRecord, Summary
+from .inspector import Inspector, attach
+from .report import Headroom, StepReport
+from .runlog import read_log
+from .scaler import InspectingGradScaler
 from .stats import TensorStats, tensor_stats
 
-__all__ = ["FORMATS", "TensorStats", "tensor_stats"]
+__all__ = [
+    "FORMATS",
+    "Headroom",
+    "InspectingGradScaler",
+    "Inspector",
+    "StepRecord",
+    "StepReport",
+    "Summary",
+    "TensorStats",
+    "attach",
+    "read_log",
+    "tensor_stats",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,175 @@
+"""The run so far: one StepRecord per inspected step, the loss-scale events they imply, and advice.
+
+A **growth** event is a step whose loss scale is larger than at the previous inspected step, a **backoff**
+one whose scale is smaller. The **skip rate** is skipped steps / inspected steps. A **collapse** is a loss
+scale below 1, or ``collapse_skips`` skipped steps in a row: training has stopped making progress.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .report import Headroom, StepReport
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    scale: float | None
+    skipped: bool
+    offenders: list[str]
+    total_norm: float
+    headroom: Headroom
+    recommended_scale: float | None
+    first_nonfinite: str | None = None
+
+    @classmethod
+    def from_report(cls, report: StepReport) -> StepRecord:
+        return cls(
+            step=report.step,
+            scale=report.scale,
+            skipped=report.found_inf,
+            offenders=list(report.offenders),
+            total_norm=report.total_norm,
+            headroom=report.headroom,
+            recommended_scale=report.recommended_scale,
+            first_nonfinite=report.first_nonfinite,
+        )
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    step: int
+    kind: str  # "growth" or "backoff"
+    old: float
+    new: float
+
+
+@dataclass
+class Summary:
+    steps: int
+    skipped: int
+    skip_rate: float
+    events: list[ScaleEvent]
+    offenders: Counter  # module -> number of skipped steps it was an offender in
+    advice: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{self.steps} inspected steps, {self.skipped} skipped ({self.skip_rate:.1%})"]
+        growth = sum(e.kind == "growth" for e in self.events)
+        backoff = len(self.events) - growth
+        lines.append(f"loss scale: {growth} growth and {backoff} backoff events")
+        if self.offenders:
+            top = ", ".join(f"{m} ({n})" for m, n in self.offenders.most_common(5))
+            lines.append(f"modules behind skipped steps: {top}")
+        lines += [f"WARNING: {w}" for w in self.warnings]
+        lines += [f"advice: {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def scale_events(history: list[StepRecord]) -> list[ScaleEvent]:
+    events = []
+    for prev, cur in zip(history, history[1:], strict=False):
+        if prev.scale is None or cur.scale is None or prev.scale == cur.scale:
+            continue
+        events.append(ScaleEvent(cur.step, "growth" if cur.scale > prev.scale else "backoff", prev.scale, cur.scale))
+    return events
+
+
+def longest_skip_run(history: list[StepRecord]) -> tuple[int, int]:
+    """(length, index of the last record) of the longest run of consecutive skipped steps."""
+    best, best_end, run = 0, -1, 0
+    for i, r in enumerate(history):
+        run = run + 1 if r.skipped else 0
+        if run > best:
+            best, best_end = run, i
+    return best, best_end
+
+
+def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | None:
+    """A message when the latest records show a collapse, naming the modules responsible; else None."""
+    if not history:
+        return None
+    last = history[-1]
+    run = 0
+    for r in reversed(history):
+        if not r.skipped:
+            break
+        run += 1
+    if not ((last.scale is not None and last.scale < 1.0) or run >= collapse_skips):
+        return None
+    culprits = Counter(m for r in history[len(history) - max(run, 1) :] for m in r.offenders)
+    named = ", ".join(m for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
+    scale = "none" if last.scale is None else f"{last.scale:g}"
+    return f"loss scale collapse at step {last.step}: scale {scale}, {run} skipped steps in a row; offenders: {named}"
+
+
+def summarize(
+    history: list[StepRecord],
+    *,
+    init_scale: float | None = None,
+    growth_interval: int | None = None,
+    backoff_factor: float | None = None,
+    collapse_skips: int = 5,
+) -> Summary:
+    """Turns the history into rates, events and advice on GradScaler's init_scale, growth_interval and
+    backoff_factor (pass the scaler's settings to get advice phrased against them)."""
+    skipped = [r for r in history if r.skipped]
+    events = scale_events(history)
+    offenders = Counter(m for r in skipped for m in r.offenders)
+    summary = Summary(len(history), len(skipped), len(skipped) / len(history) if history else 0.0, events, offenders)
+    if not history:
+        return summary
+
+    warning = collapse_warning(history, collapse_skips)
+    run, _ = longest_skip_run(history)
+    if warning is None and run >= collapse_skips:
+        warning = f"{run} skipped steps in a row earlier in the run (offenders: {', '.join(offenders) or 'none'})"
+    if warning:
+        summary.warnings.append(warning)
+
+    # Skips at the very start: init_scale is too high for this model.
+    first_clean = next((i for i, r in enumerate(history) if not r.skipped), len(history))
+    if first_clean >= 2:
+        start = history[0].scale
+        hint = f" (the run settled at {history[first_clean].scale:g})" if first_clean < len(history) else ""
+        summary.advice.append(
+            f"the first {first_clean} steps were skipped while the scale backed off from {start:g}{hint}: "
+            "lower init_scale to about the settled value"
+        )
+
+    # The scale keeps bouncing off the same ceiling: growth is too eager there.
+    ceilings = Counter(e.old for e in events if e.kind == "backoff")
+    if ceilings:
+        ceiling, hits = ceilings.most_common(1)[0]
+        if hits >= 3:
+            interval = f" (now {growth_interval})" if growth_interval else ""
+            summary.advice.append(
+                f"the scale backed off from {ceiling:g} {hits} times: it keeps growing into the same overflow; "
+                f"raise growth_interval{interval} or start at init_scale {ceiling / 2:g}"
+            )
+
+    # Skips in bursts: each skip only halves, so a larger step down would recover in fewer skipped steps.
+    if run >= 3:
+        factor = f" (now {backoff_factor:g})" if backoff_factor else ""
+        summary.advice.append(
+            f"skips came in runs of up to {run}: a smaller backoff_factor{factor}, e.g. 0.25, recovers in fewer steps"
+        )
+
+    # No skips and plenty of room above: the scale could be higher to keep small gradients out of underflow.
+    ups = [r.headroom.up for r in history if r.headroom.up is not None]
+    downs = [r.headroom.down for r in history if r.headroom.down is not None]
+    if not skipped and ups and min(ups) >= 4 and downs and min(downs) < 4:
+        summary.advice.append(
+            f"no skips and at least {min(ups)} doublings of headroom on every step, while small gradients sit "
+            f"{min(downs)} halvings from underflow: a higher init_scale or a shorter growth_interval keeps more of them"
+        )
+    recommended = [r.recommended_scale for r in history[-10:] if r.recommended_scale]
+    if recommended:
+        median = sorted(recommended)[len(recommended) // 2]
+        exponent = round(math.log2(median))
+        summary.advice.append(f"recent steps balance overflow and underflow margins at a scale of 2^{exponent}")
+    return summary

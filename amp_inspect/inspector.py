@@ -1,0 +1,303 @@
+"""``amp_inspect.attach(model, scaler)`` and the Inspector it returns: what users touch.
+
+Typical loop (GradScaler on "cuda" or "cpu")::
+
+    insp = amp_inspect.attach(model, scaler)
+    for batch in data:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(batch)
+        scaler.scale(loss).backward()
+        report = insp.check()            # after backward, before scaler.step
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+Cost: one fused pass over all gradients per inspected step (``every`` sets how often), no host sync on CUDA
+(statistics go to pinned memory asynchronously; history and log are filled one step behind). The hooks of
+``activations`` exist only while armed. ``detach()`` removes everything the inspector registered.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.amp.grad_scaler import OptState
+
+from .activations import ActivationWatcher
+from .formats import check_formats
+from .history import StepRecord, Summary, collapse_warning, summarize
+from .naming import ParamEntry, grads_of, param_entries
+from .report import StepReport
+from .runlog import RunLog
+from .stats import tensor_stats
+
+ACTIVATION_MODES = ("on_skip", "always", "off")
+
+
+def _grads_are_unscaled(scaler: torch.amp.GradScaler) -> bool:
+    """Whether scaler.unscale_ already ran this step (the gradients are then stored unscaled)."""
+    states = getattr(scaler, "_per_optimizer_states", {})
+    return any(state.get("stage") is OptState.UNSCALED for state in states.values())
+
+
+class Inspector:
+    """Inspects a model's gradients each step; see the module docstring and ``attach``.
+
+    Attributes: ``last_report`` (the StepReport of the last inspected step), ``history`` (one StepRecord
+    per inspected step; reading it waits for outstanding device copies), ``formats``, ``step``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        scaler: torch.amp.GradScaler | None = None,
+        *,
+        formats: Sequence[str] = ("fp16",),
+        every: int = 1,
+        log: str | os.PathLike[str] | None = None,
+        activations: str = "on_skip",
+        hist_every: int = 100,
+        arm_steps: int = 3,
+        collapse_skips: int = 5,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"attach() needs an nn.Module, got {type(model).__name__}")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        if activations not in ACTIVATION_MODES:
+            raise ValueError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
+        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+        self.model = model
+        self.formats = check_formats(formats)
+        self.every = every
+        self.activations = activations
+        self.arm_steps = arm_steps
+        self.collapse_skips = collapse_skips
+        self.entries: list[ParamEntry] = param_entries(model)
+        self._module_of_param = {id(e.param): e.module for e in self.entries}
+        self.step = 0  # the step the next check() inspects
+        self.last_report: StepReport | None = None
+        self._pending: deque[StepReport] = deque()
+        self._history: list[StepRecord] = []
+        self._warned_collapse = False
+        self._log = RunLog(log, hist_every=hist_every) if log is not None else None
+        self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
+        self._armed_until = -1
+        if self._watcher is not None and activations == "always":
+            self._watcher.arm()
+            self._watcher.new_step(self.step)
+        self.scaler: torch.amp.GradScaler | None = None
+        self._patched: list[tuple[object, str]] = []
+        if scaler is not None:
+            self._link(scaler)
+
+    # ---- scaler link ----
+
+    def _link(self, scaler: torch.amp.GradScaler) -> None:
+        from .scaler import InspectingGradScaler
+
+        if self.scaler is scaler:
+            return
+        self.scaler = scaler
+        if isinstance(scaler, InspectingGradScaler):
+            scaler._inspector = self
+            return
+        if self.every > 1 and hasattr(scaler, "_maybe_opt_step"):
+            self._attribute_skips_between_checks(scaler)
+
+    def _attribute_skips_between_checks(self, scaler: torch.amp.GradScaler) -> None:
+        """With every > 1, a step that GradScaler skips between inspected steps still gets full statistics:
+        GradScaler reads its found_inf flags to the host before it decides (one sync it makes anyway); we
+        read them at the same point, and only on a skip run the fused pass."""
+        original = scaler._maybe_opt_step
+
+        def maybe_opt_step(optimizer, optimizer_state, *args: Any, **kwargs: Any):
+            found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
+            last = self.last_report
+            if found and (last is None or last.step != self.step - 1):
+                self._inspect(self.step - 1, scaler)
+                self._collect(wait=False)
+            return original(optimizer, optimizer_state, *args, **kwargs)
+
+        scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
+        self._patched.append((scaler, "_maybe_opt_step"))
+
+    # ---- the step ----
+
+    def check(self, scaler: torch.amp.GradScaler | None = None) -> StepReport | None:
+        """Inspects this step's gradients: call after backward, before ``scaler.step``.
+
+        One fused pass over all parameter gradients; no host sync on CUDA (the report reads its values on
+        first use). Judged as fp16 saw them: scaled gradients as stored before ``scaler.unscale_``, and
+        multiplied back by the loss scale after it. Returns None on steps that ``every`` leaves out.
+        With an InspectingGradScaler whose unscale already ran this step, returns its report.
+        """
+        if scaler is not None:
+            self._link(scaler)
+        scaler = self.scaler
+        step = self.step
+        self.step += 1
+        report: StepReport | None = None
+        from .scaler import InspectingGradScaler
+
+        if isinstance(scaler, InspectingGradScaler) and scaler._unscaled_this_step:
+            report = scaler.last_report
+        if report is None and step % self.every == 0:
+            report = self._inspect(step, scaler)
+        self._after_step()
+        return report
+
+    def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
+        grads, rows = grads_of(self.entries)
+        scale = None
+        judge_at = None
+        if scaler is not None and scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
+            scale = scaler._scale
+            if _grads_are_unscaled(scaler):
+                judge_at = scale
+        stats = tensor_stats(grads, scale=judge_at, formats=self.formats)
+        report = StepReport(step, stats, [self.entries[r].module for r in rows], scale)
+        self.receive(report)
+        return report
+
+    def receive(self, report: StepReport) -> None:
+        """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
+        self.last_report = report
+        self._pending.append(report)
+        self.step = max(self.step, report.step + 1)
+
+    def _after_step(self) -> None:
+        """End of a step: activation findings of the step, then reports whose copies are complete."""
+        self._harvest_activations()
+        self._collect(wait=False)
+
+    def _harvest_activations(self) -> None:
+        watcher = self._watcher
+        if watcher is None or not watcher.armed:
+            return
+        finding = watcher.first_finding()  # diagnosis mode only: reads the hook statistics (syncs)
+        if finding is not None and self.last_report is not None and self.last_report.first_nonfinite is None:
+            self.last_report.first_nonfinite = str(finding)
+        if self.activations == "on_skip" and self.step > self._armed_until:
+            watcher.disarm()
+        else:
+            watcher.new_step(self.step)
+
+    def _collect(self, wait: bool) -> None:
+        while self._pending and (wait or self._pending[0].ready()):
+            self._finalize(self._pending.popleft())
+
+    def _finalize(self, report: StepReport) -> None:
+        record = StepRecord.from_report(report)
+        self._history.append(record)
+        if self._log is not None:
+            self._log.write(report.to_record(with_hist=self._log.wants_hist(report.step)))
+        if record.skipped and self._watcher is not None and self.activations == "on_skip":
+            self._armed_until = self.step + self.arm_steps
+            if not self._watcher.armed:
+                self._watcher.arm()
+                self._watcher.new_step(self.step)
+        message = collapse_warning(self._history, self.collapse_skips)
+        if message and not self._warned_collapse:
+            warnings.warn(f"amp_inspect: {message}", RuntimeWarning, stacklevel=3)
+        self._warned_collapse = message is not None
+
+    # ---- views ----
+
+    @property
+    def history(self) -> list[StepRecord]:
+        """One StepRecord per inspected step (waits for outstanding device copies)."""
+        self._collect(wait=True)
+        return list(self._history)
+
+    def summary(self) -> Summary:
+        """Skip rate, scale events and advice on the scaler's settings, from the history."""
+        scaler = self.scaler
+        kwargs: dict[str, Any] = {}
+        if scaler is not None and scaler.is_enabled():
+            kwargs = {
+                "init_scale": getattr(scaler, "_init_scale", None),
+                "growth_interval": scaler.get_growth_interval(),
+                "backoff_factor": scaler.get_backoff_factor(),
+            }
+        return summarize(self.history, collapse_skips=self.collapse_skips, **kwargs)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips all gradients to a global L2 norm of ``max_norm`` using the norm of the last check() (same
+        pass: no further read of the gradients to measure them), as torch.nn.utils.clip_grad_norm_ does.
+        Call it after ``scaler.unscale_(opt)`` and ``check()``; the norm is the unscaled one. Returns it."""
+        if norm_type != 2.0:
+            raise ValueError("clip_grad_norm_ uses the L2 norm of the inspection; norm_type must be 2")
+        report = self.last_report
+        if report is None or report.step != self.step - 1:
+            raise RuntimeError("call check() on this step before clip_grad_norm_ (every= may have skipped it)")
+        grads, _ = grads_of(self.entries)
+        total = report.total_norm_tensor
+        if not grads:
+            return total
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for g in grads:
+            by_device.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), group in by_device.items():
+            torch._foreach_mul_(group, coef.to(device))
+        return total
+
+    def close(self) -> None:
+        """Writes out outstanding reports and closes the log (waits for outstanding device copies)."""
+        self._collect(wait=True)
+        if self._log is not None:
+            self._log.close()
+
+    def detach(self) -> None:
+        """Removes every hook and patch this inspector registered and closes its log."""
+        if self._watcher is not None:
+            self._watcher.disarm()
+        for obj, attr in self._patched:
+            if attr in vars(obj):
+                delattr(obj, attr)
+        self._patched.clear()
+        from .scaler import InspectingGradScaler
+
+        if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
+            self.scaler._inspector = None
+        self.close()
+
+    def __enter__(self) -> Inspector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+
+def attach(
+    model: nn.Module,
+    scaler: torch.amp.GradScaler | None = None,
+    *,
+    formats: Sequence[str] = ("fp16",),
+    every: int = 1,
+    log: str | os.PathLike[str] | None = None,
+    activations: str = "on_skip",
+    hist_every: int = 100,
+) -> Inspector:
+    """Attaches an Inspector to ``model`` (and ``scaler``): see amp_inspect/inspector.py.
+
+    Args:
+        formats: formats to judge gradients against; the first one drives offenders, headroom and advice.
+        every: full statistics every N steps (steps GradScaler skips in between are still inspected).
+        log: a JSONL file, one record per inspected step (``amp_inspect.read_log`` reads it).
+        activations: "on_skip" arms module hooks for a few steps after a skipped step to find the first module
+            whose output or output gradient went non-finite or overflowed; "always" keeps them armed (a host
+            sync per step); "off" never registers them.
+        hist_every: per-module exponent histograms go into the log every N inspected steps.
+    """
+    return Inspector(
+        model, scaler, formats=formats, every=every, log=log, activations=activations, hist_every=hist_every
+    )

@@ -1,0 +1,321 @@
+"""StepReport: what one inspected step found, per module, and what it means for the loss scale.
+
+Terms (the format terms overflow, subnormal, underflow are defined in amp_inspect/formats.py; counts are for
+the first of the inspector's formats unless a key names another, e.g. "overflow/bf16"):
+
+- The **judged picture** is the gradients as fp16 saw them in the backward pass: scaled by the loss scale.
+  Before ``scaler.unscale_`` the stored gradients are that picture; after it they are multiplied back by the
+  current scale first. Without a scaler, the gradients as stored.
+- **found_inf**: some gradient holds NaN or Inf, the condition under which GradScaler skips the step.
+- **offenders**: modules with any NaN/Inf gradient, most non-finite values first.
+- **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.
+  total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_.
+- **headroom**: ``up`` = how many times the loss scale could double before the largest scaled |grad| would
+  overflow the format; ``down`` = how many times it could halve before the smallest nonzero scaled |grad|
+  would underflow to zero. Negative when already past the edge. ``recommended_scale`` is the power of two
+  that shares the two margins equally.
+
+Building a report never syncs the host: it holds device tensors (copied to pinned host memory
+asynchronously on CUDA) and reads them on the first use of a host value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .formats import FORMAT_BOUNDS
+from .stats import TensorStats
+
+_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
+_FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
+MAX_TABLE_ROWS = 12
+
+
+def _f32(bits: int) -> float:
+    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
+
+
+class StatsSnapshot:
+    """TensorStats (and the loss scale) on their way to the host: on CUDA, copied into pinned memory with
+    non-blocking copies and an event, so nothing waits until ``host()`` is called or ``ready()`` says so."""
+
+    def __init__(self, stats: TensorStats, scale: torch.Tensor | None) -> None:
+        self.formats = stats.formats
+        self._device = stats.numel.device
+        tensors = {name: getattr(stats, name) for name in _FIELDS}
+        if scale is not None:
+            tensors["scale"] = scale.detach().reshape(()).float()
+        self._event = None
+        if self._device.type == "cuda":
+            pinned = {}
+            for name, t in tensors.items():
+                buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                buffer.copy_(t, non_blocking=True)
+                pinned[name] = buffer
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(self._device))
+            tensors = pinned
+        self._tensors = tensors
+        self._host: dict[str, np.ndarray] | None = None
+
+    def ready(self) -> bool:
+        """Whether the host copy is complete (never waits)."""
+        return self._event is None or self._event.query()
+
+    def host(self) -> dict[str, np.ndarray]:
+        """The statistics as numpy arrays; waits for the copy on CUDA (the first call only)."""
+        if self._host is None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._host = {name: t.numpy() for name, t in self._tensors.items()}
+        return self._host
+
+
+@dataclass(frozen=True)
+class Headroom:
+    up: int | None  # doublings of the loss scale before the largest scaled |grad| overflows
+    down: int | None  # halvings before the smallest nonzero scaled |grad| underflows to zero
+
+    def __str__(self) -> str:
+        if self.up is None:
+            return "no finite nonzero gradient"
+        return f"{self.up:+d} doublings before overflow, {self.down:+d} halvings before underflow"
+
+
+def _doublings_below(value: float, limit: float) -> int:
+    """The largest k with value * 2^k < limit (value > 0)."""
+    k = math.floor(math.log2(limit / value))
+    while math.ldexp(value, k) >= limit:
+        k -= 1
+    while math.ldexp(value, k + 1) < limit:
+        k += 1
+    return k
+
+
+def _halvings_above(value: float, floor: float) -> int:
+    """The largest k with value * 2^-k > floor (value > 0)."""
+    k = math.floor(math.log2(value / floor))
+    while math.ldexp(value, -k) <= floor:
+        k -= 1
+    while math.ldexp(value, -(k + 1)) > floor:
+        k += 1
+    return k
+
+
+class StepReport:
+    """The inspection of one step: see the module docstring for the terms.
+
+    ``module_of_row`` names the module of each row of the statistics (one row per gradient tensor);
+    ``scale`` is the loss scale as a 0-dim device tensor (None without a scaler).
+    """
+
+    def __init__(
+        self,
+        step: int,
+        stats: TensorStats,
+        module_of_row: Sequence[str],
+        scale: torch.Tensor | None,
+    ) -> None:
+        if len(module_of_row) != len(stats):
+            raise ValueError(f"{len(module_of_row)} module names for {len(stats)} statistics rows")
+        self.step = step
+        self.stats = stats  # device tensors, for code that wants them without a host sync
+        self.formats = stats.formats
+        self.module_of_row = list(module_of_row)
+        self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
+        self._snapshot = StatsSnapshot(stats, scale)
+        self.total_norm_tensor = self._total_norm_on_device(stats, scale)
+        self._derived: dict[str, Any] | None = None
+
+    @staticmethod
+    def _total_norm_on_device(stats: TensorStats, scale: torch.Tensor | None) -> torch.Tensor:
+        """Unscaled global L2 norm as a float32 0-dim device tensor, NaN/Inf as torch's clip_grad_norm_."""
+        norm = stats.sumsq.sum().sqrt()
+        if scale is not None:
+            norm = norm / scale.to(norm.device, torch.float64)
+        nan = stats.nan.sum() > 0
+        inf = (stats.posinf + stats.neginf).sum() > 0
+        norm = torch.where(inf, torch.full_like(norm, math.inf), norm)
+        norm = torch.where(nan, torch.full_like(norm, math.nan), norm)
+        return norm.float()
+
+    def ready(self) -> bool:
+        """Whether host values can be read without waiting for the device."""
+        return self._snapshot.ready()
+
+    # ---- host values, computed once on first use ----
+
+    def _get(self) -> dict[str, Any]:
+        if self._derived is None:
+            self._derived = self._derive(self._snapshot.host())
+        return self._derived
+
+    def _derive(self, h: dict[str, np.ndarray]) -> dict[str, Any]:
+        scale = float(h["scale"]) if "scale" in h else None
+        unscale = scale if scale else 1.0
+        modules: dict[str, dict[str, Any]] = {}
+        sumsq: dict[str, float] = {}
+        hists: dict[str, np.ndarray] = {}
+        for row, name in enumerate(self.module_of_row):
+            m = modules.get(name)
+            if m is None:
+                m = modules[name] = {k: 0 for k in ("numel", "nan", "posinf", "neginf", "zero")}
+                for f, fmt in enumerate(self.formats):
+                    for k in ("overflow", "subnormal", "underflow"):
+                        m[k if f == 0 else f"{k}/{fmt}"] = 0
+                m["amax"] = 0.0
+                sumsq[name] = 0.0
+                hists[name] = np.zeros(h["hist"].shape[1], dtype=np.int64)
+            for k in ("numel", "nan", "posinf", "neginf", "zero"):
+                m[k] += int(h[k][row])
+            for f, fmt in enumerate(self.formats):
+                for k in ("overflow", "subnormal", "underflow"):
+                    m[k if f == 0 else f"{k}/{fmt}"] += int(h[k][row, f])
+            m["amax"] = max(m["amax"], float(h["amax"][row]) / unscale)
+            sumsq[name] += float(h["sumsq"][row])
+            hists[name] += h["hist"][row]
+        for name, m in modules.items():
+            m["grad_norm"] = math.sqrt(sumsq[name]) / unscale
+
+        nonfinite = {name: m["nan"] + m["posinf"] + m["neginf"] for name, m in modules.items()}
+        offenders = sorted((n for n, c in nonfinite.items() if c > 0), key=lambda n: -nonfinite[n])
+        return {
+            "scale": scale,
+            "by_module": modules,
+            "module_hist": hists,
+            "offenders": offenders,
+            "found_inf": bool(offenders),
+            "headroom": self._headroom(h),
+            "total_norm": self._total_norm(h, scale),
+        }
+
+    def _total_norm(self, h: dict[str, np.ndarray], scale: float | None) -> float:
+        if int(h["nan"].sum()):
+            return math.nan
+        if int(h["posinf"].sum() + h["neginf"].sum()):
+            return math.inf
+        return math.sqrt(float(h["sumsq"].sum())) / (scale or 1.0)
+
+    def _headroom(self, h: dict[str, np.ndarray]) -> Headroom:
+        bounds = FORMAT_BOUNDS[self.formats[0]]
+        largest = float(h["amax"].max()) if len(h["amax"]) else 0.0
+        smallest = float(h["amin_nonzero"].min()) if len(h["amin_nonzero"]) else math.inf
+        if largest == 0.0 or not math.isfinite(smallest):
+            return Headroom(None, None)
+        up = _doublings_below(largest, _f32(bounds.overflow_from))
+        down = _halvings_above(smallest, _f32(bounds.zero_upto))
+        return Headroom(up, down)
+
+    @property
+    def scale(self) -> float | None:
+        return self._get()["scale"]
+
+    @property
+    def found_inf(self) -> bool:
+        return self._get()["found_inf"]
+
+    @property
+    def offenders(self) -> list[str]:
+        return self._get()["offenders"]
+
+    @property
+    def by_module(self) -> dict[str, dict[str, Any]]:
+        return self._get()["by_module"]
+
+    @property
+    def total_norm(self) -> float:
+        return self._get()["total_norm"]
+
+    @property
+    def headroom(self) -> Headroom:
+        return self._get()["headroom"]
+
+    @property
+    def recommended_scale(self) -> float | None:
+        """The power of two that gives overflow and underflow equal margins (None without data)."""
+        room = self.headroom
+        if room.up is None or room.down is None:
+            return None
+        current = self.scale or 1.0
+        exponent = round(math.log2(current)) + (room.up - room.down) // 2
+        return math.ldexp(1.0, exponent)
+
+    def module_hist(self, module: str) -> np.ndarray:
+        """The exponent histogram (float32 exponent field, 256 bins) of a module's judged gradients."""
+        return self._get()["module_hist"][module]
+
+    # ---- rendering ----
+
+    def to_record(self, with_hist: bool = False) -> dict[str, Any]:
+        """The run-log record of this step (schema in amp_inspect/runlog.py)."""
+        room = self.headroom
+        record: dict[str, Any] = {
+            "step": self.step,
+            "scale": self.scale,
+            "skipped": self.found_inf,
+            "total_norm": self.total_norm,
+            "offenders": self.offenders,
+            "headroom": {"up": room.up, "down": room.down},
+            "recommended_scale": self.recommended_scale,
+            "formats": list(self.formats),
+            "modules": self.by_module,
+        }
+        if self.first_nonfinite is not None:
+            record["first_nonfinite"] = self.first_nonfinite
+        if with_hist:
+            from .runlog import sparse_hist
+
+            record["hist"] = {name: sparse_hist(h) for name, h in self._get()["module_hist"].items()}
+        return record
+
+    def __str__(self) -> str:
+        fmt = self.formats[0]
+        scale = "none" if self.scale is None else f"{self.scale:g}"
+        status = "NaN/Inf found: GradScaler skips this step" if self.found_inf else "finite"
+        lines = [f"step {self.step}: loss scale {scale}, gradients {status}, total norm {self.total_norm:.4g}"]
+        rec = self.recommended_scale
+        advice = "" if rec is None else f"; recommended scale 2^{round(math.log2(rec))}"
+        lines.append(f"headroom ({fmt}): {self.headroom}{advice}")
+        if self.first_nonfinite:
+            lines.append(f"first non-finite producer: {self.first_nonfinite}")
+        if self.offenders:
+            lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
+        modules = self.by_module
+
+        def trouble(name: str) -> tuple[int, ...]:
+            m = modules[name]
+            return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
+
+        shown = sorted((n for n in modules if any(trouble(n))), key=lambda n: tuple(-x for x in trouble(n)))
+        if not shown:
+            lines.append(f"no module has NaN/Inf or {fmt} overflow, underflow or subnormal gradients")
+            return "\n".join(lines)
+        headers = ["module", "numel", "nan", "inf", f"{fmt} overflow", "underflow", "subnormal", "zero"]
+        headers += ["amax", "grad_norm"]
+        rows = []
+        for name in shown[:MAX_TABLE_ROWS]:
+            m = modules[name]
+            rows.append(
+                [name, str(m["numel"]), str(m["nan"]), str(m["posinf"] + m["neginf"]), str(m["overflow"])]
+                + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), f"{m['amax']:.3g}"]
+                + [f"{m['grad_norm']:.3g}"]
+            )
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+        def line(cells: list[str]) -> str:
+            pairs = enumerate(zip(cells, widths, strict=True))
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
+
+        lines += [line(headers), *(line(r) for r in rows)]
+        if len(shown) > MAX_TABLE_ROWS:
+            lines.append(f"... and {len(shown) - MAX_TABLE_ROWS} more modules")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"StepReport(step={self.step}, formats={self.formats})"

@@ -1,0 +1,144 @@
+"""InspectingGradScaler: a drop-in torch.amp.GradScaler whose unscale pass is the inspection.
+
+Where GradScaler runs ``_amp_foreach_non_finite_check_and_unscale_`` over the gradients, this scaler runs
+amp_inspect's fused ``unscale_stats_``: one pass that checks for NaN/Inf, gathers the statistics of the
+scaled gradients (as fp16 saw them) and writes the unscaled gradients. Skip decisions, scale updates and
+state_dict are GradScaler's own, unchanged. It also unscales bf16 gradients on CUDA, which torch's
+unscale kernel rejects. With fused optimizers (``fused=True``), which unscale inside their own step, it
+inspects without writing. ``last_report`` is the StepReport of the last step (no host sync to make it).
+
+    scaler = amp_inspect.InspectingGradScaler("cuda")
+    insp = amp_inspect.attach(model, scaler)   # optional: module names, history, log, activation hooks
+    ...
+    scaler.scale(loss).backward()
+    scaler.step(opt)                            # the unscale inside is the inspection
+    scaler.update()
+    print(scaler.last_report)                   # reads the statistics (syncs here, when you look)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._ops import unscale_stats_op
+from .report import StepReport
+from .stats import TensorStats, tensor_stats
+
+if TYPE_CHECKING:
+    from .inspector import Inspector
+
+DEFAULT_FORMATS = ("fp16",)
+
+
+class InspectingGradScaler(torch.amp.GradScaler):
+    """torch.amp.GradScaler (same constructor and behaviour) that inspects gradients in its unscale pass."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_report: StepReport | None = None
+        self._inspector: Inspector | None = None
+        self._steps = 0  # steps completed (update() calls)
+        self._unscaled_this_step = False
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return self._inspector.formats if self._inspector is not None else DEFAULT_FORMATS
+
+    def _dense_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool) -> tuple[list, list, list]:
+        """(dense grads, their module names, sparse grads) in the optimizer's parameter order."""
+        dense, names, sparse = [], [], []
+        module_of = self._inspector._module_of_param if self._inspector is not None else {}
+        for g_index, group in enumerate(optimizer.param_groups):
+            for p_index, param in enumerate(group["params"]):
+                grad = param.grad
+                if grad is None:
+                    continue
+                if not allow_fp16 and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if grad.is_sparse:
+                    sparse.append(param)
+                    continue
+                dense.append(grad)
+                names.append(module_of.get(id(param), f"param_groups[{g_index}].params[{p_index}]"))
+        return dense, names, sparse
+
+    def _report(self, parts: list[tuple[list[int], tuple[torch.Tensor, ...]]], count: int, names: list[str]) -> None:
+        """Merges per-device op outputs back into parameter order and publishes the StepReport."""
+        if len(parts) == 1:
+            outputs = parts[0][1]
+        else:
+            home = parts[0][1][0].device
+            merged = []
+            for k in range(5):
+                template = parts[0][1][k]
+                full = torch.empty((count, *template.shape[1:]), dtype=template.dtype, device=home)
+                for rows, out in parts:
+                    full[torch.tensor(rows, device=home)] = out[k].to(home, non_blocking=home.type != "cpu")
+                merged.append(full)
+            outputs = tuple(merged)
+        stats = TensorStats.from_op_outputs(outputs, self.formats)
+        report = StepReport(self._steps, stats, names, self._scale)
+        self.last_report = report
+        self._unscaled_this_step = True
+        if self._inspector is not None:
+            self._inspector.receive(report)
+
+    def _unscale_grads_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
+    ) -> dict[torch.device, torch.Tensor]:
+        dense, names, sparse = self._dense_grads(optimizer, allow_fp16)
+        per_device_found: dict[torch.device, torch.Tensor] = {}
+        by_device: dict[torch.device, list[int]] = {}
+        for i, g in enumerate(dense):
+            by_device.setdefault(g.device, []).append(i)
+        parts = []
+        with torch.no_grad():
+            for device, rows in by_device.items():
+                found = per_device_found.setdefault(device, found_inf.to(device, copy=True))
+                inv = inv_scale.to(device)
+                outputs = unscale_stats_op([dense[i] for i in rows], inv, found, list(self.formats))
+                parts.append((rows, outputs))
+            for param in sparse:  # not inspected: sparse gradients go through torch's own unscale
+                if param.grad.dtype is torch.float16:
+                    param.grad = param.grad.coalesce()
+                values = param.grad._values()
+                found = per_device_found.setdefault(values.device, found_inf.to(values.device, copy=True))
+                torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv_scale.to(values.device))
+        if parts:
+            self._report(parts, len(dense), names)
+        return per_device_found
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        # Fused optimizers unscale inside their own step: inspect and flag, write nothing.
+        self._check_scale_growth_tracker("_check_inf_per_device")
+        dense, names, sparse = self._dense_grads(optimizer, allow_fp16=True)
+        found: dict[torch.device, torch.Tensor] = {}
+        if dense:
+            stats = tensor_stats(dense, formats=self.formats)
+            any_bad = (stats.nonfinite.sum() > 0).float()
+            for device in {g.device for g in dense}:
+                found[device] = any_bad.to(device, non_blocking=True)
+            report = StepReport(self._steps, stats, names, self._scale)
+            self.last_report = report
+            self._unscaled_this_step = True
+            if self._inspector is not None:
+                self._inspector.receive(report)
+        for param in sparse:
+            values = param.grad._values()
+            flag = found.setdefault(values.device, torch.zeros((), device=values.device))
+            torch._amp_foreach_non_finite_check_and_unscale_([values], flag, torch.ones((), device=values.device))
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
+        return found
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        super().update(new_scale)
+        self._steps += 1
+        self._unscaled_this_step = False
+        if self._inspector is not None:
+            self._inspector._after_step()
