@@ -16,6 +16,7 @@ import time
 import torch
 from torch import nn
 
+from .baselines import per_tensor_checks
 from .stats import tensor_stats
 from .table import format_stats_table
 
@@ -62,29 +63,6 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
-
-
-def python_checks(grads: list[torch.Tensor]) -> list[list[float]]:
-    """The per-parameter checks people write today: one op and one .item() per statistic per tensor."""
-    out = []
-    for g in grads:
-        a = g.abs()
-        finite = torch.isfinite(g)
-        out.append(
-            [
-                torch.isnan(g).sum().item(),
-                torch.isposinf(g).sum().item(),
-                torch.isneginf(g).sum().item(),
-                (g == 0).sum().item(),
-                (finite & (a >= 65520)).sum().item(),
-                ((a > 0) & (a <= 2.0**-25)).sum().item(),
-                ((a > 2.0**-25) & (a < 2.0**-14)).sum().item(),
-                a[finite].max().item(),
-                a[finite & (a > 0)].min().item(),
-                g[finite].double().pow(2).sum().item(),
-            ]
-        )
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         return sorted(times)[len(times) // 2]
 
     fused = timed(lambda: tensor_stats(grads, formats=("fp16", "bf16")).nan.sum().item())
-    loops = timed(lambda: python_checks(grads))
+    loops = timed(lambda: per_tensor_checks(grads))
     print(
         f"\nOne fused pass: {fused * 1e3:.2f} ms; per-parameter Python checks (10 .item() per tensor): "
         f"{loops * 1e3:.1f} ms ({loops / fused:.0f}x slower, and no exponent histogram or bf16 column)."

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
+from amp_inspect.baselines import per_tensor_checks  # noqa: E402
 from amp_inspect.reference import tensor_stats_reference  # noqa: E402
 
 SEED = 20240601
@@ -56,9 +57,6 @@ CUDA_MAX_X_ROOFLINE = 1.2
 # fp16 thresholds on |v| as users write them: casts overflow to Inf from the midpoint 65520 between 65504
 # and 2**16; 2**-25 (half the smallest subnormal) ties to even, i.e. to zero; the midpoint between the
 # largest subnormal and 2**-14 ties to 2**-14, a normal number.
-FP16_OVERFLOW_FROM = 65520.0
-FP16_ZERO_UPTO = 2.0**-25
-FP16_NORMAL_FROM = 2.0**-14 - 2.0**-25
 
 
 # ---------------------------------------------------------------------------------------------- configs
@@ -205,29 +203,6 @@ def make_gradients(grad_set: GradSet, device: str) -> list[torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------- methods
-
-
-def per_tensor_checks(grads: Sequence[torch.Tensor]) -> list[tuple[float, ...]]:
-    """What users write today: per tensor, one op and one .item() (a host sync on CUDA) per statistic."""
-    rows = []
-    for g in grads:
-        a = g.abs()
-        finite = torch.isfinite(g)
-        rows.append(
-            (
-                torch.isnan(g).sum().item(),
-                (g == math.inf).sum().item(),
-                (g == -math.inf).sum().item(),
-                (g == 0).sum().item(),
-                (finite & (a >= FP16_OVERFLOW_FROM)).sum().item(),
-                ((a > 0) & (a <= FP16_ZERO_UPTO)).sum().item(),
-                ((a > FP16_ZERO_UPTO) & (a < FP16_NORMAL_FROM)).sum().item(),
-                a[finite].max().item() if g.numel() else 0.0,
-                a[finite & (a > 0)].min().item() if bool((a > 0).any()) else math.inf,
-                g[finite].double().pow(2).sum().item(),
-            )
-        )
-    return rows
 
 
 def fused(formats: tuple[str, ...] = ("fp16",), scale: float | None = None) -> Callable:
