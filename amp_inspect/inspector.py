@@ -142,15 +142,23 @@ class Inspector:
         if scaler is not None:
             self._link(scaler)
         scaler = self.scaler
-        step = self.step
-        self.step += 1
-        report: StepReport | None = None
         from .scaler import InspectingGradScaler
 
-        if isinstance(scaler, InspectingGradScaler) and scaler._unscaled_this_step:
-            report = scaler.last_report
-        if report is None and step % self.every == 0:
-            report = self._inspect(step, scaler)
+        report: StepReport | None = None
+        if isinstance(scaler, InspectingGradScaler):
+            # The scaler numbers the steps (its update() calls). If its unscale pass already ran, that was
+            # the inspection; otherwise inspect now and tell it not to publish a second report.
+            step = scaler._steps
+            if scaler._unscaled_this_step:
+                report = scaler.last_report
+            elif step % self.every == 0:
+                report = self._inspect(step, scaler)
+                scaler._checked_this_step = True
+        else:
+            step = self.step
+            if step % self.every == 0:
+                report = self._inspect(step, scaler)
+        self.step = step + 1
         self._after_step()
         return report
 

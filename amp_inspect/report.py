@@ -50,7 +50,8 @@ class StatsSnapshot:
         self._device = stats.numel.device
         tensors = {name: getattr(stats, name) for name in _FIELDS}
         if scale is not None:
-            tensors["scale"] = scale.detach().reshape(()).float()
+            # A copy: GradScaler.update() changes its scale tensor in place.
+            tensors["scale"] = scale.detach().reshape(()).to(torch.float32, copy=True)
         self._event = None
         if self._device.type == "cuda":
             pinned = {}

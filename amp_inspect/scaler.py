@@ -41,6 +41,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._inspector: Inspector | None = None
         self._steps = 0  # steps completed (update() calls)
         self._unscaled_this_step = False
+        self._checked_this_step = False  # an attached Inspector's check() already inspected this step
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -80,9 +81,12 @@ class InspectingGradScaler(torch.amp.GradScaler):
             outputs = tuple(merged)
         stats = TensorStats.from_op_outputs(outputs, self.formats)
         report = StepReport(self._steps, stats, names, self._scale)
+        self._publish(report)
+
+    def _publish(self, report: StepReport) -> None:
         self.last_report = report
         self._unscaled_this_step = True
-        if self._inspector is not None:
+        if self._inspector is not None and not self._checked_this_step:
             self._inspector.receive(report)
 
     def _unscale_grads_(
@@ -124,11 +128,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             any_bad = (stats.nonfinite.sum() > 0).float()
             for device in {g.device for g in dense}:
                 found[device] = any_bad.to(device, non_blocking=True)
-            report = StepReport(self._steps, stats, names, self._scale)
-            self.last_report = report
-            self._unscaled_this_step = True
-            if self._inspector is not None:
-                self._inspector.receive(report)
+            self._publish(StepReport(self._steps, stats, names, self._scale))
         for param in sparse:
             values = param.grad._values()
             flag = found.setdefault(values.device, torch.zeros((), device=values.device))
@@ -140,5 +140,6 @@ class InspectingGradScaler(torch.amp.GradScaler):
         super().update(new_scale)
         self._steps += 1
         self._unscaled_this_step = False
+        self._checked_this_step = False
         if self._inspector is not None:
             self._inspector._after_step()
