@@ -104,6 +104,8 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
     culprits = Counter(m for r in history[len(history) - max(run, 1) :] for m in r.offenders)
     named = ", ".join(m for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
     scale = "none" if last.scale is None else f"{last.scale:g}"
+    if run == 0:
+        return f"loss scale collapse at step {last.step}: scale {scale} is below 1"
     return f"loss scale collapse at step {last.step}: scale {scale}, {run} skipped steps in a row; offenders: {named}"
 
 

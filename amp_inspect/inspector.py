@@ -90,6 +90,7 @@ class Inspector:
         self._log = RunLog(log, hist_every=hist_every) if log is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         self._armed_until = -1
+        self._findings: dict[int, str] = {}  # activation findings of steps that had no report yet
         if self._watcher is not None and activations == "always":
             self._watcher.arm()
             self._watcher.new_step(self.step)
@@ -177,6 +178,8 @@ class Inspector:
 
     def receive(self, report: StepReport) -> None:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
+        if report.first_nonfinite is None:
+            report.first_nonfinite = self._findings.pop(report.step, None)
         self.last_report = report
         self._pending.append(report)
         self.step = max(self.step, report.step + 1)
@@ -191,8 +194,15 @@ class Inspector:
         if watcher is None or not watcher.armed:
             return
         finding = watcher.first_finding()  # diagnosis mode only: reads the hook statistics (syncs)
-        if finding is not None and self.last_report is not None and self.last_report.first_nonfinite is None:
-            self.last_report.first_nonfinite = str(finding)
+        step = self.step - 1  # the step whose forward and backward the hooks saw
+        if finding is not None:
+            report = self.last_report
+            if report is not None and report.step == step:
+                if report.first_nonfinite is None:
+                    report.first_nonfinite = str(finding)
+            else:  # no report for this step yet: one made later for it (a skip under every=N) takes it
+                self._findings = {s: f for s, f in self._findings.items() if s >= step - self.arm_steps}
+                self._findings[step] = str(finding)
         if self.activations == "on_skip" and self.step > self._armed_until:
             watcher.disarm()
         else:
@@ -208,7 +218,8 @@ class Inspector:
         if self._log is not None:
             self._log.write(report.to_record(with_hist=self._log.wants_hist(report.step)))
         if record.skipped and self._watcher is not None and self.activations == "on_skip":
-            self._armed_until = self.step + self.arm_steps
+            # Armed from the next forward (step self.step) for arm_steps steps.
+            self._armed_until = self.step + self.arm_steps - 1
             if not self._watcher.armed:
                 self._watcher.arm()
                 self._watcher.new_step(self.step)
@@ -299,12 +310,13 @@ def attach(
 
     Args:
         formats: formats to judge gradients against; the first one drives offenders, headroom and advice.
-        every: full statistics every N steps (steps GradScaler skips in between are still inspected).
+        every: full statistics every N steps (steps GradScaler skips in between are still inspected). An
+            InspectingGradScaler inspects every step anyway, in its unscale pass, at no extra cost.
         log: a JSONL file, one record per inspected step (``amp_inspect.read_log`` reads it).
         activations: "on_skip" arms module hooks for a few steps after a skipped step to find the first module
             whose output or output gradient went non-finite or overflowed; "always" keeps them armed (a host
             sync per step); "off" never registers them.
-        hist_every: per-module exponent histograms go into the log every N inspected steps.
+        hist_every: per-module exponent histograms go into the log on steps divisible by N.
     """
     return Inspector(
         model, scaler, formats=formats, every=every, log=log, activations=activations, hist_every=hist_every

@@ -13,7 +13,8 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
 - **headroom**: ``up`` = how many times the loss scale could double before the largest scaled |grad| would
   overflow the format; ``down`` = how many times it could halve before the smallest nonzero scaled |grad|
   would underflow to zero. Negative when already past the edge. ``recommended_scale`` is the power of two
-  that shares the two margins equally.
+  that shares the two margins equally, lowered where needed so that the largest gradient does not overflow
+  (when the gradients span more than the format's range, overflow costs whole steps and comes first).
 
 Building a report never syncs the host: it holds device tensors (copied to pinned host memory
 asynchronously on CUDA) and reads them on the first use of a host value.
@@ -244,8 +245,10 @@ class StepReport:
         if room.up is None or room.down is None:
             return None
         current = self.scale or 1.0
-        exponent = round(math.log2(current)) + (room.up - room.down) // 2
-        return math.ldexp(1.0, exponent)
+        # Share the margins equally, but never at a scale where the largest gradient overflows: when the
+        # gradients span more than the format's range, avoiding overflow (skipped steps) comes first.
+        shift = min((room.up - room.down) // 2, room.up)
+        return math.ldexp(1.0, round(math.log2(current)) + shift)
 
     def module_hist(self, module: str) -> np.ndarray:
         """The exponent histogram (float32 exponent field, 256 bins) of a module's judged gradients."""

@@ -6,7 +6,7 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "scale": float | null,            # GradScaler scale, null without a scaler
      "skipped": bool,                  # the optimizer step was skipped (non-finite gradients)
      "total_norm": float,              # gradient norm over all inspected modules
-     "offenders": [module names],      # modules holding NaN/Inf or overflowing values
+     "offenders": [module names],      # modules with NaN/Inf gradients, most first
      "headroom": {"up": int, "down": int},
      "modules": {name: {"numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow",
                         "amax", "grad_norm"}},

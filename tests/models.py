@@ -1,0 +1,186 @@
+"""Small real models and a training step for the Inspector tests (CPU, bf16 autocast, GradScaler("cpu")).
+
+- ``TinyGPT``: token embedding, a positional table registered on the model itself (module "(model)"),
+  pre-LN blocks with causal attention and a GELU MLP, final LayerNorm, and a head whose weight is tied to the
+  embedding (one tensor under two names: "wte.weight" and "head.weight").
+- ``SmallCNN``: Conv2d/BatchNorm2d/ReLU twice, global average pool, Linear head.
+
+``Block.mlp_gain`` scales the MLP branch: below 1 its weight gradients shrink towards fp16's subnormal and
+underflow range, the way a damped residual branch gets there in real runs.
+
+Also the oracles both test files use: each module's gradients as ``named_parameters`` names them, their fp16
+counts from numpy's float16 cast, GradScaler's own skip decision, and ``poison_`` to write NaN/Inf into one
+module's gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests import oracles
+
+COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
+VOCAB = 64
+CONTEXT = 16
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim)
+        self.mlp_gain = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp_gain * self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, dim)
+        self.pos = nn.Parameter(torch.randn(CONTEXT, dim) * 0.02)  # a root parameter: module "(model)"
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB, bias=False)
+        self.head.weight = self.wte.weight  # tied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.pos[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+# Every module that owns a parameter, under the name the Inspector gives it (tied head.weight is wte's).
+GPT_PARAM_MODULES = {"(model)", "wte", "ln_f"} | {
+    f"blocks.{i}.{m}" for i in range(2) for m in ("ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc1", "mlp.fc2")
+}
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+CNN_PARAM_MODULES = {"conv1", "bn1", "conv2", "bn2", "fc"}
+
+
+def gpt(seed: int = 0, **kwargs: int) -> TinyGPT:
+    torch.manual_seed(seed)
+    return TinyGPT(**kwargs)
+
+
+def cnn(seed: int = 0) -> SmallCNN:
+    torch.manual_seed(seed)
+    return SmallCNN()
+
+
+def batch_for(model: nn.Module, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic batch for ``model`` at ``step`` (same data for every copy of a model)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    if isinstance(model, SmallCNN):
+        return torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
+    idx = torch.randint(0, VOCAB, (2, CONTEXT), generator=g)
+    return idx, torch.randint(0, VOCAB, (2, CONTEXT), generator=g)
+
+
+def forward_loss(model: nn.Module, step: int, autocast: bool = True) -> torch.Tensor:
+    """The loss of ``model`` on its batch for ``step``, under bf16 autocast on the CPU."""
+    inputs, targets = batch_for(model, step)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = model(inputs)
+    return F.cross_entropy(out.float().flatten(0, -2), targets.flatten())
+
+
+def backward(model: nn.Module, scaler: torch.amp.GradScaler | None, step: int) -> None:
+    """Forward and (scaled) backward of one step; gradients are left in ``.grad``."""
+    loss = forward_loss(model, step)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
+def param_of(model: nn.Module, module: str, name: str = "weight") -> nn.Parameter:
+    return getattr(model.get_submodule(module), name)
+
+
+# -- oracles and helpers --------------------------------------------------------------------------------
+
+
+def owner(param_name: str) -> str:
+    """The module of a parameter name, without amp_inspect: "blocks.1.mlp.fc2.weight" -> "blocks.1.mlp.fc2"."""
+    module, _, _ = param_name.rpartition(".")
+    return module or "(model)"
+
+
+def grads_by_module(model: nn.Module) -> dict[str, list[torch.Tensor]]:
+    """Each module's gradients; ``named_parameters`` lists a tied tensor once, under its first name."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            out.setdefault(owner(name), []).append(p.grad)
+    return out
+
+
+def fp16_oracle(grads: list[torch.Tensor], scale: float | None) -> dict[str, int]:
+    """Counts of one module's judged gradients from numpy's float16 cast (v = g * scale, one float32 multiply)."""
+    v = np.concatenate([oracles.judged_values(g, scale) for g in grads])
+    classes = oracles.classify_numpy_fp16(v)
+    return {
+        "numel": v.size,
+        "nan": int(np.isnan(v).sum()),
+        "posinf": int(np.isposinf(v).sum()),
+        "neginf": int(np.isneginf(v).sum()),
+        "zero": int((v == 0).sum()),
+        **{k: int(c.sum()) for k, c in classes.items()},
+    }
+
+
+def poison_(model: nn.Module, module: str, value: float, count: int = 1) -> None:
+    """Writes ``value`` into the first ``count`` elements of a module's weight gradient."""
+    param_of(model, module).grad.view(-1)[:count] = value
+
+
+def found_inf_of(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> bool:
+    """GradScaler's own decision for this step (read between scaler.step and scaler.update)."""
+    return sum(v.item() for v in scaler._found_inf_per_device(opt).values()) > 0

@@ -1,0 +1,272 @@
+"""InspectingGradScaler against torch.amp.GradScaler on the CPU: the same training, bit for bit, with skipped
+steps, unscale_ + clipping, bf16 parameters and a fused optimizer; and its reports, alone and attached."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import amp_inspect
+from tests import models
+from tests.models import COUNT_FIELDS, GPT_PARAM_MODULES, found_inf_of, fp16_oracle, grads_by_module, poison_
+
+STEPS = 50
+POISON = {3: math.inf, 4: math.nan, 17: -math.inf, 30: math.inf}  # step -> value written into one gradient
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: these models are tiny, and two OpenMP threads on a two-core machine that is busy
+    with anything else make every step hundreds of times slower (each parallel region waits for a core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_pair(kind: str, optimizer: str = "adam", dtype: torch.dtype = torch.float32):
+    """Two identical (model, optimizer, scaler) triples: torch's GradScaler and InspectingGradScaler."""
+    out = []
+    for scaler_cls in (torch.amp.GradScaler, amp_inspect.InspectingGradScaler):
+        model = (models.gpt() if kind == "gpt" else models.cnn()).to(dtype)
+        if optimizer == "adam":
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        elif optimizer == "fused_adam":
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        out.append((model, opt, scaler_cls("cpu", growth_interval=5)))
+    return out
+
+
+def bf16_backward(model: nn.Module, scaler: torch.amp.GradScaler, step: int) -> None:
+    """A step of a model whose parameters are bf16 (no autocast): its gradients are bf16 too."""
+    inputs, targets = models.batch_for(model, step)
+    loss = nn.functional.cross_entropy(model(inputs.to(torch.bfloat16)).float(), targets)
+    scaler.scale(loss).backward()
+
+
+def assert_same_tensors(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert torch.equal(x, y), f"tensor {i} differs"
+
+
+def run_pair(pair, steps: int, poison: dict[int, float], target: str, *, clip: bool = False, bf16: bool = False):
+    """Trains both triples on the same data; checks equality after every step. Returns the scales seen."""
+    (model_t, opt_t, torch_scaler), (model_i, opt_i, ours) = pair
+    scales = []
+    for step in range(steps):
+        decisions = []
+        for model, opt, scaler in pair:
+            (bf16_backward if bf16 else models.backward)(model, scaler, step)
+            if step in poison:
+                poison_(model, target, poison[step])
+            if clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            decisions.append(found_inf_of(scaler, opt))
+            scaler.update()
+            opt.zero_grad()
+        skipped = step in poison
+        assert decisions == [skipped, skipped], step
+        assert ours.last_report.step == step and ours.last_report.found_inf is skipped, step
+        assert_same_tensors(list(model_t.parameters()), list(model_i.parameters()))
+        assert_same_tensors(list(model_t.buffers()), list(model_i.buffers()))  # BatchNorm running stats
+        assert ours.get_scale() == torch_scaler.get_scale(), step
+        scales.append(ours.get_scale())
+    assert torch_scaler.state_dict() == ours.state_dict()
+    return scales
+
+
+def assert_same_optimizer_state(opt_a: torch.optim.Optimizer, opt_b: torch.optim.Optimizer) -> None:
+    state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        for name, value in state_a[key].items():
+            other = state_b[key][name]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, (key, name)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "cnn"])
+@pytest.mark.parametrize("clip", [False, True], ids=["step", "unscale_clip"])
+def test_matches_gradscaler_bit_for_bit_over_50_steps_with_skips(kind: str, clip: bool) -> None:
+    pair = make_pair(kind)
+    target = "blocks.1.mlp.fc2" if kind == "gpt" else "conv2"
+    scales = run_pair(pair, STEPS, POISON, target, clip=clip)
+    # The run exercised both directions of the scale: growth every 5 clean steps, backoff on each skip.
+    assert any(b > a for a, b in zip(scales, scales[1:], strict=False))
+    assert sum(b < a for a, b in zip(scales, scales[1:], strict=False)) == len(POISON)
+    assert_same_optimizer_state(pair[0][1], pair[1][1])
+
+
+def test_bf16_gradients_match_gradscaler() -> None:
+    pair = make_pair("cnn", optimizer="sgd", dtype=torch.bfloat16)
+    run_pair(pair, 20, {5: math.inf, 6: math.nan, 12: math.inf}, "conv1", bf16=True)
+    assert_same_optimizer_state(pair[0][1], pair[1][1])
+
+    # The report holds the statistics of the scaled bf16 gradients, as they were before the unscale.
+    model, opt, scaler = pair[1]
+    bf16_backward(model, scaler, 20)
+    scaled = [p.grad.clone() for p in model.parameters()]
+    assert all(g.dtype == torch.bfloat16 for g in scaled)
+    scaler.step(opt)
+    scaler.update()
+    report = scaler.last_report
+    assert list(report.by_module) == [f"param_groups[0].params[{i}]" for i in range(len(scaled))]
+    for i, g in enumerate(scaled):
+        got = {k: report.by_module[f"param_groups[0].params[{i}]"][k] for k in COUNT_FIELDS}
+        assert got == fp16_oracle([g], None), i
+    assert report.total_norm == pytest.approx(
+        float(torch.nn.utils.get_total_norm([g.float() for g in scaled])) / report.scale, rel=1e-5
+    )
+
+
+def test_fused_optimizer_matches_gradscaler() -> None:
+    """A fused optimizer unscales inside its own step: the scaler inspects and writes no gradient."""
+    pair = make_pair("gpt", optimizer="fused_adam")
+    (model_t, opt_t, torch_scaler), (model_i, opt_i, ours) = pair
+    for step in range(8):
+        for model, opt, scaler in pair:
+            models.backward(model, scaler, step)
+            if step in (2, 5):
+                poison_(model, "blocks.0.attn.proj", math.inf)
+            scaler.step(opt)
+        assert ours.last_report.found_inf is (step in (2, 5))
+        assert_same_tensors([p.grad for p in model_t.parameters()], [p.grad for p in model_i.parameters()])
+        for _, opt, scaler in pair:
+            scaler.update()
+            opt.zero_grad()
+        assert_same_tensors(list(model_t.parameters()), list(model_i.parameters()))
+        assert ours.get_scale() == torch_scaler.get_scale()
+    assert torch_scaler.state_dict() == ours.state_dict()
+
+
+# -- attached to an Inspector -------------------------------------------------------------------------
+
+
+def test_attached_scaler_reports_go_to_history_and_log_with_module_names(tmp_path) -> None:
+    model = models.gpt()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler, log=tmp_path / "run.jsonl")
+    as_stored = amp_inspect.attach(model)  # no scaler: judges the scaled gradients as they are stored
+    for step in range(6):
+        models.backward(model, scaler, step)
+        if step == 2:
+            poison_(model, "blocks.0.mlp.fc1", math.nan, count=5)
+        stored_report = as_stored.check()  # (before the unscale pass: the same picture the scaler sees)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        report = scaler.last_report
+        assert report is insp.last_report and report.step == step
+        assert set(report.by_module) == GPT_PARAM_MODULES
+        for name, m in report.by_module.items():
+            assert {k: m[k] for k in COUNT_FIELDS} == {k: stored_report.by_module[name][k] for k in COUNT_FIELDS}
+            assert m["amax"] * report.scale == pytest.approx(stored_report.by_module[name]["amax"], rel=1e-6)
+    history = insp.history
+    assert [h.step for h in history] == list(range(6))
+    assert [h.skipped for h in history] == [step == 2 for step in range(6)]
+    assert history[2].offenders == ["blocks.0.mlp.fc1"] and math.isnan(history[2].total_norm)
+    insp.close()
+    records = amp_inspect.read_log(tmp_path / "run.jsonl")
+    assert [r["step"] for r in records] == list(range(6))
+    assert records[2]["modules"]["blocks.0.mlp.fc1"]["nan"] == 5
+
+
+@pytest.mark.parametrize("unscale_first", [False, True])
+def test_check_with_an_inspecting_scaler_makes_one_record_per_step(unscale_first: bool) -> None:
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler)
+    for step in range(5):
+        models.backward(model, scaler, step)
+        if step == 3:
+            poison_(model, "fc", math.inf)
+        if unscale_first:
+            scaler.unscale_(opt)
+            report = insp.check()
+            assert report is scaler.last_report  # the unscale pass was the inspection
+            copies = [p.detach().clone().requires_grad_() for p in model.parameters()]
+            for c, p in zip(copies, model.parameters(), strict=True):
+                c.grad = p.grad.clone()
+            norm = insp.clip_grad_norm_(0.5)
+            torch_norm = torch.nn.utils.clip_grad_norm_(copies, 0.5)
+            if step != 3:
+                assert float(norm) == pytest.approx(float(torch_norm), rel=1e-6)
+                for c, p in zip(copies, model.parameters(), strict=True):
+                    torch.testing.assert_close(p.grad, c.grad, rtol=1e-6, atol=0)
+        else:
+            report = insp.check()
+        assert report.step == step and report.found_inf is (step == 3)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        assert scaler.last_report.found_inf is (step == 3)
+        if not unscale_first:
+            # check() judged the scaled gradients before the unscale pass: the same fp16 picture.
+            for name, m in report.by_module.items():
+                assert {k: m[k] for k in COUNT_FIELDS} == {
+                    k: scaler.last_report.by_module[name][k] for k in COUNT_FIELDS
+                }
+    assert [h.step for h in insp.history] == [0, 1, 2, 3, 4]
+    assert [h.skipped for h in insp.history] == [False, False, False, True, False]
+
+
+def test_every_with_an_inspecting_scaler_still_reports_a_skip_between_checks() -> None:
+    model = models.gpt()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler, every=3)
+    returned = []
+    for step in range(7):
+        models.backward(model, scaler, step)
+        if step == 4:
+            poison_(model, "wte", math.inf)
+        returned.append(insp.check())
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert [r is not None for r in returned] == [step % 3 == 0 for step in range(7)]
+    skipped = [h for h in insp.history if h.skipped]
+    assert [(h.step, h.offenders) for h in skipped] == [(4, ["wte"])]
+
+
+def test_detach_unlinks_the_scaler() -> None:
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler)
+    for step in range(2):
+        models.backward(model, scaler, step)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    insp.detach()
+    assert scaler._inspector is None
+    models.backward(model, scaler, 2)
+    scaler.step(opt)
+    scaler.update()
+    assert [h.step for h in insp.history] == [0, 1]
+    assert set(scaler.last_report.by_module) == {f"param_groups[0].params[{i}]" for i in range(10)}
+    # Without a link the module names are gone; the statistics are the same pass.
+    assert sum(m["numel"] for m in scaler.last_report.by_module.values()) == sum(p.numel() for p in model.parameters())
+    assert set(grads_by_module(model)) == models.CNN_PARAM_MODULES
+
+
+def test_disabled_scaler_steps_plainly() -> None:
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu", enabled=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    models.backward(model, scaler, 0)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.last_report is None
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
