@@ -132,8 +132,17 @@ class StepReport:
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
         self._snapshot = StatsSnapshot(stats, scale)
-        self.total_norm_tensor = self._total_norm_on_device(stats, scale)
-        self._derived: dict[str, Any] | None = None
+        self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
+        self._total_norm_tensor: torch.Tensor | None = None
+        self._summary: dict[str, Any] | None = None
+        self._modules: dict[str, Any] | None = None
+
+    @property
+    def total_norm_tensor(self) -> torch.Tensor:
+        """total_norm as a float32 0-dim device tensor (no host sync), made on first use."""
+        if self._total_norm_tensor is None:
+            self._total_norm_tensor = self._total_norm_on_device(self.stats, self._scale_tensor)
+        return self._total_norm_tensor
 
     @staticmethod
     def _total_norm_on_device(stats: TensorStats, scale: torch.Tensor | None) -> torch.Tensor:
@@ -152,14 +161,34 @@ class StepReport:
         return self._snapshot.ready()
 
     # ---- host values, computed once on first use ----
+    # Two levels: the step's verdict (cheap, vectorised: what the history keeps every step), and the
+    # per-module tables (a loop over rows: only when someone looks at modules or writes the log).
 
     def _get(self) -> dict[str, Any]:
-        if self._derived is None:
-            self._derived = self._derive(self._snapshot.host())
-        return self._derived
+        if self._summary is None:
+            h = self._snapshot.host()
+            scale = float(h["scale"]) if "scale" in h else None
+            names, module_ids = np.unique(np.asarray(self.module_of_row, dtype=object), return_inverse=True)
+            nonfinite = np.bincount(
+                module_ids, weights=(h["nan"] + h["posinf"] + h["neginf"]).astype(np.float64), minlength=len(names)
+            )
+            order = sorted((i for i in range(len(names)) if nonfinite[i] > 0), key=lambda i: -nonfinite[i])
+            offenders = [str(names[i]) for i in order]
+            self._summary = {
+                "scale": scale,
+                "offenders": offenders,
+                "found_inf": bool(offenders),
+                "headroom": self._headroom(h),
+                "total_norm": self._total_norm(h, scale),
+            }
+        return self._summary
 
-    def _derive(self, h: dict[str, np.ndarray]) -> dict[str, Any]:
-        scale = float(h["scale"]) if "scale" in h else None
+    def _get_modules(self) -> dict[str, Any]:
+        if self._modules is None:
+            self._modules = self._per_module(self._snapshot.host(), self.scale)
+        return self._modules
+
+    def _per_module(self, h: dict[str, np.ndarray], scale: float | None) -> dict[str, Any]:
         unscale = scale if scale else 1.0
         modules: dict[str, dict[str, Any]] = {}
         sumsq: dict[str, float] = {}
@@ -184,18 +213,7 @@ class StepReport:
             hists[name] += h["hist"][row]
         for name, m in modules.items():
             m["grad_norm"] = math.sqrt(sumsq[name]) / unscale
-
-        nonfinite = {name: m["nan"] + m["posinf"] + m["neginf"] for name, m in modules.items()}
-        offenders = sorted((n for n, c in nonfinite.items() if c > 0), key=lambda n: -nonfinite[n])
-        return {
-            "scale": scale,
-            "by_module": modules,
-            "module_hist": hists,
-            "offenders": offenders,
-            "found_inf": bool(offenders),
-            "headroom": self._headroom(h),
-            "total_norm": self._total_norm(h, scale),
-        }
+        return {"by_module": modules, "module_hist": hists}
 
     def _total_norm(self, h: dict[str, np.ndarray], scale: float | None) -> float:
         if int(h["nan"].sum()):
@@ -228,7 +246,7 @@ class StepReport:
 
     @property
     def by_module(self) -> dict[str, dict[str, Any]]:
-        return self._get()["by_module"]
+        return self._get_modules()["by_module"]
 
     @property
     def total_norm(self) -> float:
@@ -252,7 +270,7 @@ class StepReport:
 
     def module_hist(self, module: str) -> np.ndarray:
         """The exponent histogram (float32 exponent field, 256 bins) of a module's judged gradients."""
-        return self._get()["module_hist"][module]
+        return self._get_modules()["module_hist"][module]
 
     # ---- rendering ----
 
@@ -275,7 +293,7 @@ class StepReport:
         if with_hist:
             from .runlog import sparse_hist
 
-            record["hist"] = {name: sparse_hist(h) for name, h in self._get()["module_hist"].items()}
+            record["hist"] = {name: sparse_hist(h) for name, h in self._get_modules()["module_hist"].items()}
         return record
 
     def __str__(self) -> str:

@@ -7,7 +7,8 @@ scale is given; the format terms overflow, subnormal and underflow are defined i
 - ``overflow``, ``subnormal``, ``underflow``: counts per format, one column per name in ``formats``.
 - ``amax``: max |v| over finite v (0 when there is none). ``amin_nonzero``: min |v| over finite nonzero v
   (+inf when there is none). Both float32; a float64 extreme is rounded to float32.
-- ``sumsq``: sum of v*v over finite v, accumulated in float64.
+- ``sumsq``: sum of v*v over finite v, relative error below 2e-6 against a float64 sum (squares are summed
+  in float32 partial sums of at most 16 terms that are accumulated in float64).
 - ``hist``: elements counted by the float32 exponent field of v, ``(bits >> 23) & 0xFF``. Bin 0 holds zeros
   and float32 subnormals, bin 255 Inf and NaN, bin 127 the binade [1, 2). Each row sums to numel. A float64
   v is binned as float32(v), so one beyond float32's range lands in bin 255.

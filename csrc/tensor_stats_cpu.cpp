@@ -119,6 +119,13 @@ using BinVec = uint8_t __attribute__((vector_size(kVectorWidth)));
 // Widest bin window counted by byte compares (2 vector ops per 64 elements per bin); a wider block takes
 // one scattered increment per element instead.
 constexpr int kMaxWindowBins = 40;
+// Sums of squares: float32 lanes for this many vectors, then float64 (see count_block32_impl).
+constexpr int kSquaresPerFlush = 16;
+// Blocks whose largest |v| lies in [2^-50, 2^60) sum their squares in float32 lanes: no square overflows
+// (2^120 < float32 max), and squares lost to float32's subnormal range (< 2^-149 each, at most
+// kBlockElems of them) are below 2^-37 of the sum (>= 2^-100). Other blocks sum in float64.
+constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
+constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
 
 template <typename V>
 inline int64_t lane_sum(const V& v) {
@@ -142,10 +149,10 @@ __attribute__((always_inline)) inline void count_bins_in_window(uint8_t* __restr
     for (int64_t v = 0; v < vectors; ++v) {
       ByteVec x;
       std::memcpy(&x, bins + v * kBinLanes, sizeof x);
-      count -= reinterpret_cast<ByteVec>(x == static_cast<uint8_t>(b));  // a match is all-ones, i.e. -1
+      count -= (ByteVec)(x == static_cast<uint8_t>(b));  // a match is all-ones, i.e. -1
     }
     // Sum the 64 byte counters: pairwise within each 64-bit word (bytes -> 16 -> 32 -> 64 bits).
-    WordVec w = reinterpret_cast<WordVec&>(count);
+    WordVec w = (WordVec)count;  // a vector cast reinterprets the bits
     w = (w & 0x00FF00FF00FF00FFull) + ((w >> 8) & 0x00FF00FF00FF00FFull);
     w = (w & 0x0000FFFF0000FFFFull) + ((w >> 16) & 0x0000FFFF0000FFFFull);
     w = (w & 0x00000000FFFFFFFFull) + (w >> 32);
@@ -160,10 +167,9 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
                                                              const FormatBounds* bounds, BlockCounts& out,
                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
   constexpr int32_t kInf = static_cast<int32_t>(kInfBits32);
-  constexpr int32_t kNegInf = static_cast<int32_t>(kNegInfBits32);
   constexpr int32_t kAbs = static_cast<int32_t>(kAbsMask32);
   // A vector comparison yields -1 in the lanes where it holds, so counters subtract it.
-  IntVec nan = {}, posinf = {}, neginf = {}, zero = {}, max_abs = {};
+  IntVec nonfinite = {}, zero = {}, max_abs = {};
   UintVec min_abs_minus_one = {};
   min_abs_minus_one += kInfBits32;
   IntVec over[kFormats] = {}, below[kFormats] = {}, at_zero[kFormats] = {};
@@ -177,31 +183,38 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
   alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
 
   const int64_t full = n - n % kVectorWidth;
-  for (int64_t i = 0; i < full; i += kVectorWidth) {
-    IntVec b;
-    std::memcpy(&b, bits + i, sizeof b);
-    const IntVec a = b & kAbs;
-    nan -= a > kInf;
-    posinf -= b == kInf;
-    neginf -= b == kNegInf;
-    zero -= a == 0;
-    for (int f = 0; f < kFormats; ++f) {
-      over[f] -= a >= overflow_from[f];
-      below[f] -= a < normal_from[f];
-      at_zero[f] -= a <= zero_upto[f];
+  for (int64_t group = 0; group < full; group += kSquaresPerFlush * kVectorWidth) {
+    // Squares are summed in float32 lanes for kSquaresPerFlush vectors, then added into float64 lanes:
+    // a lane's float32 sum has at most kSquaresPerFlush terms, so its relative error stays below
+    // kSquaresPerFlush * 2^-24 (about 1e-6). Blocks whose magnitudes could overflow or flush float32
+    // squares are summed again in float64 below.
+    FloatVec squares = {};
+    const int64_t group_end = std::min(full, group + kSquaresPerFlush * kVectorWidth);
+    for (int64_t i = group; i < group_end; i += kVectorWidth) {
+      IntVec b;
+      std::memcpy(&b, bits + i, sizeof b);
+      const IntVec a = b & kAbs;
+      nonfinite -= a >= kInf;  // split into NaN / +Inf / -Inf afterwards, only in blocks that have any
+      zero -= a == 0;
+      for (int f = 0; f < kFormats; ++f) {
+        over[f] -= a >= overflow_from[f];
+        below[f] -= a < normal_from[f];
+        at_zero[f] -= a <= zero_upto[f];
+      }
+      // Extremes over finite values: non-finite lanes become 0. The minimum is taken over |bits| - 1 as
+      // unsigned, which sends zeros to the top, so one select serves both exclusions.
+      const IntVec finite = a & (a < kInf);
+      max_abs = finite > max_abs ? finite : max_abs;
+      const UintVec minus_one = (UintVec)finite - 1u;  // a vector cast reinterprets the bits
+      min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+      const FloatVec v = (FloatVec)finite;
+      squares += v * v;
+      // Exponent bins, kept as bytes for count_bins_in_window.
+      const IntVec bin = (b >> kExponentShift32) & static_cast<int32_t>(kExponentMask32);
+      const BinVec bin_bytes = __builtin_convertvector(bin, BinVec);
+      std::memcpy(bins + i, &bin_bytes, sizeof bin_bytes);
     }
-    // Extremes over finite values: non-finite lanes become 0. The minimum is taken over |bits| - 1 as
-    // unsigned, which sends zeros to the top, so one select serves both exclusions.
-    const IntVec finite = a & (a < kInf);
-    max_abs = finite > max_abs ? finite : max_abs;
-    const UintVec minus_one = reinterpret_cast<const UintVec&>(finite) - 1u;
-    min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
-    const DoubleVec v = __builtin_convertvector(reinterpret_cast<const FloatVec&>(finite), DoubleVec);
-    sumsq += v * v;
-    // Exponent bins, kept as bytes for count_bins.
-    const IntVec bin = (b >> kExponentShift32) & static_cast<int32_t>(kExponentMask32);
-    const BinVec bin_bytes = __builtin_convertvector(bin, BinVec);
-    std::memcpy(bins + i, &bin_bytes, sizeof bin_bytes);
+    sumsq += __builtin_convertvector(squares, DoubleVec);
   }
 
   RawCounts tail;  // the last n % kVectorWidth elements, one by one
@@ -220,9 +233,16 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
     bins[i] = static_cast<uint8_t>(hist_bin(bits[i]));
   }
 
-  out.nan = lane_sum(nan) + tail.nan;
-  out.posinf = lane_sum(posinf) + tail.posinf;
-  out.neginf = lane_sum(neginf) + tail.neginf;
+  out.nan = tail.nan;
+  out.posinf = tail.posinf;
+  out.neginf = tail.neginf;
+  if (lane_sum(nonfinite) > 0) {  // rare: only blocks holding NaN or Inf pay for telling them apart
+    for (int64_t i = 0; i < full; ++i) {
+      out.nan += (bits[i] & kAbsMask32) > kInfBits32;
+      out.posinf += bits[i] == kInfBits32;
+      out.neginf += bits[i] == kNegInfBits32;
+    }
+  }
   out.zero = lane_sum(zero) + tail.zero;
   for (int f = 0; f < kFormats; ++f) {
     out.over[f] = lane_sum(over[f]) + tail.at_or_above_overflow[f];
@@ -239,6 +259,16 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
   const uint32_t vector_min = block_min_minus_one >= kInfBits32 ? kInfBits32 : block_min_minus_one + 1;
   out.max_abs = static_cast<int32_t>(block_max);
   out.min_abs_nonzero = static_cast<int32_t>(std::min(vector_min, tail_min));
+  if (block_max > 0 && (block_max < kFloatSquaresFrom || block_max >= kFloatSquaresBelow)) {
+    // Squares near float32's limits (they would overflow, or the whole sum would sit among flushed
+    // subnormals): sum this block again in float64, exactly as the scalar tail does.
+    block_sumsq = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t a = bits[i] & kAbsMask32;
+      const double v = static_cast<double>(bits_to_float(is_finite32(a) ? a : 0u));
+      block_sumsq += v * v;
+    }
+  }
   out.sumsq = block_sumsq;
 
   // Histogram. Every element is zero (bin 0), non-finite (bin 255) or has its bin between those of the

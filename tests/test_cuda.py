@@ -1,4 +1,5 @@
-"""The CUDA kernel against the CPU kernel (exactly; sumsq to 1e-9) and the oracles. Every test here is
+"""The CUDA kernel against the CPU kernel (exactly; sumsq to 2e-6, since the CPU kernel sums squares in
+float32 partial sums of 16 terms) and the oracles. Every test here is
 marked ``cuda`` and skips (in conftest.py, when it is about to run) without a visible GPU."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def check_cuda_vs_cpu(tensors_cpu, scale=None, formats=ALL_FORMATS, *, oracle=Tr
     for out in got:
         assert out.device.type == CUDA.type
     want = op(tensors_cpu, scale_cpu, scale_value, formats)
-    oracles.assert_outputs_equal(got, want, rtol=1e-9, what=f"cuda vs cpu (scale {scale}): ")
+    oracles.assert_outputs_equal(got, want, rtol=2e-6, what=f"cuda vs cpu (scale {scale}): ")
     stats = amp_inspect.tensor_stats(
         tensors_cuda, scale=scale_cuda if scale_cuda is not None else scale, formats=formats
     )
@@ -142,7 +143,7 @@ def test_mixed_cpu_and_cuda_list(first, rng):
             "hist",
         ):
             assert torch.equal(getattr(stats, name).cpu(), getattr(want, name)), name
-        torch.testing.assert_close(stats.sumsq.cpu(), want.sumsq, rtol=1e-9, atol=0)
+        torch.testing.assert_close(stats.sumsq.cpu(), want.sumsq, rtol=2e-6, atol=0)
 
 
 def test_no_host_sync(rng):

@@ -396,6 +396,6 @@ def test_fallback_without_extension(tmp_path):
         for name, value in zip(names, fields, strict=True):
             want = getattr(compiled, name)
             if name == "sumsq":
-                torch.testing.assert_close(value, want, rtol=1e-9, atol=0)
+                torch.testing.assert_close(value, want, rtol=2e-6, atol=0)
             else:
                 assert torch.equal(value, want), name
