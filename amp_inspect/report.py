@@ -68,13 +68,16 @@ class StatsSnapshot:
 
     def ready(self) -> bool:
         """Whether the host copy is complete (never waits)."""
-        return self._event is None or self._event.query()
+        if self._event is not None and self._event.query():
+            self._event = None  # complete: host() needs no synchronize
+        return self._event is None
 
     def host(self) -> dict[str, np.ndarray]:
         """The statistics as numpy arrays; waits for the copy on CUDA (the first call only)."""
         if self._host is None:
             if self._event is not None:
                 self._event.synchronize()
+                self._event = None
             self._host = {name: t.numpy() for name, t in self._tensors.items()}
         return self._host
 
