@@ -39,6 +39,22 @@ class StepRecord:
         )
 
 
+    @classmethod
+    def from_log_record(cls, record: dict) -> StepRecord:
+        """The record of a run-log line (amp_inspect.read_log), so logs get the same summary as live runs."""
+        room = record.get("headroom") or {}
+        return cls(
+            step=int(record["step"]),
+            scale=record.get("scale"),
+            skipped=bool(record.get("skipped", False)),
+            offenders=list(record.get("offenders", [])),
+            total_norm=float(record.get("total_norm", float("nan"))),
+            headroom=Headroom(room.get("up"), room.get("down")),
+            recommended_scale=record.get("recommended_scale"),
+            first_nonfinite=record.get("first_nonfinite"),
+        )
+
+
 @dataclass(frozen=True)
 class ScaleEvent:
     step: int
