@@ -14,12 +14,12 @@ setup: $(STAMP)
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=64" wheel
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test]"
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,all]"
 	$(BIN)/python -m amp_inspect.info
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/python -m amp_inspect.demo
+	$(BIN)/amp-inspect demo
 
 lint: setup
 	$(BIN)/ruff check amp_inspect tests bench setup.py

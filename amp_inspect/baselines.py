@@ -8,7 +8,8 @@ and min nonzero |g| over finite values, and the sum of squares.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,3 +40,32 @@ def per_tensor_checks(grads: Sequence[torch.Tensor]) -> list[tuple[float, ...]]:
             )
         )
     return rows
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
+    """Median wall time of ``fn`` in ms (after one warm-up call), synchronising CUDA around each call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2] * 1e3
+
+
+def compare(grads: Sequence[torch.Tensor], repeats: int = 5) -> dict[str, float]:
+    """Median ms of one fused tensor_stats pass, of torch._foreach_norm (one read of the gradients: the
+    roofline) and of the per-tensor Python checks, on the same gradients."""
+    from .stats import tensor_stats
+
+    grads = list(grads)
+    device = grads[0].device
+    return {
+        "fused": median_ms(lambda: tensor_stats(grads), device, repeats),
+        "foreach_norm": median_ms(lambda: torch._foreach_norm(grads), device, repeats),
+        "per_tensor_python": median_ms(lambda: per_tensor_checks(grads), device, max(1, repeats // 2)),
+    }

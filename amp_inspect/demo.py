@@ -1,62 +1,106 @@
-"""``python -m amp_inspect.demo`` (``make demo``): the stats table of a small model's gradients.
+"""``amp-inspect demo`` (``make demo``): a small GPT trains for 200 steps under mixed precision and meets
+the two classic kinds of trouble, on purpose, while amp_inspect watches.
 
-A small GPT-style model takes a few training steps under mixed precision (bf16 autocast on CPU, fp16 on a
-GPU) with a loss scale of 2^16, as GradScaler would use. Two layers are set up to be in trouble, the way
-real runs get there: one block's MLP output is damped (its weight gradients drift towards fp16's subnormal
-range), and the attention logits of another are amplified (their gradients overflow fp16 once scaled).
-One fused tensor_stats pass over all gradients then shows, per parameter, what fp16 would make of them;
-the same pass is timed against the per-parameter Python checks people write today.
+- From step 80 on, one attention block's logits sometimes exceed fp16's 65504 (a batch with a rare token
+  makes them spike). The softmax turns the Inf into NaN, GradScaler skips the step and halves the loss
+  scale; amp_inspect names the offending module, and its activation hooks, armed after the skip, find the
+  module whose forward output overflowed first.
+- Another block's MLP branch is damped more and more over the run: its gradients drift into fp16's
+  subnormal range and then to zero.
+
+On a GPU it runs fp16 autocast. On a CPU it runs bf16 autocast and judges everything against fp16; to meet
+fp16's trouble there, the spiking logits are stored in fp16 and the gradients are rounded through fp16
+after backward, as fp16 autocast would have them pass through it (so the loss scale also meets its ceiling:
+scaled gradients past 65504 overflow, GradScaler skips and backs off). It prints a live summary and writes
+./amp_inspect_demo/ (run.jsonl, report.html and the PNG plots).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .baselines import per_tensor_checks
-from .stats import tensor_stats
-from .table import format_stats_table
+from .baselines import compare
+from .console import print_summary
+from .inspector import attach
+from .runlog import read_log
 
-LOSS_SCALE = 2.0**16
+VOCAB = 512
+CONTEXT = 64
+SPIKE_TOKEN = 7  # batches holding this token (in the overflowing block's input) make its logits spike
+SPIKE_GAIN = 1e5
+SPIKE_PROBABILITY = 0.08
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int, logit_gain: float = 1.0, mlp_gain: float = 1.0) -> None:
+class AttentionScores(nn.Module):
+    """q . k^T / sqrt(d), times a gain that spikes on some batches (the trouble we plant)."""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.gain = 1.0
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bqhd,bkhd->bhqk", q, k) * (self.scale * self.gain)
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int, emulate_fp16: bool) -> None:
         super().__init__()
         self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
+        self.scores = AttentionScores(d // heads)
         self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-        self.logit_gain = logit_gain  # >1 amplifies attention logits: the classic fp16 overflow
-        self.mlp_gain = mlp_gain  # <1 damps the MLP branch: its gradients shrink towards underflow
+        self.emulate_fp16 = emulate_fp16  # store logits in fp16, as fp16 autocast would
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        logits = torch.einsum("bqhd,bkhd->bhqk", q, k) * (self.logit_gain / (d // self.heads) ** 0.5)
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        logits = self.scores(q, k)
+        if self.emulate_fp16:
+            logits = logits.to(torch.float16).float()  # > 65504 becomes Inf, as in fp16
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        attn = logits.masked_fill(~mask, float("-inf")).softmax(-1)
-        x = x + self.proj(torch.einsum("bhqk,bkhd->bqhd", attn, v).reshape(b, t, d))
-        return x + self.mlp_gain * self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
+        attn = logits.masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
+        return self.proj(torch.einsum("bhqk,bkhd->bqhd", attn, v).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+        self.gain = 1.0  # < 1 damps the branch: its gradients shrink towards underflow
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gain * self.out(torch.nn.functional.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, emulate_fp16: bool) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads, emulate_fp16)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = MLP(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 4, heads: int = 4, context: int = 64) -> None:
+    def __init__(self, d: int = 128, layers: int = 4, heads: int = 4, emulate_fp16: bool = False) -> None:
         super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.wpe = nn.Embedding(context, d)
-        gains = [dict() for _ in range(layers)]
-        gains[1] = {"mlp_gain": 1e-5}
-        gains[layers - 1] = {"logit_gain": 30000.0}
-        self.blocks = nn.ModuleList(Block(d, heads, **g) for g in gains)
+        self.wte = nn.Embedding(VOCAB, d)
+        self.wpe = nn.Embedding(CONTEXT, d)
+        self.blocks = nn.ModuleList(Block(d, heads, emulate_fp16) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
+        self.head = nn.Linear(d, VOCAB, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
@@ -65,67 +109,156 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="training steps before the inspection")
-    parser.add_argument("--all", action="store_true", help="list every parameter, not only those in trouble")
-    args = parser.parse_args(argv)
+def _round_through_fp16(param: torch.Tensor) -> None:
+    """CPU emulation of fp16 gradients: past 65504 they become Inf, below 2^-25 zero."""
+    with torch.no_grad():
+        param.grad.copy_(param.grad.to(torch.float16))
 
-    torch.manual_seed(0)
+
+def _progress(total: int):
+    """A rich progress bar when rich is installed, else a plain line rewritten in place."""
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress = Progress(
+            TextColumn("[bold]training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+        )
+        task = progress.add_task("", total=total)
+
+        class Bar:
+            def __enter__(self):
+                progress.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                progress.__exit__(*exc)
+
+            def update(self, text: str) -> None:
+                progress.update(task, advance=1, description=text)
+
+            def log(self, text: str) -> None:
+                progress.console.print(text)
+
+        return Bar()
+    except ImportError:
+
+        class Plain:
+            done = 0
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                print()
+
+            def update(self, text: str) -> None:
+                self.done += 1
+                print(f"\rtraining {self.done}/{total} {text}", end="", flush=True)
+
+            def log(self, text: str) -> None:
+                print(f"\n{text}")
+
+        return Plain()
+
+
+def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from: int = 80, seed: int = 0) -> Path:
+    """Trains the demo model and returns the path of its run log."""
+    torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
-    model = TinyGPT().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    names = [n for n, _ in model.named_parameters()]
+    model = TinyGPT(emulate_fp16=device == "cpu").to(device)
+    spiking = model.blocks[3].attn.scores
+    damped = model.blocks[1].mlp
+    if device == "cpu":
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(_round_through_fp16)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    scaler = torch.amp.GradScaler(device, growth_interval=10)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "run.jsonl"
+    log_path.unlink(missing_ok=True)
+    insp = attach(model, scaler, log=log_path, hist_every=5)
+
     numel = sum(p.numel() for p in model.parameters())
-    print(f"amp_inspect demo: TinyGPT, {numel:,} parameters in {len(names)} tensors")
-    print(f"device {device}, autocast {amp_dtype}, loss scale 2^16, gradients judged against fp16\n")
+    print(f"amp_inspect demo: TinyGPT with {numel:,} parameters, {steps} steps on {device}, {amp_dtype} autocast")
+    print("gradients and activations judged against fp16; trouble planted from step", trouble_from)
+    g = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    with _progress(steps) as bar:
+        for step in range(steps):
+            idx = torch.randint(8, VOCAB, (8, CONTEXT), generator=g)
+            spike = step >= trouble_from and torch.rand((), generator=g).item() < SPIKE_PROBABILITY
+            if spike:
+                idx[0, torch.randint(0, CONTEXT, (4,), generator=g)] = SPIKE_TOKEN
+            idx = idx.to(device)
+            spiking.gain = SPIKE_GAIN if bool((idx == SPIKE_TOKEN).any()) else 1.0
+            damped.gain = 1e-2 * (1e-5) ** (step / steps)  # drifts from 1e-2 down to 1e-7
 
-    for step in range(args.steps):
-        idx = torch.randint(0, 512, (8, 64), device=device)
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=amp_dtype):
-            logits = model(idx[:, :-1])
-            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
-        (loss * LOSS_SCALE).backward()
-        if step < args.steps - 1:
-            for p in model.parameters():  # unscale and step, as GradScaler would on a clean step
-                p.grad.div_(LOSS_SCALE)
-            opt.step()
+            with torch.autocast(device, dtype=amp_dtype):
+                logits = model(idx[:, :-1])
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
+            scaler.scale(loss).backward()
+            report = insp.check()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
 
-    grads = [p.grad for p in model.parameters()]
-    stats = tensor_stats(grads, formats=("fp16", "bf16"))
-    title = "every parameter" if args.all else "parameters in trouble"
-    print(f"Scaled gradients, {title} (fp16 view):")
-    print(format_stats_table(stats, names, "fp16", only_trouble=not args.all))
-    total = stats.numel.sum().item()
+            if report is not None and report.found_inf:
+                where = ", ".join(report.offenders[:3])
+                bar.log(f"step {step}: skipped at loss scale {report.scale:g}; NaN/Inf gradients in {where}, ...")
+            last = insp.history[-1] if step % 10 == 0 or step == steps - 1 else None
+            if last is not None and last.first_nonfinite:
+                bar.log(f"  first non-finite producer: {last.first_nonfinite}")
+            bar.update(f"scale {scaler.get_scale():g}")
+    elapsed = time.perf_counter() - start
+    insp.close()
+
+    records = read_log(log_path)
+    print(f"\n{steps} steps in {elapsed:.1f} s")
+    print_summary(insp.summary(), records[-1] if records else None)
+    findings = sorted({r["first_nonfinite"] for r in records if r.get("first_nonfinite")})
+    for f in findings[:3]:
+        print(f"activation hooks: {f}")
+    _write_report(log_path, out_dir)
+    _compare_with_python_checks(model)
+    insp.detach()
+    return log_path
+
+
+def _write_report(log_path: Path, out_dir: Path) -> None:
+    try:
+        from .html_report import write_report
+    except ImportError as error:  # matplotlib is an optional extra
+        print(f"report not written ({error}); pip install amp_inspect[report]")
+        return
+    html = write_report(log_path, out_dir / "report.html")
+    print(f"report: {html} (plots beside it); log: {log_path}")
+
+
+def _compare_with_python_checks(model: nn.Module) -> None:
+    """Times one fused pass against the per-parameter checks people write today, on fresh gradients."""
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    ms = compare([p.grad for p in model.parameters()])
     print(
-        f"\nAll {len(names)} tensors, {total:,} values: NaN {stats.nan.sum().item()}, "
-        f"Inf {(stats.posinf + stats.neginf).sum().item()}, "
-        f"fp16 overflow {stats.overflow[:, 0].sum().item()}, subnormal {stats.subnormal[:, 0].sum().item()}, "
-        f"underflow {stats.underflow[:, 0].sum().item()}; bf16 overflow {stats.overflow[:, 1].sum().item()}, "
-        f"underflow {stats.underflow[:, 1].sum().item()}"
+        f"one fused pass: {ms['fused']:.2f} ms (one read of the gradients: {ms['foreach_norm']:.2f} ms); "
+        f"per-parameter Python checks (10 .item() per tensor): {ms['per_tensor_python']:.1f} ms"
     )
 
-    def timed(fn, repeats: int = 5) -> float:
-        times = []
-        for _ in range(repeats):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
 
-    fused = timed(lambda: tensor_stats(grads, formats=("fp16", "bf16")).nan.sum().item())
-    loops = timed(lambda: per_tensor_checks(grads))
-    print(
-        f"\nOne fused pass: {fused * 1e3:.2f} ms; per-parameter Python checks (10 .item() per tensor): "
-        f"{loops * 1e3:.1f} ms ({loops / fused:.0f}x slower, and no exponent histogram or bf16 column)."
-    )
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="amp-inspect demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    parser.add_argument("--out", type=Path, default=Path("amp_inspect_demo"), help="output folder")
+    parser.add_argument("--trouble-from", type=int, default=80, help="first step that may spike (default 80)")
+    args = parser.parse_args(argv)
+    run(args.steps, args.out, args.trouble_from)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

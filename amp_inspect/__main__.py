@@ -1,0 +1,5 @@
+"""``python -m amp_inspect``: the same as the ``amp-inspect`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

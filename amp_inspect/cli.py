@@ -1,0 +1,134 @@
+"""``amp-inspect`` (also ``python -m amp_inspect``): the command line.
+
+amp-inspect demo                 train a small GPT into trouble and watch amp_inspect find it
+amp-inspect report LOG -o FILE   one self-contained HTML report (with PNG plots) from a run log
+amp-inspect summary LOG          skip rate, scale events, offenders and advice from a run log
+amp-inspect doctor [--log LOG]   check the environment (and a run) for classic AMP mistakes
+amp-inspect bench                the fused pass against one read of the gradients and Python checks
+amp-inspect info                 what was built and whether a GPU is visible
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+SOURCE_BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_tensor_stats.py"
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    run(args.steps, args.out, args.trouble_from)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        from .html_report import write_report
+    except ImportError as error:
+        print(f"amp-inspect report needs matplotlib: pip install amp_inspect[report] ({error})", file=sys.stderr)
+        return 2
+    out = args.output or Path(args.log).with_name("report.html")
+    print(f"wrote {write_report(args.log, out)}")
+    return 0
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from .console import print_summary
+    from .history import StepRecord, summarize
+    from .runlog import read_log
+
+    records = read_log(args.log)
+    if not records:
+        print(f"{args.log}: no inspected step in the log")
+        return 1
+    summary = summarize([StepRecord.from_log_record(r) for r in records])
+    print_summary(summary, records[-1])
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main(args.rest)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if SOURCE_BENCH.exists() and not args.builtin:  # a source checkout: the full benchmark
+        sys.argv = [str(SOURCE_BENCH), "--device", args.device, *(["--quick"] if args.quick else [])]
+        runpy.run_path(str(SOURCE_BENCH), run_name="__main__")
+        return 0
+    import torch
+
+    from .baselines import compare
+
+    # Installed without the source tree: the same comparison on a GPT-2-style gradient set (76 tensors).
+    g = torch.Generator().manual_seed(0)
+    block = [(384,), (384,), (1152, 384), (1152,), (384, 384), (384,), (384,), (384,), (1536, 384), (1536,)]
+    block += [(384, 1536), (384,)]
+    shapes = [(8192, 384), (256, 384), *block * 6, (384,), (384,)]
+    grads = [(torch.randn(s, generator=g) * 1e-3).to(args.device) for s in shapes]
+    ms = compare(grads)
+    print(f"{len(grads)} gradient tensors, {sum(t.numel() for t in grads):,} values on {args.device}")
+    for name, value in ms.items():
+        print(f"  {name:<18} {value:8.2f} ms  ({value / ms['foreach_norm']:.2f}x one read pass)")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .info import main as info_main
+
+    info_main()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="amp-inspect",
+        description="amp_inspect: numerics inspector for PyTorch mixed-precision training",
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="train a small GPT into trouble and watch amp_inspect find it")
+    demo.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    demo.add_argument("--out", type=Path, default=Path("amp_inspect_demo"), help="output folder")
+    demo.add_argument("--trouble-from", type=int, default=80, help="first step that may spike (default 80)")
+    demo.set_defaults(func=_demo)
+
+    report = sub.add_parser("report", help="HTML report with plots from a run log")
+    report.add_argument("log", type=Path, help="a run log written with attach(..., log=PATH)")
+    report.add_argument("-o", "--output", type=Path, help="HTML file (default: report.html beside the log)")
+    report.set_defaults(func=_report)
+
+    summary = sub.add_parser("summary", help="skip rate, scale events, offenders and advice from a run log")
+    summary.add_argument("log", type=Path)
+    summary.set_defaults(func=_summary)
+
+    doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes", add_help=False)
+    doctor.add_argument("rest", nargs=argparse.REMAINDER, help="the doctor's arguments (amp-inspect doctor --help)")
+    doctor.set_defaults(func=_doctor)
+
+    bench = sub.add_parser("bench", help="time the fused pass against one read of the gradients and Python checks")
+    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    bench.add_argument("--quick", action="store_true", help="a short run of the full benchmark")
+    bench.add_argument("--builtin", action="store_true", help="the built-in comparison even in a source checkout")
+    bench.set_defaults(func=_bench)
+
+    info = sub.add_parser("info", help="what was built and whether a GPU is visible")
+    info.set_defaults(func=_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

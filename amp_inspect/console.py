@@ -1,0 +1,93 @@
+"""Readable terminal output for the demo and ``amp-inspect summary``: rich tables sized to the terminal when
+rich is installed (``pip install amp_inspect[report]``), plain fixed-width text otherwise. Everything here
+reads host values, so call it when you want to look, not every step."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from .history import Summary
+
+try:  # optional: the core install stays small
+    from rich.console import Console
+    from rich.table import Table
+
+    HAVE_RICH = True
+except ImportError:  # pragma: no cover - exercised where rich is absent
+    HAVE_RICH = False
+
+MAX_MODULE_ROWS = 12
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _plain_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        pairs = enumerate(zip(values, widths, strict=True))
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
+
+    return "\n".join([title, line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)])
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table with the first column left-aligned and the rest right-aligned, fitted to the terminal."""
+    if not HAVE_RICH:
+        print(_plain_table(title, headers, rows))
+        return
+    table = Table(title=title, title_justify="left", expand=False)
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        table.add_row(*(_fmt(c) for c in r))
+    Console(width=shutil.get_terminal_size((120, 40)).columns).print(table)
+
+
+def module_rows(modules: dict[str, dict[str, Any]], limit: int = MAX_MODULE_ROWS) -> list[list[Any]]:
+    """Rows for the modules in trouble (NaN/Inf first, then overflow, underflow, subnormal), worst first."""
+
+    def trouble(m: dict[str, Any]) -> tuple[int, ...]:
+        return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
+
+    ranked = sorted((n for n, m in modules.items() if any(trouble(m))), key=lambda n: [-x for x in trouble(modules[n])])
+    rows = []
+    for name in ranked[:limit]:
+        m = modules[name]
+        numel = max(m["numel"], 1)
+        rows.append(
+            [name, m["nan"] + m["posinf"] + m["neginf"], m["overflow"], f"{m['underflow'] / numel:.2%}"]
+            + [f"{m['subnormal'] / numel:.2%}", f"{m['zero'] / numel:.2%}", float(m["amax"]), float(m["grad_norm"])]
+        )
+    return rows
+
+
+MODULE_HEADERS = ["module", "NaN/Inf", "overflow", "underflow", "subnormal", "zero", "max |g|", "grad norm"]
+
+
+def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -> None:
+    """The run's summary: rates, scale events, offenders, warnings, advice, and the last step's modules."""
+    print(str(summary))
+    if summary.offenders:
+        print_table(
+            "modules behind skipped steps",
+            ["module", "skipped steps"],
+            [[m, n] for m, n in summary.offenders.most_common(MAX_MODULE_ROWS)],
+        )
+    if last_record and last_record.get("modules"):
+        fmt = (last_record.get("formats") or ["fp16"])[0]
+        rows = module_rows(last_record["modules"])
+        if rows:
+            print_table(
+                f"last inspected step ({last_record['step']}): modules in trouble ({fmt})", MODULE_HEADERS, rows
+            )
