@@ -38,7 +38,6 @@ class StepRecord:
             first_nonfinite=report.first_nonfinite,
         )
 
-
     @classmethod
     def from_log_record(cls, record: dict) -> StepRecord:
         """The record of a run-log line (amp_inspect.read_log), so logs get the same summary as live runs."""
@@ -151,12 +150,12 @@ def summarize(
 
     # Skips at the very start: init_scale is too high for this model.
     first_clean = next((i for i, r in enumerate(history) if not r.skipped), len(history))
-    if first_clean >= 2:
-        start = history[0].scale
-        hint = f" (the run settled at {history[first_clean].scale:g})" if first_clean < len(history) else ""
+    if first_clean >= 2 and history[0].scale is not None:
+        settled = history[first_clean].scale if first_clean < len(history) else None
+        hint = f" (the run settled at {settled:g})" if settled is not None else ""
         summary.advice.append(
-            f"the first {first_clean} steps were skipped while the scale backed off from {start:g}{hint}: "
-            "lower init_scale to about the settled value"
+            f"the first {first_clean} steps were skipped while the scale backed off from {history[0].scale:g}"
+            f"{hint}: lower init_scale to about the settled value"
         )
 
     # The scale keeps bouncing off the same ceiling: growth is too eager there.

@@ -1,0 +1,279 @@
+"""One self-contained HTML page for a run log: the headline numbers, the figures, offenders, advice.
+
+``write_report("run.jsonl", "report.html")`` writes the page and, next to it (or in ``png_dir``), the PNG
+of every figure of amp_inspect/plots.py; the page embeds the same PNGs as base64 data URIs, so it can be
+mailed or attached on its own. It loads nothing from elsewhere (no CDN, no script) and every text that comes
+from the log (module names, findings, notes) is HTML-escaped.
+
+The page reads the same analysis objects as the rest of the package: ``plots.RunSeries`` for the series and
+``history.summarize`` for the skip rate, scale events, warnings and advice. Cost: reading the log plus
+rendering six figures, about a second for a log of a few thousand records.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .history import StepRecord, Summary, summarize
+from .plots import FIGURES, RunSeries, save_all
+from .runlog import read_log
+
+MAX_OFFENDER_ROWS = 30
+MAX_FINDINGS_PER_MODULE = 3
+
+CAPTIONS = {
+    "loss_scale": "Loss scale per inspected step (log2 axis). Red triangles are skipped steps (NaN/Inf gradients); "
+    "the numbered ones are listed under the plot with their first offender. A saw-tooth that keeps hitting "
+    "the same ceiling means the scale keeps growing into the same overflow.",
+    "heatmap_latest": "One row per module, one column per binade of the unscaled |gradient| at the latest step "
+    "with histograms; colour is the fraction of the module's elements (log scale). Shaded: where the format "
+    "would underflow to 0 (blue), turn subnormal (orange) or overflow to Inf (red) at that step's loss scale. "
+    "Mass left of the blue line is lost; mass right of the red line skips the step. Offender rows are red.",
+    "heatmap_over_time": "The same histogram for one module (named in the title) at each step with histograms. "
+    "The bands move towards smaller gradients when the loss scale grows and back when it backs off. "
+    "Top strip: Inf/NaN; bottom strip: zeros; red ticks: skipped steps.",
+    "fractions": "Fractions of the most affected modules' gradient elements that underflow to 0, turn subnormal, "
+    "or are exactly zero, per step (log axis; a fraction of 0 is not drawn). Underflow and subnormal fractions "
+    "rise when the loss scale backs off.",
+    "total_norm": "Unscaled total gradient norm per step (log axis); steps with an Inf or NaN norm are marked "
+    "along the top. A norm that climbs before the skips points at growing activations, not the scaler.",
+    "memory": "Process and torch memory per step from the log's hardware fields (GiB); GPU utilisation and "
+    "temperature below when recorded.",
+}
+TITLES = {
+    "loss_scale": "Loss scale and skipped steps",
+    "heatmap_latest": "Gradient exponents by module, latest histogram",
+    "heatmap_over_time": "Gradient exponents over time",
+    "fractions": "Underflow, subnormal and zero fractions",
+    "total_norm": "Total gradient norm",
+    "memory": "Memory",
+}
+
+CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; background: #fff; margin: 0; }
+main { max-width: 1140px; margin: 0 auto; padding: 16px 20px 40px; }
+h1 { font-size: 24px; margin: 8px 0 4px; }
+h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.source { color: #666; margin: 0 0 12px; word-break: break-all; }
+.facts { display: flex; flex-wrap: wrap; gap: 10px; margin: 0; padding: 0; list-style: none; }
+.facts li { background: #f3f6fa; border: 1px solid #dde4ee; border-radius: 6px; padding: 6px 12px; }
+.facts b { display: block; font-size: 20px; }
+.facts .bad b { color: #b2182b; }
+.warnings li { color: #b2182b; }
+.advice li, .warnings li { margin: 4px 0; }
+table.offenders { border-collapse: collapse; width: 100%; font-size: 14px; }
+table.offenders th, table.offenders td { border: 1px solid #ddd; padding: 4px 8px; vertical-align: top;
+  text-align: left; }
+table.offenders th { background: #f3f6fa; }
+table.offenders td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.module { font-family: ui-monospace, monospace; word-break: break-all; }
+figure { margin: 12px 0 24px; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #444; font-size: 14px; margin-top: 4px; }
+.note { color: #555; }
+footer { color: #888; font-size: 12px; margin-top: 32px; }
+"""
+
+
+def _e(text: object) -> str:
+    """HTML-escaped text (quotes too, so it is also safe inside attributes)."""
+    return html.escape(str(text), quote=True)
+
+
+def _pow2(x: float) -> str:
+    """A scale as ``2^k`` when it is a power of two, with its value."""
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:g}"
+    k = math.log2(x)
+    value = f"{x:,.0f}" if x >= 1 and x.is_integer() else f"{x:g}"
+    return f"2^{k:.0f} ({value})" if k.is_integer() else value
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass
+class OffenderRow:
+    """One module behind skipped steps: how many it took part in, when, and what the activation hooks saw."""
+
+    module: str
+    skips: int
+    first_step: int
+    last_step: int
+    findings: list[str] = field(default_factory=list)
+    more_findings: int = 0
+
+
+def offender_rows(series: RunSeries, limit: int = MAX_OFFENDER_ROWS) -> list[OffenderRow]:
+    """Offenders by skipped steps caused (most first); each with the distinct ``first_nonfinite`` findings of
+    those steps (the finding names the first module whose forward output went non-finite, which may be a parent
+    or a neighbour of the gradient offender)."""
+    rows: dict[str, OffenderRow] = {}
+    for j in np.flatnonzero(series.skipped):
+        step = int(series.steps[j])
+        finding = series.first_nonfinite[j]
+        for module in series.offenders[j]:
+            row = rows.get(module)
+            if row is None:
+                row = rows[module] = OffenderRow(module, 0, step, step)
+            row.skips += 1
+            row.first_step, row.last_step = min(row.first_step, step), max(row.last_step, step)
+            if finding and finding not in row.findings:
+                if len(row.findings) < MAX_FINDINGS_PER_MODULE:
+                    row.findings.append(finding)
+                else:
+                    row.more_findings += 1
+    return sorted(rows.values(), key=lambda r: (-r.skips, r.first_step))[:limit]
+
+
+def _summary(records: Sequence[dict]) -> tuple[Summary | None, str | None]:
+    """history.summarize of the log, or None and the reason when it cannot be made."""
+    try:
+        return summarize([StepRecord.from_log_record(r) for r in records]), None
+    except (KeyError, TypeError, ValueError) as err:  # a log the summary does not cover, e.g. no scale at all
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _facts(series: RunSeries, summary: Summary | None) -> list[tuple[str, str, bool]]:
+    """(label, value, is_bad) for the header."""
+    n = len(series)
+    if not n:
+        return [("run length", "no records", True)]
+    steps = f"{n} inspected steps"
+    if n > 1:
+        steps += f" ({series.steps[0]}–{series.steps[-1]})"
+    if series.times is not None:
+        finite = series.times[np.isfinite(series.times)]
+        if finite.size > 1:
+            steps += f", {_duration(float(finite.max() - finite.min()))}"
+    if series.restarts:
+        steps += f"; the step number went back {series.restarts} time(s): records of a resumed run?"
+    skipped = int(series.skipped.sum())
+    facts = [("run length", steps, False), ("skipped steps", f"{skipped} ({skipped / n:.1%})", skipped > 0)]
+    final = series.scale[-1]
+    facts.append(("final loss scale", _pow2(final) if math.isfinite(final) else "none (no GradScaler)", False))
+    if series.has_scale:
+        lo, hi = np.nanmin(series.scale), np.nanmax(series.scale)
+        facts.append(("loss scale range", f"{_pow2(lo)} – {_pow2(hi)}", False))
+    if summary is not None and summary.events:
+        growth = sum(e.kind == "growth" for e in summary.events)
+        facts.append(("scale events", f"{growth} growth, {len(summary.events) - growth} backoff", False))
+    facts.append(("format judged", series.fmt, False))
+    return facts
+
+
+def _hardware_text(series: RunSeries) -> str:
+    if series.hardware_notes:
+        return "; ".join(series.hardware_notes)
+    if series.hardware:
+        return "recorded: " + ", ".join(sorted(series.hardware))
+    return "no hardware metrics in this log"
+
+
+def render_html(
+    series: RunSeries,
+    summary: Summary | None,
+    pngs: dict[str, bytes],
+    *,
+    source: str,
+    summary_error: str | None = None,
+) -> str:
+    """The page as a string: ``pngs`` maps figure names to PNG bytes (embedded as data URIs)."""
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>amp_inspect report: {_e(Path(source).name)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        "<header><h1>amp_inspect run report</h1>",
+        f'<p class="source">log: {_e(source)}</p><ul class="facts">',
+    ]
+    for label, value, bad in _facts(series, summary):
+        attribute = ' class="bad"' if bad else ""
+        out.append(f"<li{attribute}>{_e(label)}<b>{_e(value)}</b></li>")
+    out.append("</ul></header>")
+
+    out.append("<section><h2>Findings and advice</h2>")
+    if summary is None:
+        out.append(f'<p class="note">The run summary could not be made from this log ({_e(summary_error)}).</p>')
+    else:
+        if summary.warnings:
+            out.append('<ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in summary.warnings) + "</ul>")
+        if summary.advice:
+            out.append('<ul class="advice">' + "".join(f"<li>{_e(a)}</li>" for a in summary.advice) + "</ul>")
+        if not summary.warnings and not summary.advice:
+            out.append('<p class="note">No warnings and no advice: the loss scale looks healthy for this run.</p>')
+    out.append("</section>")
+
+    out.append("<section><h2>Offenders: modules behind skipped steps</h2>")
+    rows = offender_rows(series)
+    if rows:
+        out.append('<table class="offenders"><thead><tr><th>module</th><th>skipped steps it caused</th>')
+        out.append("<th>first step</th><th>last step</th><th>first non-finite findings</th></tr></thead><tbody>")
+        for r in rows:
+            findings = "<br>".join(_e(f) for f in r.findings) or "—"
+            if r.more_findings:
+                findings += f"<br>(+{r.more_findings} more)"
+            out.append(
+                f'<tr><td class="module">{_e(r.module)}</td><td class="num">{r.skips}</td>'
+                f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td><td>{findings}</td></tr>'
+            )
+        out.append("</tbody></table>")
+        total = len(series.offender_counts())
+        if total > len(rows):
+            out.append(f'<p class="note">… and {total - len(rows)} more modules.</p>')
+    else:
+        out.append('<p class="note">No skipped step had a module with NaN/Inf gradients.</p>')
+    out.append("</section>")
+
+    missing = series.unavailable()
+    for name in FIGURES:
+        if name not in pngs:
+            continue
+        data = base64.b64encode(pngs[name]).decode("ascii")
+        caption = missing.get(name, CAPTIONS[name])
+        out.append(
+            f'<section id="{name}"><h2>{_e(TITLES[name])}</h2><figure>'
+            f'<img src="data:image/png;base64,{data}" alt="{_e(TITLES[name])}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure></section>"
+        )
+
+    out.append(f'<section><h2>Hardware</h2><p class="note">{_e(_hardware_text(series))}</p></section>')
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    out.append(f"<footer>amp_inspect {_e(__version__)}, {stamp}</footer></main></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write_report(
+    log_path: str | os.PathLike[str],
+    out_html: str | os.PathLike[str],
+    *,
+    png_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Reads the run log, writes the figures as PNG into ``png_dir`` (default: the HTML's folder) and the
+    self-contained page to ``out_html``; returns the page's path."""
+    log_path, out_html = Path(log_path), Path(out_html)
+    records = read_log(log_path)
+    series = RunSeries.from_records(records)
+    summary, error = _summary(records)
+    out_html.parent.mkdir(parents=True, exist_ok=True)
+    paths = save_all(series, png_dir if png_dir is not None else out_html.parent)
+    pngs = {name: path.read_bytes() for name, path in paths.items()}
+    page = render_html(series, summary, pngs, source=str(log_path), summary_error=error)
+    out_html.write_text(page, encoding="utf-8")
+    return out_html
