@@ -11,6 +11,7 @@ and ties them to module names and GradScaler::
     report = insp.check()   # after backward, before scaler.step
 """
 
+from .doctor import doctor, watch_clipping
 from .formats import FORMATS
 from .history import StepRecord, Summary
 from .inspector import Inspector, attach
@@ -29,7 +30,9 @@ __all__ = [
     "Summary",
     "TensorStats",
     "attach",
+    "doctor",
     "read_log",
     "tensor_stats",
+    "watch_clipping",
 ]
 __version__ = "0.1.0"

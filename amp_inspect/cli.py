@@ -51,12 +51,6 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from .doctor import main as doctor_main
-
-    return doctor_main(args.rest)
-
-
 def _bench(args: argparse.Namespace) -> int:
     if SOURCE_BENCH.exists() and not args.builtin:  # a source checkout: the full benchmark
         sys.argv = [str(SOURCE_BENCH), "--device", args.device, *(["--quick"] if args.quick else [])]
@@ -110,9 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("log", type=Path)
     summary.set_defaults(func=_summary)
 
-    doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes", add_help=False)
-    doctor.add_argument("rest", nargs=argparse.REMAINDER, help="the doctor's arguments (amp-inspect doctor --help)")
-    doctor.set_defaults(func=_doctor)
+    # `amp_inspect.doctor` is the function (package export); the module's pieces are imported by name.
+    from .doctor import DESCRIPTION, add_arguments, run
+
+    doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes")
+    doctor.description = DESCRIPTION
+    add_arguments(doctor)
+    doctor.set_defaults(func=run)
 
     bench = sub.add_parser("bench", help="time the fused pass against one read of the gradients and Python checks")
     bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

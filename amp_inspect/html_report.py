@@ -28,7 +28,7 @@ from .history import StepRecord, Summary, summarize
 from .plots import FIGURES, RunSeries, save_all
 from .runlog import read_log
 
-MAX_OFFENDER_ROWS = 30
+MAX_OFFENDER_ROWS = 8
 MAX_FINDINGS_PER_MODULE = 3
 
 CAPTIONS = {
@@ -220,18 +220,27 @@ def render_html(
             out.append('<p class="note">No warnings and no advice: the loss scale looks healthy for this run.</p>')
     out.append("</section>")
 
-    out.append("<section><h2>Offenders: modules behind skipped steps</h2>")
+    # The activation hooks' findings come first: once NaN spreads through the backward pass every module's
+    # gradient is an offender, and the first producer is the answer a reader wants.
+    producers: dict[str, int] = {}
+    for finding in series.first_nonfinite:
+        if finding:
+            where = finding.split(",")[0]  # "module: forward output overflowed fp16"
+            producers[where] = producers.get(where, 0) + 1
+    if producers:
+        out.append("<section><h2>First non-finite producers (activation hooks, armed after skipped steps)</h2><ul>")
+        for where, count in sorted(producers.items(), key=lambda item: -item[1]):
+            out.append(f"<li>{_e(where)} &mdash; on {count} inspected step{'s' if count > 1 else ''}</li>")
+        out.append("</ul></section>")
+    out.append("<section><h2>Offenders: modules with NaN/Inf gradients on skipped steps</h2>")
     rows = offender_rows(series)
     if rows:
         out.append('<table class="offenders"><thead><tr><th>module</th><th>skipped steps it caused</th>')
-        out.append("<th>first step</th><th>last step</th><th>first non-finite findings</th></tr></thead><tbody>")
+        out.append("<th>first step</th><th>last step</th></tr></thead><tbody>")
         for r in rows:
-            findings = "<br>".join(_e(f) for f in r.findings) or "—"
-            if r.more_findings:
-                findings += f"<br>(+{r.more_findings} more)"
             out.append(
                 f'<tr><td class="module">{_e(r.module)}</td><td class="num">{r.skips}</td>'
-                f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td><td>{findings}</td></tr>'
+                f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td></tr>'
             )
         out.append("</tbody></table>")
         total = len(series.offender_counts())

@@ -29,7 +29,9 @@ import torch
 from torch import nn
 from torch.amp.grad_scaler import OptState
 
+from . import hardware
 from .activations import ActivationWatcher
+from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, param_entries
@@ -65,6 +67,7 @@ class Inspector:
         hist_every: int = 100,
         arm_steps: int = 3,
         collapse_skips: int = 5,
+        watch_clipping: bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"attach() needs an nn.Module, got {type(model).__name__}")
@@ -98,6 +101,13 @@ class Inspector:
         self._patched: list[tuple[object, str]] = []
         if scaler is not None:
             self._link(scaler)
+        # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
+        self.clip_watch: ClipWatch | None = None
+        if watch_clipping:
+            if scaler is None:
+                raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
+            self.clip_watch = ClipWatch(scaler)
+        self._hardware_note_written = False
 
     # ---- scaler link ----
 
@@ -180,6 +190,8 @@ class Inspector:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
         if report.first_nonfinite is None:
             report.first_nonfinite = self._findings.pop(report.step, None)
+        if self._log is not None:  # memory of this step, sampled now (no sync): the log is written later
+            report.hardware = hardware.sample(self.entries[0].param.device if self.entries else None)
         self.last_report = report
         self._pending.append(report)
         self.step = max(self.step, report.step + 1)
@@ -216,7 +228,14 @@ class Inspector:
         record = StepRecord.from_report(report)
         self._history.append(record)
         if self._log is not None:
-            self._log.write(report.to_record(with_hist=self._log.wants_hist(report.step)))
+            entry = report.to_record(with_hist=self._log.wants_hist(report.step))
+            entry["hardware"] = report.hardware
+            if not self._hardware_note_written:
+                self._hardware_note_written = True
+                hardware_note = hardware.note(self.entries[0].param.device if self.entries else None)
+                if hardware_note:
+                    entry["hardware_note"] = hardware_note
+            self._log.write(entry)
         if record.skipped and self._watcher is not None and self.activations == "on_skip":
             # Armed from the next forward (step self.step) for arm_steps steps.
             self._armed_until = self.step + self.arm_steps - 1
@@ -247,6 +266,18 @@ class Inspector:
                 "backoff_factor": scaler.get_backoff_factor(),
             }
         return summarize(self.history, collapse_skips=self.collapse_skips, **kwargs)
+
+    def doctor(self, optimizer: torch.optim.Optimizer | None = None, autocast_dtype: Any = None) -> DoctorReport:
+        """The AMP doctor on this model, its scaler, the history so far and the clipping watch (when on)."""
+        return doctor(
+            self.model,
+            optimizer,
+            self.scaler,
+            autocast_dtype=autocast_dtype,
+            history=self.history,
+            clip_watch=self.clip_watch,
+            collapse_skips=self.collapse_skips,
+        )
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips all gradients to a global L2 norm of ``max_norm`` using the norm of the last check() (same
@@ -287,6 +318,8 @@ class Inspector:
 
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None
+        if self.clip_watch is not None:
+            self.clip_watch.close()
         self.close()
 
     def __enter__(self) -> Inspector:
@@ -305,6 +338,7 @@ def attach(
     log: str | os.PathLike[str] | None = None,
     activations: str = "on_skip",
     hist_every: int = 100,
+    watch_clipping: bool = False,
 ) -> Inspector:
     """Attaches an Inspector to ``model`` (and ``scaler``): see amp_inspect/inspector.py.
 
@@ -317,7 +351,16 @@ def attach(
             whose output or output gradient went non-finite or overflowed; "always" keeps them armed (a host
             sync per step); "off" never registers them.
         hist_every: per-module exponent histograms go into the log on steps divisible by N.
+        watch_clipping: record clip_grad_norm_ / clip_grad_value_ calls made while the gradients are still
+            scaled (before scaler.unscale_): ``insp.doctor()`` reports them. Needs the scaler.
     """
     return Inspector(
-        model, scaler, formats=formats, every=every, log=log, activations=activations, hist_every=hist_every
+        model,
+        scaler,
+        formats=formats,
+        every=every,
+        log=log,
+        activations=activations,
+        hist_every=hist_every,
+        watch_clipping=watch_clipping,
     )

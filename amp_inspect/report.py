@@ -134,6 +134,7 @@ class StepReport:
         self.formats = stats.formats
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
+        self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
         self._snapshot = StatsSnapshot(stats, scale)
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._total_norm_tensor: torch.Tensor | None = None

@@ -1,0 +1,47 @@
+"""Integrations with training frameworks and experiment trackers, each in its own module:
+
+- ``TensorBoardLogger`` (amp_inspect.integrations.tensorboard; ``pip install amp_inspect[tensorboard]``)
+- ``WandbLogger`` (amp_inspect.integrations.wandb; ``pip install amp_inspect[wandb]``)
+- ``AmpInspectCallback`` for Lightning (amp_inspect.integrations.lightning; ``pip install amp_inspect[lightning]``)
+- ``AmpInspectTrainerCallback`` for transformers' Trainer (amp_inspect.integrations.hf; ``pip install amp_inspect[hf]``)
+
+Importing this package imports none of those packages: each name is imported on first use, and a missing
+package raises an ImportError that names the extra to install. Usage::
+
+    from amp_inspect.integrations import TensorBoardLogger
+
+    TensorBoardLogger("runs/amp").attach(amp_inspect.attach(model, scaler))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .hf import AmpInspectTrainerCallback
+    from .lightning import AmpInspectCallback
+    from .tensorboard import TensorBoardLogger
+    from .wandb import WandbLogger
+
+_MODULE_OF = {
+    "TensorBoardLogger": "tensorboard",
+    "WandbLogger": "wandb",
+    "AmpInspectCallback": "lightning",
+    "AmpInspectTrainerCallback": "hf",
+}
+
+__all__ = ["AmpInspectCallback", "AmpInspectTrainerCallback", "TensorBoardLogger", "WandbLogger"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,138 @@
+"""Lightning: a Callback that inspects every optimizer step of ``Trainer.fit``.
+
+Usage::
+
+    import lightning.pytorch as pl
+    from amp_inspect.integrations import AmpInspectCallback
+
+    cb = AmpInspectCallback()
+    pl.Trainer(precision="16-mixed", callbacks=[cb]).fit(model, data)
+    print(cb.inspector.summary())
+
+Timing, as Lightning 2.x runs an automatic-optimization step in its precision plugin: closure (forward,
+backward), ``scaler.unscale_(optimizer)`` (16-mixed only), then the ``on_before_optimizer_step`` hooks,
+then gradient clipping, then ``scaler.step`` / ``scaler.update``. The check runs in
+``on_before_optimizer_step``: after the unscale, before clipping. The Inspector reads the scaler's state
+itself and judges the gradients multiplied back by the loss scale, as fp16 saw them; the scaler is the
+precision plugin's (``trainer.precision_plugin.scaler``: a GradScaler for "16-mixed", None for
+"bf16-mixed" and "32-true", where gradients are judged as stored). With an ``InspectingGradScaler`` as the
+plugin's scaler (``MixedPrecision("16-mixed", "cuda", scaler=InspectingGradScaler("cuda"))``) the unscale
+pass is the inspection and the check costs nothing more. Fused optimizers, which unscale in their own
+step, are judged scaled (the check comes before their step). One check per ``on_before_optimizer_step``:
+with several optimizers (manual optimization) each of their steps counts as an inspected step.
+
+Logged with ``pl_module.log`` (on_step only, so the Trainer's loggers get them at ``log_every_n_steps``):
+``amp_inspect/skipped``, ``amp_inspect/total_norm``, ``amp_inspect/loss_scale`` (with a scaler),
+``amp_inspect/headroom_up`` / ``headroom_down`` (when defined), from the newest report the Inspector has
+finalized: no host sync, so on CUDA normally the previous step's report, on CPU the current one.
+
+``cb.inspector`` is the Inspector of the last fit; it is detached at the end of fit (hooks removed) and
+keeps its history. Subclass of ``lightning.pytorch.Callback``, or of ``pytorch_lightning.Callback`` when
+only that package is installed (``pip install amp_inspect[lightning]``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..inspector import Inspector
+from ._common import PREFIX, ReportFollower, check_every, require, step_scalars
+
+
+def _import_lightning() -> Any:
+    try:
+        return importlib.import_module("lightning.pytorch")
+    except ImportError:
+        return require("pytorch_lightning", "lightning", "AmpInspectCallback")
+
+
+pl = _import_lightning()
+
+LOGGED_KEYS = ("skipped", "total_norm", "loss_scale", "headroom_up", "headroom_down")
+
+
+def precision_scaler(trainer: Any) -> torch.amp.GradScaler | None:
+    """The GradScaler of the trainer's precision plugin (None for bf16/32-bit precision)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return scaler if isinstance(scaler, torch.amp.GradScaler) else None
+
+
+class AmpInspectCallback(pl.Callback):
+    """Attaches an Inspector to the LightningModule at fit start and checks each optimizer step.
+
+    Args:
+        formats, every, log, activations, hist_every: as ``amp_inspect.attach``.
+        log_every: ``pl_module.log`` the scalars every N optimizer steps; 0 logs nothing.
+        loggers: amp_inspect loggers (``TensorBoardLogger``, ``WandbLogger``) to attach to the Inspector
+            at fit start: they then get every finalized report, histograms included.
+
+    Example::
+
+        cb = AmpInspectCallback(formats=("fp16", "bf16"), log="amp.jsonl")
+        trainer = pl.Trainer(precision="16-mixed", callbacks=[cb])
+        trainer.fit(model, data)
+        cb.inspector.history[-1].skipped
+    """
+
+    def __init__(
+        self,
+        *,
+        formats: Sequence[str] = ("fp16",),
+        every: int = 1,
+        log: str | os.PathLike[str] | None = None,
+        activations: str = "on_skip",
+        hist_every: int = 100,
+        log_every: int = 1,
+        loggers: Sequence[Any] = (),
+    ) -> None:
+        super().__init__()
+        self.inspector_kwargs: dict[str, Any] = {
+            "formats": formats,
+            "every": every,
+            "log": log,
+            "activations": activations,
+            "hist_every": hist_every,
+        }
+        self.log_every = check_every("log_every", log_every, allow_zero=True)
+        self.loggers = list(loggers)
+        self.inspector: Inspector | None = None
+        self._follower: ReportFollower | None = None
+        self._attached = False
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self.inspector = Inspector(pl_module, precision_scaler(trainer), **self.inspector_kwargs)
+        self._follower = ReportFollower(self.inspector)
+        for logger in self.loggers:
+            logger.attach(self.inspector)
+        self._attached = True
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
+        if not self._attached or self.inspector is None or self._follower is None:
+            return
+        self.inspector.check()
+        report, _ = self._follower.take()
+        if report is None or self.log_every == 0 or report.step % self.log_every:
+            return
+        scalars = step_scalars(report)
+        metrics = {PREFIX + k: scalars[k] for k in LOGGED_KEYS if k in scalars}
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
+    def _detach(self) -> None:
+        if self._attached and self.inspector is not None:
+            self.inspector.history  # noqa: B018  # finalize reports in flight (attached loggers get them)
+            self.inspector.detach()
+        self._attached = False
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._detach()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._detach()
+
+
+__all__ = ["AmpInspectCallback", "precision_scaler"]
