@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -108,6 +108,7 @@ class Inspector:
                 raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
             self.clip_watch = ClipWatch(scaler)
         self._hardware_note_written = False
+        self._listeners: list[Callable[[StepReport], None]] = []
 
     # ---- scaler link ----
 
@@ -224,6 +225,11 @@ class Inspector:
         while self._pending and (wait or self._pending[0].ready()):
             self._finalize(self._pending.popleft())
 
+    def add_listener(self, listener: Callable[[StepReport], None]) -> None:
+        """Calls ``listener(report)`` for every report from now on, once its statistics are on the host (reading
+        it does not wait): one step behind on CUDA. ``detach()`` removes the listeners."""
+        self._listeners.append(listener)
+
     def _finalize(self, report: StepReport) -> None:
         record = StepRecord.from_report(report)
         self._history.append(record)
@@ -242,6 +248,8 @@ class Inspector:
             if not self._watcher.armed:
                 self._watcher.arm()
                 self._watcher.new_step(self.step)
+        for listener in self._listeners:
+            listener(report)
         message = collapse_warning(self._history, self.collapse_skips)
         if message and not self._warned_collapse:
             warnings.warn(f"amp_inspect: {message}", RuntimeWarning, stacklevel=3)
@@ -321,6 +329,7 @@ class Inspector:
         if self.clip_watch is not None:
             self.clip_watch.close()
         self.close()
+        self._listeners.clear()
 
     def __enter__(self) -> Inspector:
         return self

@@ -201,12 +201,4 @@ def on_finalized(inspector: Inspector, sink: Callable[[StepReport], None]) -> No
 
         on_finalized(insp, lambda report: print(report.step, report.found_inf))
     """
-    finalize = inspector._finalize  # the bound method, or the wrapper of an earlier sink
-
-    def finalize_and_deliver(report: StepReport) -> None:
-        finalize(report)
-        sink(report)
-
-    inspector._finalize = finalize_and_deliver  # type: ignore[method-assign]  # instance attribute
-    if (inspector, "_finalize") not in inspector._patched:
-        inspector._patched.append((inspector, "_finalize"))  # detach() deletes it, restoring the method
+    inspector.add_listener(sink)

@@ -57,7 +57,12 @@ LOGGED_KEYS = ("skipped", "total_norm", "loss_scale", "headroom_up", "headroom_d
 
 
 def precision_scaler(trainer: Any) -> torch.amp.GradScaler | None:
-    """The GradScaler of the trainer's precision plugin (None for bf16/32-bit precision)."""
+    """The GradScaler of the trainer's precision plugin (None for bf16/32-bit precision).
+
+    Example::
+
+        insp = amp_inspect.attach(pl_module, precision_scaler(trainer))   # in a hook of your own
+    """
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return scaler if isinstance(scaler, torch.amp.GradScaler) else None
 
