@@ -95,10 +95,12 @@ def scale_events(history: list[StepRecord]) -> list[ScaleEvent]:
 
 
 def longest_skip_run(history: list[StepRecord]) -> tuple[int, int]:
-    """(length, index of the last record) of the longest run of consecutive skipped steps."""
+    """(length, index of the last record) of the longest run of consecutive skipped steps (consecutive in
+    step numbers: under every=N, skips several steps apart are not a run)."""
     best, best_end, run = 0, -1, 0
     for i, r in enumerate(history):
-        run = run + 1 if r.skipped else 0
+        adjacent = i > 0 and history[i - 1].step == r.step - 1
+        run = (run + 1 if adjacent else 1) if r.skipped else 0
         if run > best:
             best, best_end = run, i
     return best, best_end
@@ -110,10 +112,12 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
         return None
     last = history[-1]
     run = 0
-    for r in reversed(history):
-        if not r.skipped:
+    for i in range(len(history) - 1, -1, -1):
+        if not history[i].skipped:
             break
         run += 1
+        if i > 0 and history[i - 1].step != history[i].step - 1:
+            break  # not consecutive steps (every=N): the run ends here
     if not ((last.scale is not None and last.scale < 1.0) or run >= collapse_skips):
         return None
     culprits = Counter(m for r in history[len(history) - max(run, 1) :] for m in r.offenders)

@@ -37,15 +37,15 @@ from .history import StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, param_entries
 from .report import StepReport
 from .runlog import RunLog
-from .stats import tensor_stats
+from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
 ACTIVATION_MODES = ("on_skip", "always", "off")
 
 
-def _grads_are_unscaled(scaler: torch.amp.GradScaler) -> bool:
-    """Whether scaler.unscale_ already ran this step (the gradients are then stored unscaled)."""
+def _unscaled_optimizers(scaler: torch.amp.GradScaler) -> set[int]:
+    """ids of the optimizers whose gradients scaler.unscale_ already unscaled this step."""
     states = getattr(scaler, "_per_optimizer_states", {})
-    return any(state.get("stage") is OptState.UNSCALED for state in states.values())
+    return {key for key, state in states.items() if state.get("stage") is OptState.UNSCALED}
 
 
 class Inspector:
@@ -77,6 +77,8 @@ class Inspector:
             raise ValueError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+        if watch_clipping and scaler is None:
+            raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
         self.model = model
         self.formats = check_formats(formats)
         self.every = every
@@ -99,13 +101,12 @@ class Inspector:
             self._watcher.new_step(self.step)
         self.scaler: torch.amp.GradScaler | None = None
         self._patched: list[tuple[object, str]] = []
+        self._unscaled_params: dict[int, set[int]] = {}  # optimizer id -> parameter ids (see _record_unscales)
         if scaler is not None:
             self._link(scaler)
         # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
         self.clip_watch: ClipWatch | None = None
         if watch_clipping:
-            if scaler is None:
-                raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
             self.clip_watch = ClipWatch(scaler)
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
@@ -121,8 +122,22 @@ class Inspector:
         if isinstance(scaler, InspectingGradScaler):
             scaler._inspector = self
             return
+        self._record_unscales(scaler)
         if self.every > 1 and hasattr(scaler, "_maybe_opt_step"):
             self._attribute_skips_between_checks(scaler)
+
+    def _record_unscales(self, scaler: torch.amp.GradScaler) -> None:
+        """Remembers which parameters each unscale_(optimizer) covers, so that with several optimizers on
+        one scaler, a check() between their unscale_ calls judges each gradient in the right picture."""
+        original = scaler.unscale_
+
+        def unscale_(optimizer: torch.optim.Optimizer) -> None:
+            params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            self._unscaled_params[id(optimizer)] = params
+            original(optimizer)
+
+        scaler.unscale_ = unscale_  # instance attribute: detach() deletes it
+        self._patched.append((scaler, "unscale_"))
 
     def _attribute_skips_between_checks(self, scaler: torch.amp.GradScaler) -> None:
         """With every > 1, a step that GradScaler skips between inspected steps still gets full statistics:
@@ -144,7 +159,8 @@ class Inspector:
     # ---- the step ----
 
     def check(self, scaler: torch.amp.GradScaler | None = None) -> StepReport | None:
-        """Inspects this step's gradients: call after backward, before ``scaler.step``.
+        """Inspects this step's gradients: call once per optimizer step (with gradient accumulation: after
+        the last backward), before ``scaler.step``.
 
         One fused pass over all parameter gradients; no host sync on CUDA (the report reads its values on
         first use). Judged as fp16 saw them: scaled gradients as stored before ``scaler.unscale_``, and
@@ -161,8 +177,11 @@ class Inspector:
             # The scaler numbers the steps (its update() calls). If its unscale pass already ran, that was
             # the inspection; otherwise inspect now and tell it not to publish a second report.
             step = scaler._steps
-            if scaler._unscaled_this_step:
-                report = scaler.last_report
+            if scaler._checked_this_step and self.last_report is not None and self.last_report.step == step:
+                report = self.last_report  # check() twice in one step: once per optimizer step is enough
+            elif scaler._unscaled_this_step:
+                report = scaler.last_report  # history and log receive it at scaler.update()
+                self.last_report = report
             elif step % self.every == 0:
                 report = self._inspect(step, scaler)
                 scaler._checked_this_step = True
@@ -177,12 +196,29 @@ class Inspector:
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
         grads, rows = grads_of(self.entries)
         scale = None
-        judge_at = None
+        unscaled: list[bool] = [False] * len(grads)
         if scaler is not None and scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
             scale = scaler._scale
-            if _grads_are_unscaled(scaler):
-                judge_at = scale
-        stats = tensor_stats(grads, scale=judge_at, formats=self.formats)
+            done = _unscaled_optimizers(scaler)
+            if done:
+                known = [self._unscaled_params.get(key) for key in done]
+                if any(params is None for params in known):  # unscale_ ran before attach: assume all of them
+                    unscaled = [True] * len(grads)
+                else:
+                    ids = set().union(*known)
+                    unscaled = [id(self.entries[r].param) in ids for r in rows]
+        if all(unscaled) or not any(unscaled):
+            judge_at = scale if unscaled and unscaled[0] else None
+            stats = tensor_stats(grads, scale=judge_at, formats=self.formats)
+        else:
+            # Some optimizers' gradients are unscaled already, others not: judge each group in its own
+            # picture (the unscaled ones multiplied back by the scale) and put the rows back in order.
+            groups = [[i for i, u in enumerate(unscaled) if u is flag] for flag in (True, False)]
+            parts = [
+                (group, stats_outputs(tensor_stats([grads[i] for i in group], scale=judge, formats=self.formats)))
+                for group, judge in zip(groups, (scale, None), strict=True)
+            ]
+            stats = TensorStats.from_op_outputs(merge_rows(parts, len(grads), grads[0].device), self.formats)
         report = StepReport(step, stats, [self.entries[r].module for r in rows], scale)
         self.receive(report)
         return report
@@ -313,6 +349,7 @@ class Inspector:
         self._collect(wait=True)
         if self._log is not None:
             self._log.close()
+            self._log = None  # later steps are still inspected, no longer logged
 
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""

@@ -52,7 +52,9 @@ class StatsSnapshot:
         tensors = {name: getattr(stats, name) for name in _FIELDS}
         if scale is not None:
             # A copy: GradScaler.update() changes its scale tensor in place.
-            tensors["scale"] = scale.detach().reshape(()).to(torch.float32, copy=True)
+            # On the statistics' device, so one copy path serves both (a CUDA scale with CPU statistics, a
+            # mixed-device model, waits here for the scale).
+            tensors["scale"] = scale.detach().reshape(()).to(self._device, torch.float32, copy=True)
         self._event = None
         if self._device.type == "cuda":
             pinned = {}
@@ -230,7 +232,8 @@ class StepReport:
         bounds = FORMAT_BOUNDS[self.formats[0]]
         largest = float(h["amax"].max()) if len(h["amax"]) else 0.0
         smallest = float(h["amin_nonzero"].min()) if len(h["amin_nonzero"]) else math.inf
-        if largest == 0.0 or not math.isfinite(smallest):
+        # float32 extremes of float64 gradients can round to 0 or Inf: no margin is defined then.
+        if not (0.0 < largest < math.inf and 0.0 < smallest < math.inf):
             return Headroom(None, None)
         up = _doublings_below(largest, _f32(bounds.overflow_from))
         down = _halvings_above(smallest, _f32(bounds.zero_upto))

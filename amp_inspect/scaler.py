@@ -24,7 +24,7 @@ import torch
 
 from ._ops import unscale_stats_op
 from .report import StepReport
-from .stats import TensorStats, tensor_stats
+from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
 if TYPE_CHECKING:
     from .inspector import Inspector
@@ -42,6 +42,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._steps = 0  # steps completed (update() calls)
         self._unscaled_this_step = False
         self._checked_this_step = False  # an attached Inspector's check() already inspected this step
+        self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str]]] = []  # this step's unscale passes
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -65,29 +66,22 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 names.append(module_of.get(id(param), f"param_groups[{g_index}].params[{p_index}]"))
         return dense, names, sparse
 
-    def _report(self, parts: list[tuple[list[int], tuple[torch.Tensor, ...]]], count: int, names: list[str]) -> None:
-        """Merges per-device op outputs back into parameter order and publishes the StepReport."""
-        if len(parts) == 1:
-            outputs = parts[0][1]
+    def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str]) -> None:
+        """Adds one unscale pass (one optimizer's gradients) to this step's report. With several optimizers
+        on one scaler, the step's report covers all of them; the Inspector receives it once, in update()."""
+        self._step_parts.append((outputs, names))
+        if len(self._step_parts) == 1:
+            merged, all_names = outputs, names
         else:
-            home = parts[0][1][0].device
-            merged = []
-            for k in range(5):
-                template = parts[0][1][k]
-                full = torch.empty((count, *template.shape[1:]), dtype=template.dtype, device=home)
-                for rows, out in parts:
-                    full[torch.tensor(rows, device=home)] = out[k].to(home, non_blocking=home.type != "cpu")
-                merged.append(full)
-            outputs = tuple(merged)
-        stats = TensorStats.from_op_outputs(outputs, self.formats)
-        report = StepReport(self._steps, stats, names, self._scale)
-        self._publish(report)
-
-    def _publish(self, report: StepReport) -> None:
-        self.last_report = report
+            home = self._step_parts[0][0][0].device
+            merged = tuple(
+                torch.cat([part[k].to(home, non_blocking=home.type != "cpu") for part, _ in self._step_parts])
+                for k in range(len(outputs))
+            )
+            all_names = [n for _, part_names in self._step_parts for n in part_names]
+        stats = TensorStats.from_op_outputs(merged, self.formats)
+        self.last_report = StepReport(self._steps, stats, all_names, self._scale)
         self._unscaled_this_step = True
-        if self._inspector is not None and not self._checked_this_step:
-            self._inspector.receive(report)
 
     def _unscale_grads_(
         self,
@@ -115,7 +109,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 found = per_device_found.setdefault(values.device, found_inf.to(values.device, copy=True))
                 torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv_scale.to(values.device))
         if parts:
-            self._report(parts, len(dense), names)
+            self._publish(merge_rows(parts, len(dense), parts[0][1][0].device), names)
         return per_device_found
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -128,7 +122,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             any_bad = (stats.nonfinite.sum() > 0).float()
             for device in {g.device for g in dense}:
                 found[device] = any_bad.to(device, non_blocking=True)
-            self._publish(StepReport(self._steps, stats, names, self._scale))
+            self._publish(stats_outputs(stats), names)
         for param in sparse:
             values = param.grad._values()
             flag = found.setdefault(values.device, torch.zeros((), device=values.device))
@@ -137,9 +131,12 @@ class InspectingGradScaler(torch.amp.GradScaler):
         return found
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:
+            self._inspector.receive(self.last_report)
         super().update(new_scale)
         self._steps += 1
         self._unscaled_this_step = False
         self._checked_this_step = False
+        self._step_parts = []
         if self._inspector is not None:
             self._inspector._after_step()

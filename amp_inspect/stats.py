@@ -98,6 +98,20 @@ class TensorStats:
             raise KeyError(f"format {fmt!r} was not requested; these were: {', '.join(self.formats)}") from None
 
 
+def stats_outputs(stats: TensorStats) -> tuple[torch.Tensor, ...]:
+    """The op's five outputs (counts, hist, amax, amin_nonzero, sumsq) of a TensorStats."""
+    counts = torch.cat(
+        [
+            torch.stack([stats.numel, stats.nan, stats.posinf, stats.neginf, stats.zero], 1),
+            stats.overflow,
+            stats.subnormal,
+            stats.underflow,
+        ],
+        1,
+    )
+    return counts, stats.hist, stats.amax, stats.amin_nonzero, stats.sumsq
+
+
 def _check_scale(scale: object) -> tuple[torch.Tensor | None, float | None]:
     if scale is None:
         return None, None
@@ -181,7 +195,8 @@ def tensor_stats(
     def run(device: torch.device, group: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         s = scale_tensor
         if s is not None and s.device != device:
-            s = s.to(device, non_blocking=True)
+            # To the host the copy must be complete before the kernel reads it (a copy, not a sync, on CUDA).
+            s = s.to(device, non_blocking=device.type != "cpu")
         with torch.no_grad():
             return tensor_stats_op(group, s, scale_value, list(names))
 
@@ -190,12 +205,25 @@ def tensor_stats(
 
     # Mixed devices: one call per device, rows scattered back into caller order on the home device.
     parts = [(rows, run(device, [items[i] for i in rows])) for device, rows in by_device.items()]
+    return TensorStats.from_op_outputs(merge_rows(parts, len(items), home), names)
+
+
+def merge_rows(
+    parts: Sequence[tuple[Sequence[int], Sequence[torch.Tensor]]], count: int, home: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Op outputs computed per group of rows (``parts``: row indices, outputs), gathered into one set of
+    outputs of ``count`` rows on ``home``. Copies to a CUDA home are asynchronous (the row index goes through
+    pinned memory); a copy to the host completes before use, which waits for the device."""
+    if len(parts) == 1 and list(parts[0][0]) == list(range(count)):
+        return tuple(parts[0][1])
     merged = []
-    for k in range(5):
+    for k in range(len(parts[0][1])):
         template = parts[0][1][k]
-        full = torch.empty((len(items), *template.shape[1:]), dtype=template.dtype, device=home)
+        full = torch.empty((count, *template.shape[1:]), dtype=template.dtype, device=home)
         for rows, outputs in parts:
-            # Host-to-device copies may run asynchronously; a copy to the host must complete before use.
-            full[torch.tensor(rows, device=home)] = outputs[k].to(home, non_blocking=home.type != "cpu")
+            index = torch.tensor(list(rows), dtype=torch.int64)
+            if home.type == "cuda":
+                index = index.pin_memory().to(home, non_blocking=True)
+            full[index] = outputs[k].to(home, non_blocking=home.type != "cpu")
         merged.append(full)
-    return TensorStats.from_op_outputs(merged, names)
+    return tuple(merged)

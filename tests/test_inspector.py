@@ -530,10 +530,11 @@ def test_detach_removes_hooks_and_patches(tmp_path) -> None:
     insp = amp_inspect.attach(model, scaler, every=2, activations="always", log=tmp_path / "run.jsonl")
     assert "_maybe_opt_step" in vars(scaler) and not no_forward_hooks(model)
     train(model, insp, scaler, opt, 2)
+    log = insp._log
     insp.detach()
-    assert "_maybe_opt_step" not in vars(scaler)
+    assert "_maybe_opt_step" not in vars(scaler) and "unscale_" not in vars(scaler)
     assert no_forward_hooks(model)
-    assert insp._log.closed
+    assert log.closed and insp._log is None
     # The scaler is GradScaler again: a skipped step is no longer inspected behind the user's back.
     models.backward(model, scaler, 2)
     poison_(model, "ln_f", math.inf)
@@ -693,3 +694,23 @@ def test_check_links_a_scaler_given_later_and_counts_extra_formats() -> None:
     assert m["subnormal/bf16"] == int(bf16["subnormal"].sum()) == 0  # bf16 has fp32's range
     assert m["underflow"] > 0 and m["underflow/bf16"] == 0
     assert report.formats == ("fp16", "bf16")
+
+
+def test_skips_several_steps_apart_are_not_a_run() -> None:
+    from amp_inspect.history import StepRecord, collapse_warning, longest_skip_run
+
+    room = amp_inspect.Headroom(1, 1)
+    history = [StepRecord(0, 1024.0, False, [], 1.0, room, None)]
+    history += [StepRecord(s, 1024.0, True, ["fc"], math.inf, room, None) for s in (1, 3, 5, 7, 9)]
+    assert longest_skip_run(history)[0] == 1
+    assert collapse_warning(history, 5) is None
+
+
+def test_float64_extremes_beyond_float32_do_not_break_the_report() -> None:
+    model = nn.Linear(4, 1).double()
+    insp = amp_inspect.attach(model)
+    model.weight.grad = torch.tensor([[1e-300, 1e300, 1.0, 0.0]], dtype=torch.float64)
+    model.bias.grad = torch.tensor([1.0], dtype=torch.float64)
+    report = insp.check()
+    assert report.headroom == amp_inspect.Headroom(None, None) and report.recommended_scale is None
+    assert insp.history[-1].step == 0

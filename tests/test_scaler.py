@@ -270,3 +270,41 @@ def test_disabled_scaler_steps_plainly() -> None:
     scaler.update()
     assert scaler.last_report is None
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_two_optimizers_on_one_inspecting_scaler_make_one_report_per_step() -> None:
+    model = models.cnn()
+    params = list(model.parameters())
+    first, second = torch.optim.SGD(params[:2], lr=0.1), torch.optim.SGD(params[2:], lr=0.1)
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    insp = amp_inspect.attach(model, scaler)
+    for step in range(3):
+        models.backward(model, scaler, step)
+        if step == 1:
+            params[0].grad.view(-1)[0] = math.inf  # in the first optimizer's gradients
+        scaler.step(first)
+        scaler.step(second)
+        scaler.update()
+        first.zero_grad()
+        second.zero_grad()
+        report = scaler.last_report
+        assert report.step == step and report.found_inf is (step == 1)
+        assert sum(m["numel"] for m in report.by_module.values()) == sum(p.numel() for p in params)
+    assert [(r.step, r.skipped) for r in insp.history] == [(0, False), (1, True), (2, False)]
+
+
+def test_check_between_two_unscales_judges_each_gradient_in_its_picture() -> None:
+    model = models.cnn()
+    params = list(model.parameters())
+    first = torch.optim.SGD(params[:2], lr=0.1)  # the rest belong to a second optimizer, not unscaled yet
+    scaler = torch.amp.GradScaler("cpu")
+    insp = amp_inspect.attach(model, scaler)
+    models.backward(model, scaler, 0)
+    reference = insp._inspect(0, scaler)  # all gradients still scaled: the fp16 picture as stored
+    scaler.unscale_(first)
+    mixed = insp.check()  # first optimizer's gradients unscaled, the second's not
+    for name, want in reference.by_module.items():
+        got = mixed.by_module[name]
+        for key in ("overflow", "underflow", "subnormal", "zero", "nan", "posinf", "neginf"):
+            assert got[key] == want[key], (name, key)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
