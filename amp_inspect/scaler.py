@@ -130,6 +130,18 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
         return found
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickle what GradScaler pickles; the inspection state (reports with device tensors and CUDA events,
+        # the link to an Inspector) belongs to the running process.
+        state = super().__getstate__()
+        for key in ("last_report", "_inspector", "_step_parts"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.last_report, self._inspector, self._step_parts = None, None, []
+
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:
             self._inspector.receive(self.last_report)

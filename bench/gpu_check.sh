@@ -30,7 +30,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a timeout, log to $out/NAME
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; "$py" -c 'import torch; print(torch.__version__, torch.version.cuda)'; } > "$out/machine.txt" 2>&1
 stage build 240 "$py" -m pip install --no-build-isolation --no-deps -e .
 stage info 30 "$py" -m amp_inspect.info
-stage tests 120 "$py" -m pytest -q -x -p no:cacheprovider tests/test_cuda.py tests/test_op.py tests/test_unscale.py
+stage tests 150 "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_op.py tests/test_unscale.py \
+  tests/test_inspector_cuda.py tests/test_hardware.py
 stage bench 120 "$py" bench/bench_tensor_stats.py --device cuda --out "$out"
 stage bench_step 90 "$py" bench/bench_step.py --device cuda --out "$out"
 cat "$out/summary.txt"

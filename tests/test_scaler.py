@@ -308,3 +308,17 @@ def test_check_between_two_unscales_judges_each_gradient_in_its_picture() -> Non
         for key in ("overflow", "underflow", "subnormal", "zero", "nan", "posinf", "neginf"):
             assert got[key] == want[key], (name, key)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+
+
+def test_inspecting_scaler_pickles_like_gradscaler() -> None:
+    import pickle
+
+    model = models.cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp_inspect.InspectingGradScaler("cpu", growth_interval=7)
+    amp_inspect.attach(model, scaler)
+    models.backward(model, scaler, 0)
+    scaler.step(opt)
+    scaler.update()
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert copy.state_dict() == scaler.state_dict() and copy.last_report is None
