@@ -25,3 +25,13 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(20240611)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: tiny models on a two-core machine that is busy with anything else make every
+    step hundreds of times slower with two OpenMP threads (each parallel region waits for a core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -32,14 +32,8 @@ from tests.models import (
 FP16_MIN_NORMAL = 2.0**-14
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: these models are tiny, and two OpenMP threads on a two-core machine that is busy
-    with anything else make every step hundreds of times slower (each parallel region waits for a core)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One intra-op thread for the tiny models here: see the one_thread fixture in conftest.py.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- helpers ---------------------------------------------------------------------------------------------

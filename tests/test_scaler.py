@@ -17,14 +17,8 @@ STEPS = 50
 POISON = {3: math.inf, 4: math.nan, 17: -math.inf, 30: math.inf}  # step -> value written into one gradient
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: these models are tiny, and two OpenMP threads on a two-core machine that is busy
-    with anything else make every step hundreds of times slower (each parallel region waits for a core)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One intra-op thread for the tiny models here: see the one_thread fixture in conftest.py.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_pair(kind: str, optimizer: str = "adam", dtype: torch.dtype = torch.float32):
