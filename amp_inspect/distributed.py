@@ -21,6 +21,34 @@ import torch.distributed as dist
 from .stats import TensorStats, stats_outputs
 
 
+def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.ProcessGroup | None, str | None]:
+    """The tensors to inspect on this rank: a DTensor gradient (FSDP2, tensor parallel) is replaced by its
+    local shard. Returns (tensors, group to combine over, why not) where group is set when every DTensor is
+    sharded over one 1-D mesh (then the shards are disjoint and reduce_stats makes whole-parameter
+    statistics); with replicated placements or several meshes it is None and the reason says why."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return grads, None, None
+    local, meshes, replicated = [], set(), False
+    for g in grads:
+        if isinstance(g, DTensor):
+            local.append(g.to_local())
+            meshes.add(g.device_mesh)
+            replicated = replicated or not all(p.is_shard() for p in g.placements)
+        else:
+            local.append(g)
+    if not meshes:
+        return local, None, None
+    if replicated:
+        return local, None, "some DTensor gradients are replicated: statistics are of this rank's local pieces"
+    if len(meshes) > 1 or next(iter(meshes)).ndim != 1:
+        return local, None, "DTensor gradients on several or multi-dimensional meshes: statistics are local"
+    if len(local) != sum(isinstance(g, DTensor) for g in grads):
+        return local, None, "a mix of DTensor and plain gradients: statistics are of this rank's local pieces"
+    return local, next(iter(meshes)).get_group(), None
+
+
 @dataclass(frozen=True)
 class GlobalStats:
     stats: TensorStats  # statistics over every rank's pieces

@@ -26,11 +26,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.amp.grad_scaler import OptState
 
 from . import hardware
 from .activations import ActivationWatcher
+from .distributed import local_shards, reduce_stats
 from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
@@ -102,6 +104,7 @@ class Inspector:
         self.scaler: torch.amp.GradScaler | None = None
         self._patched: list[tuple[object, str]] = []
         self._unscaled_params: dict[int, set[int]] = {}  # optimizer id -> parameter ids (see _record_unscales)
+        self._warned_local = False
         if scaler is not None:
             self._link(scaler)
         # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
@@ -195,6 +198,11 @@ class Inspector:
 
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
         grads, rows = grads_of(self.entries)
+        # FSDP2 / DTensor gradients: inspect this rank's shards, then combine the shards of all ranks.
+        grads, shard_group, local_only = local_shards(grads)
+        if local_only and not self._warned_local:
+            self._warned_local = True
+            warnings.warn(f"amp_inspect: {local_only}", RuntimeWarning, stacklevel=3)
         scale = None
         unscaled: list[bool] = [False] * len(grads)
         if scaler is not None and scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
@@ -219,7 +227,12 @@ class Inspector:
                 for group, judge in zip(groups, (scale, None), strict=True)
             ]
             stats = TensorStats.from_op_outputs(merge_rows(parts, len(grads), grads[0].device), self.formats)
+        ranks_with_inf = None
+        if shard_group is not None and dist.get_world_size(shard_group) > 1:
+            merged = reduce_stats(stats, shard_group)  # collective: every rank's check() takes part
+            stats, ranks_with_inf = merged.stats, merged.ranks_with_inf
         report = StepReport(step, stats, [self.entries[r].module for r in rows], scale)
+        report.ranks_with_inf_tensor = ranks_with_inf
         self.receive(report)
         return report
 
@@ -333,6 +346,7 @@ class Inspector:
         if report is None or report.step != self.step - 1:
             raise RuntimeError("call check() on this step before clip_grad_norm_ (every= may have skipped it)")
         grads, _ = grads_of(self.entries)
+        grads, _, _ = local_shards(grads)  # a DTensor's shard is scaled in place, like the whole
         total = report.total_norm_tensor
         if not grads:
             return total

@@ -137,6 +137,8 @@ class StepReport:
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
+        # Sharded (FSDP2) gradients combined across ranks: bool [world] device tensor of the ranks with NaN/Inf.
+        self.ranks_with_inf_tensor: torch.Tensor | None = None
         self._snapshot = StatsSnapshot(stats, scale)
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._total_norm_tensor: torch.Tensor | None = None
@@ -262,6 +264,13 @@ class StepReport:
     @property
     def headroom(self) -> Headroom:
         return self._get()["headroom"]
+
+    @property
+    def ranks_with_inf(self) -> list[int] | None:
+        """Ranks whose gradient shards held NaN/Inf (statistics combined across ranks), else None."""
+        if self.ranks_with_inf_tensor is None:
+            return None
+        return [i for i, bad in enumerate(self.ranks_with_inf_tensor.tolist()) if bad]
 
     @property
     def recommended_scale(self) -> float | None:
