@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .history import Summary
+from .report import modules_in_trouble
+from .table import fixed_width
 
 try:  # optional: the core install stays small
     from rich.console import Console
@@ -31,14 +33,7 @@ def _fmt(x: Any) -> str:
 
 
 def _plain_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[_fmt(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-
-    def line(values: Sequence[str]) -> str:
-        pairs = enumerate(zip(values, widths, strict=True))
-        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
-
-    return "\n".join([title, line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in cells)])
+    return "\n".join([title, *fixed_width(headers, [[_fmt(c) for c in r] for r in rows])])
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -56,13 +51,8 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
 
 def module_rows(modules: dict[str, dict[str, Any]], limit: int = MAX_MODULE_ROWS) -> list[list[Any]]:
     """Rows for the modules in trouble (NaN/Inf first, then overflow, underflow, subnormal), worst first."""
-
-    def trouble(m: dict[str, Any]) -> tuple[int, ...]:
-        return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
-
-    ranked = sorted((n for n, m in modules.items() if any(trouble(m))), key=lambda n: [-x for x in trouble(modules[n])])
     rows = []
-    for name in ranked[:limit]:
+    for name in modules_in_trouble(modules)[:limit]:
         m = modules[name]
         numel = max(m["numel"], 1)
         rows.append(

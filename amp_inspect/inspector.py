@@ -39,6 +39,7 @@ from .history import StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, param_entries
 from .report import StepReport
 from .runlog import RunLog
+from .scaler import InspectingGradScaler
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
 ACTIVATION_MODES = ("on_skip", "always", "off")
@@ -117,8 +118,6 @@ class Inspector:
     # ---- scaler link ----
 
     def _link(self, scaler: torch.amp.GradScaler) -> None:
-        from .scaler import InspectingGradScaler
-
         if self.scaler is scaler:
             return
         self.scaler = scaler
@@ -173,8 +172,6 @@ class Inspector:
         if scaler is not None:
             self._link(scaler)
         scaler = self.scaler
-        from .scaler import InspectingGradScaler
-
         report: StepReport | None = None
         if isinstance(scaler, InspectingGradScaler):
             # The scaler numbers the steps (its update() calls). If its unscale pass already ran, that was
@@ -373,8 +370,6 @@ class Inspector:
             if attr in vars(obj):
                 delattr(obj, attr)
         self._patched.clear()
-        from .scaler import InspectingGradScaler
-
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None
         if self.clip_watch is not None:

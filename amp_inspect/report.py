@@ -32,6 +32,7 @@ import torch
 
 from .formats import FORMAT_BOUNDS
 from .stats import TensorStats
+from .table import fixed_width
 
 _FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
@@ -40,6 +41,17 @@ MAX_TABLE_ROWS = 12
 
 def _f32(bits: int) -> float:
     return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
+
+
+def modules_in_trouble(modules: dict[str, dict[str, Any]]) -> list[str]:
+    """Module names with NaN/Inf, overflow, underflow or subnormal gradients (first format), worst first:
+    by NaN/Inf count, then overflow, underflow, subnormal."""
+
+    def trouble(name: str) -> tuple[int, ...]:
+        m = modules[name]
+        return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
+
+    return sorted((n for n in modules if any(trouble(n))), key=lambda n: tuple(-x for x in trouble(n)))
 
 
 class StatsSnapshot:
@@ -51,10 +63,10 @@ class StatsSnapshot:
         self._device = stats.numel.device
         tensors = {name: getattr(stats, name) for name in _FIELDS}
         if scale is not None:
-            # A copy: GradScaler.update() changes its scale tensor in place.
-            # On the statistics' device, so one copy path serves both (a CUDA scale with CPU statistics, a
-            # mixed-device model, waits here for the scale).
-            tensors["scale"] = scale.detach().reshape(()).to(self._device, torch.float32, copy=True)
+            # The caller's own copy of the loss scale (StepReport makes it: GradScaler.update() changes the
+            # scaler's in place), on the statistics' device so one copy path serves both (a CUDA scale with
+            # CPU statistics waits here for it).
+            tensors["scale"] = scale.reshape(()).to(self._device, torch.float32)
         self._event = None
         if self._device.type == "cuda":
             pinned = {}
@@ -139,8 +151,9 @@ class StepReport:
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
         # Sharded (FSDP2) gradients combined across ranks: bool [world] device tensor of the ranks with NaN/Inf.
         self.ranks_with_inf_tensor: torch.Tensor | None = None
-        self._snapshot = StatsSnapshot(stats, scale)
+        # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
+        self._snapshot = StatsSnapshot(stats, self._scale_tensor)
         self._total_norm_tensor: torch.Tensor | None = None
         self._summary: dict[str, Any] | None = None
         self._modules: dict[str, Any] | None = None
@@ -325,12 +338,7 @@ class StepReport:
         if self.offenders:
             lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
         modules = self.by_module
-
-        def trouble(name: str) -> tuple[int, ...]:
-            m = modules[name]
-            return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
-
-        shown = sorted((n for n in modules if any(trouble(n))), key=lambda n: tuple(-x for x in trouble(n)))
+        shown = modules_in_trouble(modules)
         if not shown:
             lines.append(f"no module has NaN/Inf or {fmt} overflow, underflow or subnormal gradients")
             return "\n".join(lines)
@@ -344,13 +352,7 @@ class StepReport:
                 + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), f"{m['amax']:.3g}"]
                 + [f"{m['grad_norm']:.3g}"]
             )
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-        def line(cells: list[str]) -> str:
-            pairs = enumerate(zip(cells, widths, strict=True))
-            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
-
-        lines += [line(headers), *(line(r) for r in rows)]
+        lines += fixed_width(headers, rows, rule=False)
         if len(shown) > MAX_TABLE_ROWS:
             lines.append(f"... and {len(shown) - MAX_TABLE_ROWS} more modules")
         return "\n".join(lines)

@@ -11,6 +11,19 @@ from collections.abc import Sequence
 from .stats import TensorStats
 
 
+def fixed_width(headers: Sequence[str], rows: Sequence[Sequence[str]], *, rule: bool = True) -> list[str]:
+    """Lines of a fixed-width table: the first column left-aligned, the others right-aligned; ``rule`` puts
+    a line of dashes under the headers."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        pairs = enumerate(zip(values, widths, strict=True))
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
+
+    head = [line(headers)] + (["  ".join("-" * w for w in widths)] if rule else [])
+    return head + [line(r) for r in rows]
+
+
 def _fmt_float(x: float) -> str:
     if x == 0:
         return "0"
@@ -58,13 +71,7 @@ def format_stats_table(
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-
-    def line(values: list[str]) -> str:  # names left-aligned, numbers right-aligned
-        pairs = enumerate(zip(values, widths, strict=True))
-        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
-
-    lines = [line(headers), "  ".join("-" * w for w in widths), *(line(c) for c in cells)]
+    lines = fixed_width(headers, cells)
     if not cells:
         lines.append("(no tensor in trouble)")
     return "\n".join(lines)
