@@ -122,7 +122,6 @@ AMPI_HD uint32_t fp16_to_f32_bits(uint16_t h) {
 
 AMPI_HD uint32_t hist_bin(uint32_t bits) { return (bits >> kExponentShift32) & kExponentMask32; }
 
-AMPI_HD bool is_nan32(uint32_t abs_bits) { return abs_bits > kInfBits32; }
 AMPI_HD bool is_finite32(uint32_t abs_bits) { return abs_bits < kInfBits32; }
 AMPI_HD bool is_finite64(uint64_t abs_bits) { return abs_bits < kInfBits64; }
 
@@ -146,34 +145,59 @@ AMPI_HD void clear_counts(RawCounts& c) {
   }
 }
 
-// Adds one float64 element, classified on its exact value.
-AMPI_HD void count_element64(RawCounts& c, uint64_t bits, const FormatBounds* bounds, int num_formats) {
-  const uint64_t a = bits & kAbsMask64;
-  c.numel += 1;
-  c.nan += a > kInfBits64;
-  c.posinf += bits == kInfBits64;
-  c.neginf += bits == kNegInfBits64;
-  c.zero += a == 0;
-  for (int f = 0; f < num_formats; ++f) {
-    c.at_or_above_overflow[f] += a >= bounds[f].overflow_from64;
-    c.below_normal[f] += a < bounds[f].normal_from64;
-    c.at_or_below_zero[f] += a <= bounds[f].zero_upto64;
-  }
-}
+// The threshold tests of one element, added to any counter struct with the fields of RawCounts but numel
+// (the CPU's int64 RawCounts, the CUDA kernel's per-thread uint32 counts). The format loop runs to the
+// compile-time bound so that, on the GPU, the counter arrays stay in registers.
+#if defined(__CUDA_ARCH__)
+#define AMPI_UNROLL _Pragma("unroll")
+#else
+#define AMPI_UNROLL
+#endif
 
-// Adds one float32 element (bits of v).
-AMPI_HD void count_element32(RawCounts& c, uint32_t bits, const FormatBounds* bounds, int num_formats) {
+// One float32 element (bits of v).
+template <typename Counts>
+AMPI_HD void count_thresholds32(Counts& c, uint32_t bits, const FormatBounds* bounds, int num_formats) {
   const uint32_t a = bits & kAbsMask32;
-  c.numel += 1;
   c.nan += a > kInfBits32;
   c.posinf += bits == kInfBits32;
   c.neginf += bits == kNegInfBits32;
   c.zero += a == 0;
-  for (int f = 0; f < num_formats; ++f) {
-    c.at_or_above_overflow[f] += a >= bounds[f].overflow_from;
-    c.below_normal[f] += a < bounds[f].normal_from;
-    c.at_or_below_zero[f] += a <= bounds[f].zero_upto;
+  AMPI_UNROLL
+  for (int f = 0; f < kMaxFormats; ++f) {
+    if (f < num_formats) {
+      c.at_or_above_overflow[f] += a >= bounds[f].overflow_from;
+      c.below_normal[f] += a < bounds[f].normal_from;
+      c.at_or_below_zero[f] += a <= bounds[f].zero_upto;
+    }
   }
+}
+
+// One float64 element, classified on its exact value.
+template <typename Counts>
+AMPI_HD void count_thresholds64(Counts& c, uint64_t bits, const FormatBounds* bounds, int num_formats) {
+  const uint64_t a = bits & kAbsMask64;
+  c.nan += a > kInfBits64;
+  c.posinf += bits == kInfBits64;
+  c.neginf += bits == kNegInfBits64;
+  c.zero += a == 0;
+  AMPI_UNROLL
+  for (int f = 0; f < kMaxFormats; ++f) {
+    if (f < num_formats) {
+      c.at_or_above_overflow[f] += a >= bounds[f].overflow_from64;
+      c.below_normal[f] += a < bounds[f].normal_from64;
+      c.at_or_below_zero[f] += a <= bounds[f].zero_upto64;
+    }
+  }
+}
+
+AMPI_HD void count_element32(RawCounts& c, uint32_t bits, const FormatBounds* bounds, int num_formats) {
+  c.numel += 1;
+  count_thresholds32(c, bits, bounds, num_formats);
+}
+
+AMPI_HD void count_element64(RawCounts& c, uint64_t bits, const FormatBounds* bounds, int num_formats) {
+  c.numel += 1;
+  count_thresholds64(c, bits, bounds, num_formats);
 }
 
 // The user's counts for one tensor, derived from the raw threshold counts. `per_tensor` points at the

@@ -34,14 +34,14 @@ __device__ __forceinline__ uint32_t float_as_bits(float f) { return __float_as_u
 // kCudaChunkElems / kThreads elements per chunk.
 struct ThreadCounts {
   uint32_t nan, posinf, neginf, zero;
-  uint32_t over[kMaxFormats], below[kMaxFormats], at_zero[kMaxFormats];
+  uint32_t at_or_above_overflow[kMaxFormats], below_normal[kMaxFormats], at_or_below_zero[kMaxFormats];
   uint32_t max_abs, min_abs_nonzero;  // float32 bits
   double sumsq;
 
   __device__ void clear() {
     nan = posinf = neginf = zero = 0;
 #pragma unroll
-    for (int f = 0; f < kMaxFormats; ++f) over[f] = below[f] = at_zero[f] = 0;
+    for (int f = 0; f < kMaxFormats; ++f) at_or_above_overflow[f] = below_normal[f] = at_or_below_zero[f] = 0;
     max_abs = 0;
     min_abs_nonzero = kInfBits32;
     sumsq = 0.0;
@@ -76,21 +76,9 @@ __device__ __forceinline__ T unscaled(T raw, float inv_scale) {
 // Counts one element given as float32 bits of x (scaled here when the call has a scale).
 __device__ __forceinline__ void count32(ThreadCounts& c, uint32_t bits, const ChunkContext& ctx) {
   if (ctx.args.has_scale) bits = float_as_bits(__fmul_rn(bits_as_float(bits), ctx.scale));
+  count_thresholds32(c, bits, ctx.args.bounds, ctx.args.num_formats);
   const uint32_t a = bits & kAbsMask32;
-  const bool finite = is_finite32(a);
-  c.nan += is_nan32(a);
-  c.posinf += bits == kInfBits32;
-  c.neginf += bits == kNegInfBits32;
-  c.zero += a == 0;
-#pragma unroll
-  for (int f = 0; f < kMaxFormats; ++f) {
-    if (f < ctx.args.num_formats) {
-      c.over[f] += a >= ctx.args.bounds[f].overflow_from;
-      c.below[f] += a < ctx.args.bounds[f].normal_from;
-      c.at_zero[f] += a <= ctx.args.bounds[f].zero_upto;
-    }
-  }
-  if (finite) {
+  if (is_finite32(a)) {
     c.max_abs = max(c.max_abs, a);
     if (a != 0) c.min_abs_nonzero = min(c.min_abs_nonzero, a);
     const double v = static_cast<double>(bits_as_float(a));
@@ -101,19 +89,8 @@ __device__ __forceinline__ void count32(ThreadCounts& c, uint32_t bits, const Ch
 
 // Counts one float64 element without a scale: classified on its exact value.
 __device__ __forceinline__ void count64(ThreadCounts& c, uint64_t bits, const ChunkContext& ctx) {
+  count_thresholds64(c, bits, ctx.args.bounds, ctx.args.num_formats);
   const uint64_t a = bits & kAbsMask64;
-  c.nan += a > kInfBits64;
-  c.posinf += bits == kInfBits64;
-  c.neginf += bits == kNegInfBits64;
-  c.zero += a == 0;
-#pragma unroll
-  for (int f = 0; f < kMaxFormats; ++f) {
-    if (f < ctx.args.num_formats) {
-      c.over[f] += a >= ctx.args.bounds[f].overflow_from64;
-      c.below[f] += a < ctx.args.bounds[f].normal_from64;
-      c.at_zero[f] += a <= ctx.args.bounds[f].zero_upto64;
-    }
-  }
   const double x = __longlong_as_double(static_cast<long long>(bits));
   if (is_finite64(a)) {
     // Extremes are kept as float32 bits: rounding is monotonic, so this is float32 of the exact extreme.
@@ -282,9 +259,9 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(const CudaStatsA
       add_count(row + 4, zero);
     }
     for (int f = 0; f < args.num_formats; ++f) {
-      const uint32_t over = block_sum(c.over[f], scratch32);
-      const uint32_t below = block_sum(c.below[f], scratch32);
-      const uint32_t at_zero = block_sum(c.at_zero[f], scratch32);
+      const uint32_t over = block_sum(c.at_or_above_overflow[f], scratch32);
+      const uint32_t below = block_sum(c.below_normal[f], scratch32);
+      const uint32_t at_zero = block_sum(c.at_or_below_zero[f], scratch32);
       if (threadIdx.x == 0) {
         add_count(row + kFixedCountColumns + f, over);
         add_count(row + kFixedCountColumns + args.num_formats + f, below);
