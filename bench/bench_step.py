@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import statistics
@@ -61,6 +60,7 @@ from bench_tensor_stats import (  # noqa: E402
     machine_info,
     print_checks,
     time_calls,
+    write_result,
 )
 
 import amp_inspect  # noqa: E402
@@ -577,11 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "was noisy; read the direct column and the pass table, or rerun with more --rounds on a quiet machine"
         )
     if config.out_dir is not None:
-        suffix = "_quick" if config.quick else ""
-        path = config.out_dir / f"step_{config.device}{suffix}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(result), indent=2) + "\n")
-        print(f"\nwrote {path}")
+        write_result(result, config.out_dir, f"step_{config.device}", config.quick)
     return 0
 
 

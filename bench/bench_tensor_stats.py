@@ -469,12 +469,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print_checks(result.agreement + result.targets)
     if config.out_dir is not None:
-        suffix = "_quick" if config.quick else ""
-        path = config.out_dir / f"tensor_stats_{config.device}{suffix}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(result), indent=2) + "\n")
-        print(f"\nwrote {path}")
+        write_result(result, config.out_dir, f"tensor_stats_{config.device}", config.quick)
     return 0
+
+
+def write_result(result: object, out_dir: Path, stem: str, quick: bool) -> Path:
+    """Writes a result dataclass as JSON to out_dir/<stem>[_quick].json and says where."""
+    path = out_dir / f"{stem}{'_quick' if quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    print(f"\nwrote {path}")
+    return path
 
 
 if __name__ == "__main__":

@@ -165,15 +165,9 @@ def grads_by_module(model: nn.Module) -> dict[str, list[torch.Tensor]]:
 def fp16_oracle(grads: list[torch.Tensor], scale: float | None) -> dict[str, int]:
     """Counts of one module's judged gradients from numpy's float16 cast (v = g * scale, one float32 multiply)."""
     v = np.concatenate([oracles.judged_values(g, scale) for g in grads])
+    counts = oracles.value_stats(v)
     classes = oracles.classify_numpy_fp16(v)
-    return {
-        "numel": v.size,
-        "nan": int(np.isnan(v).sum()),
-        "posinf": int(np.isposinf(v).sum()),
-        "neginf": int(np.isneginf(v).sum()),
-        "zero": int((v == 0).sum()),
-        **{k: int(c.sum()) for k, c in classes.items()},
-    }
+    return {**{k: counts[k] for k in oracles.FIXED_COUNTS}, **{k: int(c.sum()) for k, c in classes.items()}}
 
 
 def poison_(model: nn.Module, module: str, value: float, count: int = 1) -> None:

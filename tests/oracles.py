@@ -25,6 +25,9 @@ import torch
 
 ALL_FORMATS = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 CATEGORIES = ("overflow", "subnormal", "underflow")
+FIXED_COUNTS = ("numel", "nan", "posinf", "neginf", "zero")
+# TensorStats fields that two exact computations must give bit for bit (sumsq: to a tolerance).
+EXACT_FIELDS = (*FIXED_COUNTS, *CATEGORIES, "amax", "amin_nonzero", "hist")
 
 
 @dataclass(frozen=True)

@@ -63,16 +63,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_shards_on_two_ranks_combine_into_the_whole(tmp_path) -> None:
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "result.txt"
-    result = subprocess.run(
+def _spawn(tmp_path, source: str, out) -> subprocess.CompletedProcess:
+    """Runs ``source`` (which spawns WORLD gloo processes) in a subprocess with a timeout: a hung collective
+    fails the test instead of hanging the suite."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    return subprocess.run(
         [sys.executable, str(script), str(_free_port()), str(WORLD), str(out)],
         capture_output=True,
         text=True,
         timeout=240,
     )
+
+
+def test_shards_on_two_ranks_combine_into_the_whole(tmp_path) -> None:
+    out = tmp_path / "result.txt"
+    result = _spawn(tmp_path, SCRIPT, out)
     assert result.returncode == 0, result.stdout + result.stderr
     assert out.read_text() == "OK"
 
@@ -131,15 +137,7 @@ FSDP2_SCRIPT = textwrap.dedent(
 
 
 def test_fsdp2_shards_give_whole_parameter_statistics_and_name_the_rank(tmp_path) -> None:
-    script = tmp_path / "fsdp2.py"
-    script.write_text(FSDP2_SCRIPT)
-    out = tmp_path / "ok"
-    result = subprocess.run(
-        [sys.executable, str(script), str(_free_port()), str(WORLD), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = _spawn(tmp_path, FSDP2_SCRIPT, tmp_path / "ok")
     done = [(tmp_path / f"ok.{rank}").exists() for rank in range(WORLD)]
     assert all(done), result.stdout + result.stderr
     # Both ranks checked everything. A non-zero exit after that can only come from process teardown, which
