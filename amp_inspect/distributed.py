@@ -1,38 +1,71 @@
-"""Statistics combined across ranks: the building block of the distributed Inspector (issue 5, in progress).
+"""Statistics combined across ranks: one picture on N ranks, and the rank that broke the step.
 
 ``reduce_stats(stats, group)`` merges the TensorStats of the same T tensors (or the shards of the same T
 tensors) held by every rank of a process group into global statistics: counts and histograms summed, amax
-max, amin_nonzero min, sumsq summed. It also says which ranks held NaN/Inf. That is exact for disjoint
-pieces of each tensor (FSDP2 shards, or each rank's local gradients before DDP's all-reduce); replicated
-gradients (after DDP's all-reduce) would be counted once per rank.
+max, amin_nonzero min, sumsq summed. It also says how many NaN/Inf each rank held in each tensor. That is
+exact for disjoint pieces of each tensor (FSDP2 shards, or each rank's local gradients before DDP's
+all-reduce); replicated gradients (after DDP's all-reduce) would be counted once per rank, so the Inspector
+never combines those (see amp_inspect/ddp.py for DDP).
 
 Cost: three all-reduces issued together (SUM of one packed float64 buffer: counts, histograms, sums of
-squares and the per-rank NaN/Inf flags, exact below 2^53; MAX of amax; MIN of amin_nonzero), asynchronous
-where the backend allows; with a world of one, nothing is communicated.
+squares and the per-rank NaN/Inf counts, exact below 2^53; MAX of amax; MIN of amin_nonzero), asynchronous
+where the backend allows; with a world of one, nothing is communicated. Bytes per call, for T tensors, F
+formats and W ranks: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T.
+
+Failure: every wait has a timeout. A rank that died, left, or skipped the collective, or ranks holding
+different models, raise ``DistributedInspectionError`` (a RuntimeError) naming what went wrong, never a hang.
+``Combiner`` checks once, before its first combine, that every rank holds the same tensor layout.
 """
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from .stats import TensorStats, stats_outputs
 
+DEFAULT_TIMEOUT_S = 300.0  # far below the process groups' own defaults (10-30 min), far above step skew
 
-def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.ProcessGroup | None, str | None]:
-    """The tensors to inspect on this rank: a DTensor gradient (FSDP2, tensor parallel) is replaced by its
-    local shard. Returns (tensors, group to combine over, why not) where group is set when every DTensor is
-    sharded over one 1-D mesh (then the shards are disjoint and reduce_stats makes whole-parameter
-    statistics); with replicated placements or several meshes it is None and the reason says why."""
+
+class DistributedInspectionError(RuntimeError):
+    """A collective of the inspection failed or timed out: a rank died, or the ranks do not match."""
+
+
+def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether a process group of more than one rank is there to combine over."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _dtensor_type() -> type | None:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover - torch without DTensor
+        return None
+    return DTensor
+
+
+def to_local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local piece (a view: writing it writes the DTensor), any other tensor itself."""
+    dtensor = _dtensor_type()
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
+
+
+def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.ProcessGroup | None, str | None]:
+    """The tensors to inspect on this rank: a DTensor (FSDP2, tensor parallel) is replaced by its local
+    shard. Returns (tensors, group to combine over, why not) where group is set when every tensor is a
+    DTensor sharded over one 1-D mesh (then the shards are disjoint and reduce_stats makes whole-tensor
+    statistics); with replicated placements or several meshes it is None and the reason says why."""
+    dtensor = _dtensor_type()
+    if dtensor is None:  # pragma: no cover - torch without DTensor
         return grads, None, None
     local, meshes, replicated = [], set(), False
     for g in grads:
-        if isinstance(g, DTensor):
+        if isinstance(g, dtensor):
             local.append(g.to_local())
             meshes.add(g.device_mesh)
             replicated = replicated or not all(p.is_shard() for p in g.placements)
@@ -44,7 +77,7 @@ def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.Pr
         return local, None, "some DTensor gradients are replicated: statistics are of this rank's local pieces"
     if len(meshes) > 1 or next(iter(meshes)).ndim != 1:
         return local, None, "DTensor gradients on several or multi-dimensional meshes: statistics are local"
-    if len(local) != sum(isinstance(g, DTensor) for g in grads):
+    if len(local) != sum(isinstance(g, dtensor) for g in grads):
         return local, None, "a mix of DTensor and plain gradients: statistics are of this rank's local pieces"
     return local, next(iter(meshes)).get_group(), None
 
@@ -52,37 +85,103 @@ def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.Pr
 @dataclass(frozen=True)
 class GlobalStats:
     stats: TensorStats  # statistics over every rank's pieces
-    ranks_with_inf: torch.Tensor  # bool [world]: which ranks held NaN/Inf in their pieces
+    nonfinite_by_rank: torch.Tensor  # int64 [world, T]: NaN/Inf count of each rank's piece of each tensor
+
+    @property
+    def ranks_with_inf(self) -> torch.Tensor:
+        """bool [world]: which ranks held NaN/Inf in their pieces."""
+        return self.nonfinite_by_rank.sum(dim=1) > 0
 
 
-def reduce_stats(stats: TensorStats, group: dist.ProcessGroup | None = None) -> GlobalStats:
+def wait_all(works: Sequence[dist.Work], timeout_s: float, what: str, group: dist.ProcessGroup | None) -> None:
+    """Waits for ``works`` (at most ``timeout_s`` on backends that honour it) and turns any failure into a
+    DistributedInspectionError that says what was being combined and what usually causes it."""
+    try:
+        for work in works:
+            work.wait(timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        world = dist.get_world_size(group)
+        raise DistributedInspectionError(
+            f"amp_inspect: {what} across {world} ranks failed or took longer than {timeout_s:g} s. A rank may have "
+            "died or left the group, or not inspected this step: every rank must call check() (and run the "
+            f"scaler's step) on the same steps, with the same model. Cause: {error}"
+        ) from error
+
+
+def reduce_stats(
+    stats: TensorStats, group: dist.ProcessGroup | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> GlobalStats:
     """Combines every rank's statistics of the same T tensors (see the module docstring). Collective: every
     rank of ``group`` must call it with statistics of the same shape, in the same order."""
     counts, hist, amax, amin, sumsq = stats_outputs(stats)
     device = counts.device
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        flags = (stats.nonfinite.sum() > 0).reshape(1)
-        return GlobalStats(stats, flags)
+    nonfinite = stats.nonfinite
+    if not is_distributed(group):
+        return GlobalStats(stats, nonfinite.reshape(1, -1))
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    # One SUM buffer: counts and histograms as float64 (exact below 2^53), the sums of squares, and a
-    # one-hot column of this rank's NaN/Inf flag.
-    flags = torch.zeros(world, dtype=torch.float64, device=device)
-    flags[rank] = (stats.nonfinite.sum() > 0).to(torch.float64)
-    packed = torch.cat([counts.double().flatten(), hist.double().flatten(), sumsq.double(), flags])
+    # One SUM buffer: counts and histograms as float64 (exact below 2^53), the sums of squares, and this
+    # rank's NaN/Inf counts in its own row of a [world, T] block (zeros elsewhere).
+    by_rank = torch.zeros(world, len(stats), dtype=torch.float64, device=device)
+    by_rank[rank] = nonfinite.to(torch.float64)
+    packed = torch.cat([counts.double().flatten(), hist.double().flatten(), sumsq.double(), by_rank.flatten()])
     extremes_max = amax.clone()
     extremes_min = amin.clone()
-    work = [
+    works = [
         dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True),
         dist.all_reduce(extremes_max, op=dist.ReduceOp.MAX, group=group, async_op=True),
         dist.all_reduce(extremes_min, op=dist.ReduceOp.MIN, group=group, async_op=True),
     ]
-    for w in work:
-        w.wait()
+    wait_all(works, timeout_s, "combining the gradient statistics", group)
     n_counts, n_hist, n_rows = counts.numel(), hist.numel(), sumsq.numel()
     merged_counts = packed[:n_counts].round().to(torch.int64).reshape(counts.shape)
     merged_hist = packed[n_counts : n_counts + n_hist].round().to(torch.int64).reshape(hist.shape)
     merged_sumsq = packed[n_counts + n_hist : n_counts + n_hist + n_rows]
-    ranks_with_inf = packed[n_counts + n_hist + n_rows :] > 0
+    merged_by_rank = packed[n_counts + n_hist + n_rows :].round().to(torch.int64).reshape(world, len(stats))
     outputs = (merged_counts, merged_hist, extremes_max, extremes_min, merged_sumsq)
-    return GlobalStats(TensorStats.from_op_outputs(outputs, stats.formats), ranks_with_inf)
+    return GlobalStats(TensorStats.from_op_outputs(outputs, stats.formats), merged_by_rank)
+
+
+def layout_key(shapes: Sequence[Sequence[int]]) -> int:
+    """A 31-bit fingerprint of the tensors' global shapes, in order: equal on ranks holding the same model."""
+    text = ";".join("x".join(str(int(n)) for n in shape) for shape in shapes)
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def check_same_layout(
+    shapes: Sequence[Sequence[int]], group: dist.ProcessGroup | None, device: torch.device, timeout_s: float
+) -> None:
+    """Collective: raises DistributedInspectionError on every rank unless all ranks of ``group`` hold tensors
+    of the same global shapes in the same order (one all-reduce of 2 * world int64)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    table = torch.zeros(world, 2, dtype=torch.int64, device=device)
+    table[rank, 0] = len(shapes)
+    table[rank, 1] = layout_key(shapes)
+    wait_all([dist.all_reduce(table, group=group, async_op=True)], timeout_s, "checking the tensor layout", group)
+    rows = table.tolist()
+    differ = [r for r, row in enumerate(rows) if row != rows[0]]
+    if differ:
+        others = []
+        for r in differ:
+            others.append(f"rank {r} has {rows[r][0]}" + (" of other shapes" if rows[r][0] == rows[0][0] else ""))
+        raise DistributedInspectionError(
+            f"amp_inspect: the ranks do not hold the same gradients to combine: rank 0 has {rows[0][0]} tensors, "
+            f"{', '.join(others)}. Attach the inspector to the same model on every rank of the group."
+        )
+
+
+class Combiner:
+    """reduce_stats over one group, with the layout check made before the first combine and again whenever
+    this rank's layout changes (a rank whose layout changed alone then fails the check instead of hanging)."""
+
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.group = group
+        self.timeout_s = timeout_s
+        self._checked_key: tuple[int, int] | None = None
+
+    def combine(self, stats: TensorStats, shapes: Sequence[Sequence[int]]) -> GlobalStats:
+        key = (len(shapes), layout_key(shapes))
+        if key != self._checked_key and is_distributed(self.group):
+            check_same_layout(shapes, self.group, stats.numel.device, self.timeout_s)
+            self._checked_key = key
+        return reduce_stats(stats, self.group, self.timeout_s)

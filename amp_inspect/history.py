@@ -24,6 +24,7 @@ class StepRecord:
     headroom: Headroom
     recommended_scale: float | None
     first_nonfinite: str | None = None
+    ranks_with_inf: list[int] | None = None  # distributed runs: ranks whose own gradients held NaN/Inf
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -36,6 +37,7 @@ class StepRecord:
             headroom=report.headroom,
             recommended_scale=report.recommended_scale,
             first_nonfinite=report.first_nonfinite,
+            ranks_with_inf=report.ranks_with_inf,
         )
 
     @classmethod
@@ -51,6 +53,7 @@ class StepRecord:
             headroom=Headroom(room.get("up"), room.get("down")),
             recommended_scale=record.get("recommended_scale"),
             first_nonfinite=record.get("first_nonfinite"),
+            ranks_with_inf=[int(r) for r in record["inf_by_rank"]] if "inf_by_rank" in record else None,
         )
 
 

@@ -23,6 +23,7 @@ import os
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +33,8 @@ from torch.amp.grad_scaler import OptState
 
 from . import hardware
 from .activations import ActivationWatcher
-from .distributed import local_shards, reduce_stats
+from .ddp import BeforeAllReduce, ddp_comm_hook, ddp_of
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, is_distributed, local_shards, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
@@ -49,6 +51,33 @@ def _unscaled_optimizers(scaler: torch.amp.GradScaler) -> set[int]:
     """ids of the optimizers whose gradients scaler.unscale_ already unscaled this step."""
     states = getattr(scaler, "_per_optimizer_states", {})
     return {key for key, state in states.items() if state.get("stage") is OptState.UNSCALED}
+
+
+def log_path_of_rank(log: str | os.PathLike[str], all_ranks: bool) -> str | os.PathLike[str] | None:
+    """Where this rank writes the log: in a distributed run, rank 0 alone writes ``log`` (the reports are the
+    same on every rank), or with ``all_ranks`` rank r writes ``<stem>.rank<r><suffix>``."""
+    if not is_distributed():
+        return log
+    rank = dist.get_rank()
+    if all_ranks:
+        path = Path(log)
+        return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    return log if rank == 0 else None
+
+
+def refuse_fsdp1(model: nn.Module) -> None:
+    """FSDP1 (FullyShardedDataParallel) flattens parameters into per-rank shards of a FlatParameter whose
+    pieces amp_inspect does not map back to modules: refuse rather than report partial statistics."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - torch without FSDP
+        return
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise ValueError(
+            "amp_inspect does not support FSDP1 (FullyShardedDataParallel): its flat parameters hold pieces of "
+            "many parameters per rank, which it cannot name. Use FSDP2 (torch.distributed.fsdp.fully_shard), whose "
+            "sharded gradients it combines across ranks into whole-parameter statistics."
+        )
 
 
 class Inspector:
@@ -71,6 +100,10 @@ class Inspector:
         arm_steps: int = 3,
         collapse_skips: int = 5,
         watch_clipping: bool = False,
+        group: dist.ProcessGroup | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        ddp_hook: bool = True,
+        log_all_ranks: bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"attach() needs an nn.Module, got {type(model).__name__}")
@@ -82,6 +115,9 @@ class Inspector:
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         if watch_clipping and scaler is None:
             raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
+        if not (isinstance(timeout, int | float) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        refuse_fsdp1(model)
         self.model = model
         self.formats = check_formats(formats)
         self.every = every
@@ -95,7 +131,11 @@ class Inspector:
         self._pending: deque[StepReport] = deque()
         self._history: list[StepRecord] = []
         self._warned_collapse = False
-        self._log = RunLog(log, hist_every=hist_every) if log is not None else None
+        self.group = group
+        self.timeout = float(timeout)
+        self._combiners: dict[int, Combiner] = {}  # one per process group the gradients are sharded over
+        log_path = log_path_of_rank(log, log_all_ranks) if log is not None else None
+        self._log = RunLog(log_path, hist_every=hist_every) if log_path is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         self._armed_until = -1
         self._findings: dict[int, str] = {}  # activation findings of steps that had no report yet
@@ -114,6 +154,18 @@ class Inspector:
             self.clip_watch = ClipWatch(scaler)
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
+        self._before_allreduce: BeforeAllReduce | None = None
+        ddp = ddp_of(model)
+        if ddp_hook and ddp is not None and is_distributed(ddp.process_group):
+            if getattr(ddp, "_comm_hooks", None):
+                warnings.warn(
+                    "amp_inspect: this DDP model already has a comm hook, so NaN/Inf cannot be traced to the rank "
+                    "that produced them (reports cover the averaged gradients only)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            else:
+                ddp.register_comm_hook(self, ddp_comm_hook)
 
     # ---- scaler link ----
 
@@ -158,6 +210,20 @@ class Inspector:
         scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
         self._patched.append((scaler, "_maybe_opt_step"))
 
+    def _before_allreduce_for(self, bucket: dist.GradBucket) -> BeforeAllReduce:
+        """The state of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
+        if self._before_allreduce is None:
+            ddp = ddp_of(self.model)
+            group = self.group if self.group is not None else (ddp.process_group if ddp is not None else None)
+            self._before_allreduce = BeforeAllReduce(self.entries, group, self.timeout)
+        return self._before_allreduce
+
+    def _combiner(self, group: dist.ProcessGroup) -> Combiner:
+        combiner = self._combiners.get(id(group))
+        if combiner is None:
+            combiner = self._combiners[id(group)] = Combiner(group, self.timeout)
+        return combiner
+
     # ---- the step ----
 
     def check(self, scaler: torch.amp.GradScaler | None = None) -> StepReport | None:
@@ -195,8 +261,11 @@ class Inspector:
 
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
         grads, rows = grads_of(self.entries)
+        shapes = [tuple(g.shape) for g in grads]  # a DTensor's shape is the whole parameter's
         # FSDP2 / DTensor gradients: inspect this rank's shards, then combine the shards of all ranks.
         grads, shard_group, local_only = local_shards(grads)
+        if shard_group is not None and self.group is not None:
+            shard_group = self.group
         if local_only and not self._warned_local:
             self._warned_local = True
             warnings.warn(f"amp_inspect: {local_only}", RuntimeWarning, stacklevel=3)
@@ -224,12 +293,14 @@ class Inspector:
                 for group, judge in zip(groups, (scale, None), strict=True)
             ]
             stats = TensorStats.from_op_outputs(merge_rows(parts, len(grads), grads[0].device), self.formats)
-        ranks_with_inf = None
-        if shard_group is not None and dist.get_world_size(shard_group) > 1:
-            merged = reduce_stats(stats, shard_group)  # collective: every rank's check() takes part
-            stats, ranks_with_inf = merged.stats, merged.ranks_with_inf
-        report = StepReport(step, stats, [self.entries[r].module for r in rows], scale)
-        report.ranks_with_inf_tensor = ranks_with_inf
+        merged = None
+        if shard_group is not None and is_distributed(shard_group):
+            merged = self._combiner(shard_group).combine(stats, shapes)  # collective: every rank's check()
+            stats = merged.stats
+        modules = [self.entries[r].module for r in rows]
+        report = StepReport(step, stats, modules, scale)
+        if merged is not None:
+            report.set_rank_origin(merged.nonfinite_by_rank, modules)
         self.receive(report)
         return report
 
@@ -237,6 +308,10 @@ class Inspector:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
         if report.first_nonfinite is None:
             report.first_nonfinite = self._findings.pop(report.step, None)
+        if self._before_allreduce is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
+            counts = self._before_allreduce.take()
+            if counts is not None:
+                report.set_rank_origin(counts, self._before_allreduce.modules)
         if self._log is not None:  # memory of this step, sampled now (no sync): the log is written later
             report.hardware = hardware.sample(self.entries[0].param.device if self.entries else None)
         self.last_report = report
@@ -343,7 +418,7 @@ class Inspector:
         if report is None or report.step != self.step - 1:
             raise RuntimeError("call check() on this step before clip_grad_norm_ (every= may have skipped it)")
         grads, _ = grads_of(self.entries)
-        grads, _, _ = local_shards(grads)  # a DTensor's shard is scaled in place, like the whole
+        grads = [to_local(g) for g in grads]  # a DTensor's shard is scaled in place, like the whole
         total = report.total_norm_tensor
         if not grads:
             return total
@@ -394,6 +469,10 @@ def attach(
     activations: str = "on_skip",
     hist_every: int = 100,
     watch_clipping: bool = False,
+    group: dist.ProcessGroup | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    ddp_hook: bool = True,
+    log_all_ranks: bool = False,
 ) -> Inspector:
     """Attaches an Inspector to ``model`` (and ``scaler``): see amp_inspect/inspector.py.
 
@@ -408,6 +487,16 @@ def attach(
         hist_every: per-module exponent histograms go into the log on steps divisible by N.
         watch_clipping: record clip_grad_norm_ / clip_grad_value_ calls made while the gradients are still
             scaled (before scaler.unscale_): ``insp.doctor()`` reports them. Needs the scaler.
+
+    Distributed runs (attach after ``init_process_group`` and after wrapping the model):
+        group: the process group to combine over. Default: the group the gradients are sharded over (FSDP2)
+            and DDP's process group (the world, normally).
+        timeout: seconds any wait for other ranks may take before a DistributedInspectionError (a rank died,
+            or the ranks do not inspect the same steps or hold the same model).
+        ddp_hook: on a DDP model, register ``amp_inspect.ddp_comm_hook`` so that reports name the rank and
+            module that produced a NaN/Inf (``report.inf_by_rank``).
+        log_all_ranks: write the log on every rank, rank r to ``<log stem>.rank<r><suffix>``; by default only
+            rank 0 writes it (every rank's report is the same).
     """
     return Inspector(
         model,
@@ -418,4 +507,8 @@ def attach(
         activations=activations,
         hist_every=hist_every,
         watch_clipping=watch_clipping,
+        group=group,
+        timeout=timeout,
+        ddp_hook=ddp_hook,
+        log_all_ranks=log_all_ranks,
     )

@@ -54,28 +54,20 @@ def modules_in_trouble(modules: dict[str, dict[str, Any]]) -> list[str]:
     return sorted((n for n in modules if any(trouble(n))), key=lambda n: tuple(-x for x in trouble(n)))
 
 
-class StatsSnapshot:
-    """TensorStats (and the loss scale) on their way to the host: on CUDA, copied into pinned memory with
-    non-blocking copies and an event, so nothing waits until ``host()`` is called or ``ready()`` says so."""
+class HostCopy:
+    """Device tensors on their way to the host: on CUDA, copied into pinned memory with non-blocking copies
+    and an event, so nothing waits until ``host()`` is called or ``ready()`` says so."""
 
-    def __init__(self, stats: TensorStats, scale: torch.Tensor | None) -> None:
-        self.formats = stats.formats
-        self._device = stats.numel.device
-        tensors = {name: getattr(stats, name) for name in _FIELDS}
-        if scale is not None:
-            # The caller's own copy of the loss scale (StepReport makes it: GradScaler.update() changes the
-            # scaler's in place), on the statistics' device so one copy path serves both (a CUDA scale with
-            # CPU statistics waits here for it).
-            tensors["scale"] = scale.reshape(()).to(self._device, torch.float32)
+    def __init__(self, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
         self._event = None
-        if self._device.type == "cuda":
+        if device.type == "cuda":
             pinned = {}
             for name, t in tensors.items():
                 buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 buffer.copy_(t, non_blocking=True)
                 pinned[name] = buffer
             self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(self._device))
+            self._event.record(torch.cuda.current_stream(device))
             tensors = pinned
         self._tensors = tensors
         self._host: dict[str, np.ndarray] | None = None
@@ -87,13 +79,28 @@ class StatsSnapshot:
         return self._event is None
 
     def host(self) -> dict[str, np.ndarray]:
-        """The statistics as numpy arrays; waits for the copy on CUDA (the first call only)."""
+        """The tensors as numpy arrays; waits for the copy on CUDA (the first call only)."""
         if self._host is None:
             if self._event is not None:
                 self._event.synchronize()
                 self._event = None
             self._host = {name: t.numpy() for name, t in self._tensors.items()}
         return self._host
+
+
+class StatsSnapshot(HostCopy):
+    """TensorStats (and the loss scale) on their way to the host, as HostCopy."""
+
+    def __init__(self, stats: TensorStats, scale: torch.Tensor | None) -> None:
+        self.formats = stats.formats
+        device = stats.numel.device
+        tensors = {name: getattr(stats, name) for name in _FIELDS}
+        if scale is not None:
+            # The caller's own copy of the loss scale (StepReport makes it: GradScaler.update() changes the
+            # scaler's in place), on the statistics' device so one copy path serves both (a CUDA scale with
+            # CPU statistics waits here for it).
+            tensors["scale"] = scale.reshape(()).to(device, torch.float32)
+        super().__init__(tensors, device)
 
 
 @dataclass(frozen=True)
@@ -149,8 +156,9 @@ class StepReport:
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
-        # Sharded (FSDP2) gradients combined across ranks: bool [world] device tensor of the ranks with NaN/Inf.
-        self.ranks_with_inf_tensor: torch.Tensor | None = None
+        # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
+        self._origin: HostCopy | None = None
+        self._origin_modules: list[str] = []
         # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._snapshot = StatsSnapshot(stats, self._scale_tensor)
@@ -177,9 +185,19 @@ class StepReport:
         norm = torch.where(nan, torch.full_like(norm, math.nan), norm)
         return norm.float()
 
+    def set_rank_origin(self, nonfinite_by_rank: torch.Tensor, module_of_column: Sequence[str]) -> None:
+        """Records where NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K],
+        the NaN/Inf count of each rank's local gradients (before DDP's all-reduce) or shards (FSDP2) of K
+        tensors, whose modules ``module_of_column`` names. Copied to the host without a sync."""
+        if nonfinite_by_rank.dim() != 2 or nonfinite_by_rank.shape[1] != len(module_of_column):
+            shape = tuple(nonfinite_by_rank.shape)
+            raise ValueError(f"{len(module_of_column)} module names for counts of shape {shape}")
+        self._origin = HostCopy({"counts": nonfinite_by_rank}, nonfinite_by_rank.device)
+        self._origin_modules = list(module_of_column)
+
     def ready(self) -> bool:
         """Whether host values can be read without waiting for the device."""
-        return self._snapshot.ready()
+        return self._snapshot.ready() and (self._origin is None or self._origin.ready())
 
     # ---- host values, computed once on first use ----
     # Two levels: the step's verdict (cheap, vectorised: what the history keeps every step), and the
@@ -279,11 +297,25 @@ class StepReport:
         return self._get()["headroom"]
 
     @property
-    def ranks_with_inf(self) -> list[int] | None:
-        """Ranks whose gradient shards held NaN/Inf (statistics combined across ranks), else None."""
-        if self.ranks_with_inf_tensor is None:
+    def inf_by_rank(self) -> dict[int, dict[str, int]] | None:
+        """In a distributed run (DDP with the inspector's comm hook, or FSDP2): for each rank whose own
+        gradients held NaN/Inf (before DDP's all-reduce spread them to every rank; in its FSDP2 shards), the
+        modules and their NaN/Inf counts, most first. {} when no rank had any; None outside such runs."""
+        if self._origin is None:
             return None
-        return [i for i, bad in enumerate(self.ranks_with_inf_tensor.tolist()) if bad]
+        counts = self._origin.host()["counts"]
+        out: dict[int, dict[str, int]] = {}
+        for rank, column in zip(*np.nonzero(counts), strict=True):
+            by_module = out.setdefault(int(rank), {})
+            name = self._origin_modules[column]
+            by_module[name] = by_module.get(name, 0) + int(counts[rank, column])
+        return {rank: dict(sorted(m.items(), key=lambda kv: -kv[1])) for rank, m in sorted(out.items())}
+
+    @property
+    def ranks_with_inf(self) -> list[int] | None:
+        """The ranks whose own gradients held NaN/Inf (see inf_by_rank); None outside distributed runs."""
+        origin = self.inf_by_rank
+        return None if origin is None else list(origin)
 
     @property
     def recommended_scale(self) -> float | None:
@@ -319,6 +351,9 @@ class StepReport:
         }
         if self.first_nonfinite is not None:
             record["first_nonfinite"] = self.first_nonfinite
+        origin = self.inf_by_rank
+        if origin is not None:
+            record["inf_by_rank"] = {str(rank): modules for rank, modules in origin.items()}
         if with_hist:
             from .runlog import sparse_hist
 
@@ -337,6 +372,9 @@ class StepReport:
             lines.append(f"first non-finite producer: {self.first_nonfinite}")
         if self.offenders:
             lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
+        for rank, modules in (self.inf_by_rank or {}).items():
+            shown_modules = ", ".join(f"{name} ({count})" for name, count in list(modules.items())[:MAX_TABLE_ROWS])
+            lines.append(f"NaN/Inf came from rank {rank}: {shown_modules}")
         modules = self.by_module
         shown = modules_in_trouble(modules)
         if not shown:

@@ -10,6 +10,8 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "headroom": {"up": int, "down": int},
      "modules": {name: {"numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow",
                         "amax", "grad_norm"}},
+     "first_nonfinite": str,           # optional: the first module whose activations went non-finite
+     "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf in each rank's own gradients
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
 
 A sparse hist is ``sparse_hist(row)`` of the 256-bin exponent histogram defined in amp_inspect/stats.py:
@@ -27,7 +29,8 @@ a module named ``"inf"`` in ``"offenders"`` stays a name.
 Durability: each record reaches the operating system with one ``write`` call of the whole line, so a run
 killed at any moment leaves at most one torn line, at the end. ``read_log`` skips such a tail with a
 warning, and a new ``RunLog`` on the same file (a resumed run) removes it before appending. One process
-writes one file; give each rank its own log.
+writes one file: in a distributed run the Inspector logs on rank 0 only (every rank holds the same
+report), or to one file per rank with ``log_all_ranks=True``.
 
 This module imports neither torch nor the rest of the package, so reading a log is cheap.
 """
