@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._ops import unscale_stats_op
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, is_distributed, local_shards
 from .report import StepReport
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
@@ -42,14 +43,17 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._steps = 0  # steps completed (update() calls)
         self._unscaled_this_step = False
         self._checked_this_step = False  # an attached Inspector's check() already inspected this step
-        self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str]]] = []  # this step's unscale passes
+        # This step's unscale passes: (statistics outputs, module names, per-rank NaN/Inf counts or None).
+        self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], torch.Tensor | None]] = []
+        self._combiners: dict[int, Combiner] = {}  # FSDP2: one per process group the gradients are sharded over
 
     @property
     def formats(self) -> tuple[str, ...]:
         return self._inspector.formats if self._inspector is not None else DEFAULT_FORMATS
 
     def _dense_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool) -> tuple[list, list, list]:
-        """(dense grads, their module names, sparse grads) in the optimizer's parameter order."""
+        """(dense grads, their module names, sparse grads) in the optimizer's parameter order; DTensor
+        gradients (FSDP2) as they are: ``_local`` takes their shards."""
         dense, names, sparse = [], [], []
         module_of = self._inspector._module_of_param if self._inspector is not None else {}
         for g_index, group in enumerate(optimizer.param_groups):
@@ -66,21 +70,48 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 names.append(module_of.get(id(param), f"param_groups[{g_index}].params[{p_index}]"))
         return dense, names, sparse
 
-    def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str]) -> None:
+    def _local(self, dense: list[torch.Tensor]) -> tuple[list[torch.Tensor], Combiner | None]:
+        """FSDP2 / DTensor gradients: this rank's shards (views: unscaling them unscales the DTensors), and
+        the Combiner over the ranks that hold the other shards (None when there is nothing to combine)."""
+        local, group, _ = local_shards(dense)
+        inspector = self._inspector
+        if group is not None and inspector is not None and inspector.group is not None:
+            group = inspector.group
+        if group is None or not is_distributed(group):
+            return local, None
+        combiner = self._combiners.get(id(group))
+        if combiner is None:
+            timeout = inspector.timeout if inspector is not None else DEFAULT_TIMEOUT_S
+            combiner = self._combiners[id(group)] = Combiner(group, timeout)
+        return local, combiner
+
+    def _combine(
+        self, combiner: Combiner | None, outputs: tuple[torch.Tensor, ...], dense: list[torch.Tensor]
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """Whole-parameter statistics from every rank's shards (collective), and the per-rank NaN/Inf counts."""
+        if combiner is None:
+            return outputs, None
+        merged = combiner.combine(TensorStats.from_op_outputs(outputs, self.formats), [tuple(g.shape) for g in dense])
+        return stats_outputs(merged.stats), merged.nonfinite_by_rank
+
+    def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str], origin: torch.Tensor | None) -> None:
         """Adds one unscale pass (one optimizer's gradients) to this step's report. With several optimizers
         on one scaler, the step's report covers all of them; the Inspector receives it once, in update()."""
-        self._step_parts.append((outputs, names))
+        self._step_parts.append((outputs, names, origin))
+        home = self._step_parts[0][0][0].device
         if len(self._step_parts) == 1:
-            merged, all_names = outputs, names
+            merged = outputs
         else:
-            home = self._step_parts[0][0][0].device
             merged = tuple(
-                torch.cat([part[k].to(home, non_blocking=home.type != "cpu") for part, _ in self._step_parts])
+                torch.cat([part[k].to(home, non_blocking=home.type != "cpu") for part, _, _ in self._step_parts])
                 for k in range(len(outputs))
             )
-            all_names = [n for _, part_names in self._step_parts for n in part_names]
+        all_names = [n for _, part_names, _ in self._step_parts for n in part_names]
         stats = TensorStats.from_op_outputs(merged, self.formats)
         self.last_report = StepReport(self._steps, stats, all_names, self._scale)
+        origins = [part_origin for _, _, part_origin in self._step_parts]
+        if all(o is not None for o in origins):
+            self.last_report.set_rank_origin(torch.cat([o.to(home) for o in origins], dim=1), all_names)
         self._unscaled_this_step = True
 
     def _unscale_grads_(
@@ -91,6 +122,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
         dense, names, sparse = self._dense_grads(optimizer, allow_fp16)
+        shapes = dense
+        dense, combiner = self._local(dense)
         per_device_found: dict[torch.device, torch.Tensor] = {}
         by_device: dict[torch.device, list[int]] = {}
         for i, g in enumerate(dense):
@@ -109,7 +142,12 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 found = per_device_found.setdefault(values.device, found_inf.to(values.device, copy=True))
                 torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv_scale.to(values.device))
         if parts:
-            self._publish(merge_rows(parts, len(dense), parts[0][1][0].device), names)
+            outputs, origin = self._combine(combiner, merge_rows(parts, len(dense), parts[0][1][0].device), shapes)
+            if origin is not None:  # any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale
+                anywhere = (origin.sum() > 0).to(torch.float32)
+                for found in per_device_found.values():
+                    torch.maximum(found, anywhere.to(found.device), out=found)
+            self._publish(outputs, names, origin)
         return per_device_found
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -118,11 +156,12 @@ class InspectingGradScaler(torch.amp.GradScaler):
         dense, names, sparse = self._dense_grads(optimizer, allow_fp16=True)
         found: dict[torch.device, torch.Tensor] = {}
         if dense:
-            stats = tensor_stats(dense, formats=self.formats)
-            any_bad = (stats.nonfinite.sum() > 0).float()
-            for device in {g.device for g in dense}:
+            local, combiner = self._local(dense)
+            outputs, origin = self._combine(combiner, stats_outputs(tensor_stats(local, formats=self.formats)), dense)
+            any_bad = (TensorStats.from_op_outputs(outputs, self.formats).nonfinite.sum() > 0).float()
+            for device in {g.device for g in local}:
                 found[device] = any_bad.to(device, non_blocking=True)
-            self._publish(stats_outputs(stats), names)
+            self._publish(outputs, names, origin)
         for param in sparse:
             values = param.grad._values()
             flag = found.setdefault(values.device, torch.zeros((), device=values.device))
@@ -134,13 +173,13 @@ class InspectingGradScaler(torch.amp.GradScaler):
         # Pickle what GradScaler pickles; the inspection state (reports with device tensors and CUDA events,
         # the link to an Inspector) belongs to the running process.
         state = super().__getstate__()
-        for key in ("last_report", "_inspector", "_step_parts"):
+        for key in ("last_report", "_inspector", "_step_parts", "_combiners"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.last_report, self._inspector, self._step_parts = None, None, []
+        self.last_report, self._inspector, self._step_parts, self._combiners = None, None, [], {}
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:

@@ -1,0 +1,264 @@
+"""Multi-process scenarios for tests/test_distributed.py, run as ``python -m tests.dist_scenarios NAME WORLD
+PORT OUT_DIR`` from the repository root (a subprocess with a timeout, so a hung collective fails a test
+instead of hanging the suite). Each rank runs the scenario on gloo (CPU) and writes OUT_DIR/<name>.<rank>
+with "OK" or its failure; a scenario's assertions run on every rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import amp_inspect
+from amp_inspect.distributed import Combiner, DistributedInspectionError, reduce_stats
+from tests import models
+
+STEPS = 4
+INF_STEP = 1  # the step on which rank 1 alone produces an Inf
+TIMEOUT_S = 60.0
+
+
+def _inject_inf_on_rank_1(param: nn.Parameter, step_of: Callable[[], int]) -> None:
+    """On rank 1 only, the gradient of ``param`` gets one +Inf on step INF_STEP, before DDP sees it."""
+    if dist.get_rank() != 1:
+        return
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if step_of() != INF_STEP:
+            return grad
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+    param.register_hook(hook)
+
+
+def ddp(world: int, out: Path) -> None:
+    """DDP with Inf made on rank 1 only: the report names rank 1 and the module on every rank; training is
+    bitwise that of DDP without the hook (with GradScaler and with InspectingGradScaler); the log is written
+    once (rank 0), or once per rank when asked."""
+    rank = dist.get_rank()
+    step = [0]
+    variants = {}
+    for kind in ("plain", "hooked", "inspecting"):
+        model = models.gpt()
+        _inject_inf_on_rank_1(model.ln_f.weight, lambda: step[0])
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        scaler_type = amp_inspect.InspectingGradScaler if kind == "inspecting" else torch.amp.GradScaler
+        scaler = scaler_type("cpu", init_scale=2.0**10)
+        insp = None
+        if kind == "hooked":
+            insp = amp_inspect.attach(wrapped, scaler, log=out / "run.jsonl", timeout=TIMEOUT_S)
+            assert wrapped._comm_hooks, "attach(ddp_model) registers the comm hook"
+        elif kind == "inspecting":
+            insp = amp_inspect.attach(wrapped, scaler, log=out / "all.jsonl", log_all_ranks=True, timeout=TIMEOUT_S)
+        variants[kind] = (model, wrapped, scaler, torch.optim.SGD(model.parameters(), lr=0.1), insp)
+
+    for step[0] in range(STEPS):
+        for kind, (_, wrapped, scaler, opt, insp) in variants.items():
+            inputs, targets = models.batch_for(wrapped.module, step[0] * world + rank)  # each rank its own batch
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = wrapped(inputs)
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+            scaler.scale(loss).backward()
+            if kind == "hooked":
+                insp.check()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            if insp is None:
+                continue
+            report = insp.last_report
+            assert report.step == step[0], (kind, report.step, step[0])
+            if step[0] == INF_STEP:
+                assert report.found_inf and report.offenders == ["ln_f"], (kind, report.offenders)
+                assert report.inf_by_rank == {1: {"ln_f": 1}}, (kind, report.inf_by_rank)
+                assert report.ranks_with_inf == [1]
+                assert "NaN/Inf came from rank 1: ln_f (1)" in str(report)
+            else:
+                assert report.inf_by_rank == {} and not report.found_inf, (kind, step[0], report.inf_by_rank)
+
+    reference = variants["plain"][0]
+    for kind in ("hooked", "inspecting"):
+        model, _, scaler, _, insp = variants[kind]
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            assert torch.equal(p, q), f"{kind}: {name} differs from DDP without the hook"
+        assert scaler.get_scale() == variants["plain"][2].get_scale()
+        assert [r.ranks_with_inf for r in insp.history] == [[1] if s == INF_STEP else [] for s in range(STEPS)]
+        insp.detach()
+
+
+def _fsdp_model(world: int) -> tuple[nn.Module, nn.Module]:
+    """(model sharded with fully_shard over the world, an unsharded copy of the same initial weights)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, reference
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(8, 8, generator=torch.Generator().manual_seed(step))
+
+
+def fsdp2(world: int, out: Path) -> None:
+    """FSDP2: the combined statistics equal those of the unsharded model on the whole batch; an Inf in rank
+    1's shard is named on every rank; InspectingGradScaler skips that step on every rank, as GradScaler does."""
+    rank = dist.get_rank()
+    model, reference = _fsdp_model(world)
+    insp = amp_inspect.attach(model, timeout=TIMEOUT_S)
+    x = _batch(0)
+    model(x.tensor_split(world)[rank]).pow(2).mean().backward()  # FSDP2 averages the ranks' gradients
+    reference(x).pow(2).mean().backward()
+    report = insp.check()
+    whole = amp_inspect.attach(reference).check()
+    assert report.inf_by_rank == {}
+    for name, expected in whole.by_module.items():
+        got = report.by_module[name]
+        for key in ("numel", "nan", "posinf", "neginf", "zero", "overflow", "underflow", "subnormal"):
+            assert got[key] == expected[key], (name, key, got[key], expected[key])
+        for key in ("amax", "grad_norm"):
+            assert abs(got[key] - expected[key]) <= 1e-5 * expected[key], (name, key, got[key], expected[key])
+    insp.detach()
+
+    # InspectingGradScaler on DTensor gradients against GradScaler on an identical FSDP2 model.
+    runs = {}
+    for kind in ("plain", "inspecting"):
+        sharded, _ = _fsdp_model(world)
+        scaler_type = amp_inspect.InspectingGradScaler if kind == "inspecting" else torch.amp.GradScaler
+        scaler = scaler_type("cpu", init_scale=2.0**4)
+        inspector = amp_inspect.attach(sharded, scaler, timeout=TIMEOUT_S) if kind == "inspecting" else None
+        runs[kind] = (sharded, scaler, torch.optim.SGD(sharded.parameters(), lr=0.1), inspector)
+    for step in range(STEPS):
+        for sharded, scaler, opt, inspector in runs.values():
+            scaler.scale(sharded(_batch(step).tensor_split(world)[rank]).pow(2).mean()).backward()
+            if step == INF_STEP and rank == 1:
+                sharded[2].weight.grad.to_local()[0, 0] = float("inf")  # only in rank 1's shard
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            if inspector is not None:
+                report = inspector.last_report
+                assert report.by_module["0"]["numel"] == 16 * 8 + 16, report.by_module["0"]
+                expected = {1: {"2": 1}} if step == INF_STEP else {}
+                assert report.inf_by_rank == expected and report.found_inf == (step == INF_STEP), report.inf_by_rank
+    (plain, plain_scaler, _, _), (inspected, scaler, _, inspector) = runs["plain"], runs["inspecting"]
+    assert scaler.get_scale() == plain_scaler.get_scale() == 2.0**3  # one backoff, on every rank
+    for p, q in zip(inspected.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p.full_tensor(), q.full_tensor())
+    inspector.detach()
+
+
+def shards(world: int, out: Path) -> None:
+    """reduce_stats: each rank's slice of three tensors combines into exactly the whole tensors' statistics,
+    and the rank that held the Inf is named."""
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(n, generator=g) * 10.0 ** torch.randint(-8, 6, (n,), generator=g) for n in (10, 4097, 33)]
+    full[1][3000] = float("inf")  # in the last rank's slice
+    formats = ("fp16", "bf16")
+    merged = reduce_stats(amp_inspect.tensor_stats([t.tensor_split(world)[rank] for t in full], formats=formats))
+    whole = amp_inspect.tensor_stats(full, formats=formats)
+    for name in ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow", "amax"):
+        assert torch.equal(getattr(merged.stats, name), getattr(whole, name)), name
+    assert torch.equal(merged.stats.amin_nonzero, whole.amin_nonzero) and torch.equal(merged.stats.hist, whole.hist)
+    torch.testing.assert_close(merged.stats.sumsq, whole.sumsq, rtol=1e-6, atol=0)
+    expected = torch.zeros(world, 3, dtype=torch.int64)
+    expected[world - 1, 1] = 1
+    assert torch.equal(merged.nonfinite_by_rank, expected), merged.nonfinite_by_rank
+    assert merged.ranks_with_inf.tolist() == [r == world - 1 for r in range(world)]
+
+
+def _stats(n: int) -> amp_inspect.TensorStats:
+    return amp_inspect.tensor_stats([torch.ones(4)] * n)
+
+
+def mismatch(world: int, out: Path) -> None:
+    """Ranks holding different tensors: every rank gets a clear DistributedInspectionError, no hang."""
+    n = 2 if dist.get_rank() == 1 else 1
+    try:
+        Combiner(None, timeout_s=TIMEOUT_S).combine(_stats(n), [(4,)] * n)
+    except DistributedInspectionError as error:
+        assert "rank 0 has 1 tensors, rank 1 has 2" in str(error), str(error)
+    else:
+        raise AssertionError("no error for mismatched ranks")
+
+
+def _fails_within(seconds: float) -> None:
+    start = time.monotonic()
+    try:
+        reduce_stats(_stats(1), timeout_s=3.0)
+    except DistributedInspectionError as error:
+        elapsed = time.monotonic() - start
+        assert elapsed < seconds, f"took {elapsed:.1f} s"
+        assert "every rank must call check()" in str(error), str(error)
+    else:
+        raise AssertionError("no error")
+
+
+def dead(world: int, out: Path) -> None:
+    """A rank that died: the others get a DistributedInspectionError within the timeout."""
+    dist.barrier()
+    if dist.get_rank() == 1:
+        os._exit(0)  # dies without a word
+    _fails_within(30.0)
+
+
+def absent(world: int, out: Path) -> None:
+    """A rank that lives but never joins the inspection: the others get an error after the timeout (3 s)."""
+    dist.barrier()
+    if dist.get_rank() == 1:
+        time.sleep(8.0)
+        (out / "absent.1").write_text("OK")
+        os._exit(0)
+    _fails_within(7.0)
+
+
+SCENARIOS = {f.__name__: f for f in (shards, ddp, fsdp2, mismatch, dead, absent)}
+
+
+def _run(rank: int, name: str, world: int, port: int, out: Path) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    result = "OK"
+    try:
+        SCENARIOS[name](world, out)
+    except BaseException:  # noqa: BLE001 - the test reads it from the file
+        result = traceback.format_exc()
+    (out / f"{name}.{rank}").write_text(result)
+    # Scenarios that leave a broken group (a dead rank) end without the collective teardown.
+    if name in ("dead", "absent"):
+        os._exit(0)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    name, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    context = mp.get_context("spawn")
+    procs = [context.Process(target=_run, args=(rank, name, world, port, out)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+
+
+if __name__ == "__main__":
+    main()
