@@ -11,6 +11,8 @@ and ties them to module names and GradScaler::
     report = insp.check()   # after backward, before scaler.step
 """
 
+from .ddp import ddp_comm_hook
+from .distributed import DistributedInspectionError
 from .doctor import doctor, watch_clipping
 from .formats import FORMATS
 from .history import StepRecord, Summary
@@ -22,6 +24,7 @@ from .stats import TensorStats, tensor_stats
 
 __all__ = [
     "FORMATS",
+    "DistributedInspectionError",
     "Headroom",
     "InspectingGradScaler",
     "Inspector",
@@ -30,6 +33,7 @@ __all__ = [
     "Summary",
     "TensorStats",
     "attach",
+    "ddp_comm_hook",
     "doctor",
     "read_log",
     "tensor_stats",

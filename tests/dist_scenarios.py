@@ -46,12 +46,12 @@ def _inject_inf_on_rank_1(param: nn.Parameter, step_of: Callable[[], int]) -> No
 
 def ddp(world: int, out: Path) -> None:
     """DDP with Inf made on rank 1 only: the report names rank 1 and the module on every rank; training is
-    bitwise that of DDP without the hook (with GradScaler and with InspectingGradScaler); the log is written
-    once (rank 0), or once per rank when asked."""
+    bitwise that of DDP without the hook (with GradScaler, the hook registered by attach or by hand, and with
+    InspectingGradScaler); the log is written once (rank 0), or once per rank when asked."""
     rank = dist.get_rank()
     step = [0]
     variants = {}
-    for kind in ("plain", "hooked", "inspecting"):
+    for kind in ("plain", "hooked", "manual", "inspecting"):
         model = models.gpt()
         _inject_inf_on_rank_1(model.ln_f.weight, lambda: step[0])
         wrapped = nn.parallel.DistributedDataParallel(model)
@@ -61,6 +61,10 @@ def ddp(world: int, out: Path) -> None:
         if kind == "hooked":
             insp = amp_inspect.attach(wrapped, scaler, log=out / "run.jsonl", timeout=TIMEOUT_S)
             assert wrapped._comm_hooks, "attach(ddp_model) registers the comm hook"
+        elif kind == "manual":  # the hook registered by hand, as the README shows
+            insp = amp_inspect.attach(wrapped, scaler, ddp_hook=False, timeout=TIMEOUT_S)
+            assert not wrapped._comm_hooks
+            wrapped.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
         elif kind == "inspecting":
             insp = amp_inspect.attach(wrapped, scaler, log=out / "all.jsonl", log_all_ranks=True, timeout=TIMEOUT_S)
         variants[kind] = (model, wrapped, scaler, torch.optim.SGD(model.parameters(), lr=0.1), insp)
@@ -72,7 +76,7 @@ def ddp(world: int, out: Path) -> None:
                 logits = wrapped(inputs)
             loss = nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
             scaler.scale(loss).backward()
-            if kind == "hooked":
+            if kind in ("hooked", "manual"):
                 insp.check()
             scaler.step(opt)
             scaler.update()
@@ -90,7 +94,7 @@ def ddp(world: int, out: Path) -> None:
                 assert report.inf_by_rank == {} and not report.found_inf, (kind, step[0], report.inf_by_rank)
 
     reference = variants["plain"][0]
-    for kind in ("hooked", "inspecting"):
+    for kind in ("hooked", "manual", "inspecting"):
         model, _, scaler, _, insp = variants[kind]
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
             assert torch.equal(p, q), f"{kind}: {name} differs from DDP without the hook"
