@@ -74,6 +74,7 @@ class Summary:
     offenders: Counter  # module -> number of skipped steps it was an offender in
     advice: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    ranks: Counter = field(default_factory=Counter)  # distributed: rank -> skipped steps its own gradients caused
 
     def __str__(self) -> str:
         lines = [f"{self.steps} inspected steps, {self.skipped} skipped ({self.skip_rate:.1%})"]
@@ -83,6 +84,8 @@ class Summary:
         if self.offenders:
             top = ", ".join(f"{m} ({n})" for m, n in self.offenders.most_common(5))
             lines.append(f"modules behind skipped steps: {top}")
+        if self.ranks:
+            lines.append("ranks behind skipped steps: " + ", ".join(f"{r} ({n})" for r, n in self.ranks.most_common(8)))
         lines += [f"WARNING: {w}" for w in self.warnings]
         lines += [f"advice: {a}" for a in self.advice]
         return "\n".join(lines)
@@ -145,6 +148,7 @@ def summarize(
     events = scale_events(history)
     offenders = Counter(m for r in skipped for m in r.offenders)
     summary = Summary(len(history), len(skipped), len(skipped) / len(history) if history else 0.0, events, offenders)
+    summary.ranks = Counter(rank for r in skipped for rank in (r.ranks_with_inf or []))
     if not history:
         return summary
 
@@ -154,6 +158,15 @@ def summarize(
         warning = f"{run} skipped steps in a row earlier in the run (offenders: {', '.join(offenders) or 'none'})"
     if warning:
         summary.warnings.append(warning)
+
+    # Every NaN/Inf from one rank of several: its data shard or its device, not the model or the scale.
+    traced = [r for r in skipped if r.ranks_with_inf]
+    if len(summary.ranks) == 1 and len(traced) >= 2 and len(traced) == len(skipped):
+        rank = next(iter(summary.ranks))
+        summary.advice.append(
+            f"every skipped step's NaN/Inf came from rank {rank} alone: look at the data that rank reads, or its "
+            "device (a faulty GPU shows up as one rank)"
+        )
 
     # Skips at the very start: init_scale is too high for this model.
     first_clean = next((i for i, r in enumerate(history) if not r.skipped), len(history))

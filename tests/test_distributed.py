@@ -119,3 +119,25 @@ def test_rank_origin_counts_are_grouped_by_module_most_first() -> None:
     assert "NaN/Inf came from rank 1: b (5), a (1)" in str(report)
     with pytest.raises(ValueError, match="2 module names"):
         report.set_rank_origin(torch.zeros(2, 3, dtype=torch.int64), ["a", "b"])
+
+
+def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log(tmp_path) -> None:
+    from amp_inspect.history import StepRecord, summarize
+    from amp_inspect.report import Headroom
+
+    def record(step: int, ranks: list[int]) -> StepRecord:
+        return StepRecord(step, 1024.0, bool(ranks), ["head"] if ranks else [], 1.0, Headroom(3, 3), None, None, ranks)
+
+    history = [record(s, [1] if s % 3 == 1 else []) for s in range(9)]
+    summary = summarize(history)
+    assert summary.ranks == {1: 3}
+    assert "ranks behind skipped steps: 1 (3)" in str(summary)
+    assert any("came from rank 1 alone" in advice for advice in summary.advice)
+    # Two ranks behind the skips: no single-rank advice.
+    mixed = summarize([record(0, [1]), record(1, [2]), record(2, [])])
+    assert mixed.ranks == {1: 1, 2: 1} and not any("alone" in advice for advice in mixed.advice)
+    # A log record carries the ranks back into a StepRecord.
+    stats = amp_inspect.tensor_stats([torch.tensor([float("inf")])])
+    report = amp_inspect.StepReport(4, stats, ["head"], None)
+    report.set_rank_origin(torch.tensor([[0], [1]]), ["head"])
+    assert StepRecord.from_log_record(report.to_record()).ranks_with_inf == [1]
