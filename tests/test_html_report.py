@@ -348,3 +348,25 @@ def test_page_renders_with_its_images_in_chromium(report: tuple[Path, list[dict]
     distinct = len(np.unique((saturated * 255).round().astype(np.uint8), axis=0))
     assert len(saturated) > 100_000, f"{len(saturated)} saturated pixels: the plots were not drawn"
     assert distinct > 300, f"{distinct} distinct saturated colours: the heatmaps were not drawn"
+
+
+def test_distributed_log_names_the_ranks_behind_skips(tmp_path: Path) -> None:
+    """A log with inf_by_rank (DDP / FSDP2 runs) gets a section naming the ranks, and single-rank advice."""
+    log = tmp_path / "run.jsonl"
+    with RunLog(log) as w:
+        for step in range(6):
+            skipped = step % 2 == 1
+            w.write(
+                {
+                    "step": step,
+                    "scale": 1024.0,
+                    "skipped": skipped,
+                    "total_norm": math.inf if skipped else 1.0,
+                    "offenders": ["head"] if skipped else [],
+                    "inf_by_rank": {"3": {"head": 2}} if skipped else {},
+                }
+            )
+    text = write_report(log, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "Ranks whose own gradients held the NaN/Inf" in text
+    assert "rank 3 &mdash; on 3 skipped steps" in text
+    assert "came from rank 3 alone" in text
