@@ -20,6 +20,7 @@ Cost: one fused pass over all gradients per inspected step (``every`` sets how o
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -68,11 +69,9 @@ def log_path_of_rank(log: str | os.PathLike[str], all_ranks: bool) -> str | os.P
 def refuse_fsdp1(model: nn.Module) -> None:
     """FSDP1 (FullyShardedDataParallel) flattens parameters into per-rank shards of a FlatParameter whose
     pieces amp_inspect does not map back to modules: refuse rather than report partial statistics."""
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - torch without FSDP
-        return
-    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+    # A model can hold FSDP1 wrappers only if their module was imported: no import (0.4 s) for everyone else.
+    fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if fsdp1 is not None and any(isinstance(m, fsdp1.FullyShardedDataParallel) for m in model.modules()):
         raise ValueError(
             "amp_inspect does not support FSDP1 (FullyShardedDataParallel): its flat parameters hold pieces of "
             "many parameters per rank, which it cannot name. Use FSDP2 (torch.distributed.fsdp.fully_shard), whose "
@@ -260,10 +259,9 @@ class Inspector:
         return report
 
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
-        grads, rows = grads_of(self.entries)
-        shapes = [tuple(g.shape) for g in grads]  # a DTensor's shape is the whole parameter's
+        whole, rows = grads_of(self.entries)
         # FSDP2 / DTensor gradients: inspect this rank's shards, then combine the shards of all ranks.
-        grads, shard_group, local_only = local_shards(grads)
+        grads, shard_group, local_only = local_shards(whole)
         if shard_group is not None and self.group is not None:
             shard_group = self.group
         if local_only and not self._warned_local:
@@ -295,6 +293,7 @@ class Inspector:
             stats = TensorStats.from_op_outputs(merge_rows(parts, len(grads), grads[0].device), self.formats)
         merged = None
         if shard_group is not None and is_distributed(shard_group):
+            shapes = [tuple(g.shape) for g in whole]  # a DTensor's shape is the whole parameter's
             merged = self._combiner(shard_group).combine(stats, shapes)  # collective: every rank's check()
             stats = merged.stats
         modules = [self.entries[r].module for r in rows]
