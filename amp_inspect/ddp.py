@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed import DEFAULT_TIMEOUT_S, wait_all
+from .distributed import DEFAULT_TIMEOUT_S, global_ranks, wait_all
 from .naming import ParamEntry
 from .stats import tensor_stats
 
@@ -45,6 +45,7 @@ class BeforeAllReduce:
     ) -> None:
         self.group = group
         self.timeout_s = timeout_s
+        self.ranks = global_ranks(group)  # the global rank of each row of the counts
         self.modules = [e.module for e in entries]  # the column names of the counts
         self._column_of_param = {id(e.param): i for i, e in enumerate(entries)}
         self._columns: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # bucket index -> (param ids, index)

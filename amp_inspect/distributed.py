@@ -56,36 +56,61 @@ def to_local(t: torch.Tensor) -> torch.Tensor:
 
 
 def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.ProcessGroup | None, str | None]:
-    """The tensors to inspect on this rank: a DTensor (FSDP2, tensor parallel) is replaced by its local
-    shard. Returns (tensors, group to combine over, why not) where group is set when every tensor is a
-    DTensor sharded over one 1-D mesh (then the shards are disjoint and reduce_stats makes whole-tensor
-    statistics); with replicated placements or several meshes it is None and the reason says why."""
+    """The tensors to inspect on this rank: a DTensor (FSDP2, HSDP, tensor parallel) is replaced by its local
+    shard. Returns (tensors, group to combine over, why not). The group is set when every tensor is a
+    DTensor on one mesh, sharded along exactly one mesh dimension and replicated along the others (FSDP2: a
+    1-D mesh; HSDP: (replicate, shard)): the shards in that dimension's group are disjoint pieces and
+    reduce_stats makes whole-tensor statistics of them. Otherwise the group is None, and the reason says why
+    when the statistics are partial (fully replicated DTensors need no combining: no reason)."""
     dtensor = _dtensor_type()
     if dtensor is None:  # pragma: no cover - torch without DTensor
         return grads, None, None
-    local, meshes, replicated = [], set(), False
+    local, meshes, layouts = [], set(), set()
     for g in grads:
         if isinstance(g, dtensor):
             local.append(g.to_local())
             meshes.add(g.device_mesh)
-            replicated = replicated or not all(p.is_shard() for p in g.placements)
+            shard_dims = tuple(i for i, p in enumerate(g.placements) if p.is_shard())
+            others_replicated = all(p.is_shard() or p.is_replicate() for p in g.placements)
+            layouts.add(shard_dims if others_replicated else None)
         else:
             local.append(g)
     if not meshes:
         return local, None, None
-    if replicated:
-        return local, None, "some DTensor gradients are replicated: statistics are of this rank's local pieces"
-    if len(meshes) > 1 or next(iter(meshes)).ndim != 1:
-        return local, None, "DTensor gradients on several or multi-dimensional meshes: statistics are local"
+    if len(meshes) > 1:
+        return local, None, "DTensor gradients on several meshes: statistics are of this rank's local pieces"
     if len(local) != sum(isinstance(g, dtensor) for g in grads):
         return local, None, "a mix of DTensor and plain gradients: statistics are of this rank's local pieces"
-    return local, next(iter(meshes)).get_group(), None
+    if layouts == {()}:
+        return local, None, None  # replicated everywhere: every rank holds the whole gradients
+    layout = next(iter(layouts))
+    if len(layouts) > 1 or layout is None or len(layout) != 1:
+        return (
+            local,
+            None,
+            (
+                "DTensor gradients not sharded along exactly one mesh dimension (with the others replicated): "
+                "statistics are of this rank's local pieces"
+            ),
+        )
+    return local, next(iter(meshes)).get_group(layout[0]), None
+
+
+def global_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    """The global rank of each rank of ``group``, in group-rank order (reports name global ranks: with DDP
+    or FSDP over a subgroup, as in pipeline or hybrid parallelism, the group's rank 1 is not global rank 1)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return (0,)
+    if group is None or group is dist.group.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_global_rank(group, r) for r in range(dist.get_world_size(group)))
 
 
 @dataclass(frozen=True)
 class GlobalStats:
     stats: TensorStats  # statistics over every rank's pieces
     nonfinite_by_rank: torch.Tensor  # int64 [world, T]: NaN/Inf count of each rank's piece of each tensor
+    ranks: tuple[int, ...] = (0,)  # the global rank of each row of nonfinite_by_rank
 
     @property
     def ranks_with_inf(self) -> torch.Tensor:
@@ -139,7 +164,7 @@ def reduce_stats(
     merged_sumsq = packed[n_counts + n_hist : n_counts + n_hist + n_rows]
     merged_by_rank = packed[n_counts + n_hist + n_rows :].round().to(torch.int64).reshape(world, len(stats))
     outputs = (merged_counts, merged_hist, extremes_max, extremes_min, merged_sumsq)
-    return GlobalStats(TensorStats.from_op_outputs(outputs, stats.formats), merged_by_rank)
+    return GlobalStats(TensorStats.from_op_outputs(outputs, stats.formats), merged_by_rank, global_ranks(group))
 
 
 def layout_key(shapes: Sequence[Sequence[int]]) -> int:

@@ -299,7 +299,7 @@ class Inspector:
         modules = [self.entries[r].module for r in rows]
         report = StepReport(step, stats, modules, scale)
         if merged is not None:
-            report.set_rank_origin(merged.nonfinite_by_rank, modules)
+            report.set_rank_origin(merged.nonfinite_by_rank, modules, merged.ranks)
         self.receive(report)
         return report
 
@@ -310,7 +310,7 @@ class Inspector:
         if self._before_allreduce is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
             counts = self._before_allreduce.take()
             if counts is not None:
-                report.set_rank_origin(counts, self._before_allreduce.modules)
+                report.set_rank_origin(counts, self._before_allreduce.modules, self._before_allreduce.ranks)
         if self._log is not None:  # memory of this step, sampled now (no sync): the log is written later
             report.hardware = hardware.sample(self.entries[0].param.device if self.entries else None)
         self.last_report = report

@@ -159,6 +159,7 @@ class StepReport:
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
+        self._origin_ranks: list[int] = []
         # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._snapshot = StatsSnapshot(stats, self._scale_tensor)
@@ -185,15 +186,22 @@ class StepReport:
         norm = torch.where(nan, torch.full_like(norm, math.nan), norm)
         return norm.float()
 
-    def set_rank_origin(self, nonfinite_by_rank: torch.Tensor, module_of_column: Sequence[str]) -> None:
+    def set_rank_origin(
+        self, nonfinite_by_rank: torch.Tensor, module_of_column: Sequence[str], ranks: Sequence[int] | None = None
+    ) -> None:
         """Records where NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K],
         the NaN/Inf count of each rank's local gradients (before DDP's all-reduce) or shards (FSDP2) of K
-        tensors, whose modules ``module_of_column`` names. Copied to the host without a sync."""
+        tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank (default:
+        the row number). Copied to the host without a sync."""
         if nonfinite_by_rank.dim() != 2 or nonfinite_by_rank.shape[1] != len(module_of_column):
             shape = tuple(nonfinite_by_rank.shape)
             raise ValueError(f"{len(module_of_column)} module names for counts of shape {shape}")
+        ranks = list(range(nonfinite_by_rank.shape[0])) if ranks is None else list(ranks)
+        if len(ranks) != nonfinite_by_rank.shape[0]:
+            raise ValueError(f"{len(ranks)} ranks for {nonfinite_by_rank.shape[0]} rows of counts")
         self._origin = HostCopy({"counts": nonfinite_by_rank}, nonfinite_by_rank.device)
         self._origin_modules = list(module_of_column)
+        self._origin_ranks = ranks
 
     def ready(self) -> bool:
         """Whether host values can be read without waiting for the device."""
@@ -305,10 +313,10 @@ class StepReport:
             return None
         counts = self._origin.host()["counts"]
         out: dict[int, dict[str, int]] = {}
-        for rank, column in zip(*np.nonzero(counts), strict=True):
-            by_module = out.setdefault(int(rank), {})
+        for row, column in zip(*np.nonzero(counts), strict=True):
+            by_module = out.setdefault(self._origin_ranks[row], {})
             name = self._origin_modules[column]
-            by_module[name] = by_module.get(name, 0) + int(counts[rank, column])
+            by_module[name] = by_module.get(name, 0) + int(counts[row, column])
         return {rank: dict(sorted(m.items(), key=lambda kv: -kv[1])) for rank, m in sorted(out.items())}
 
     @property

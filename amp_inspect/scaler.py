@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._ops import unscale_stats_op
-from .distributed import DEFAULT_TIMEOUT_S, Combiner, is_distributed, local_shards
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, GlobalStats, is_distributed, local_shards
 from .report import StepReport
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
@@ -44,7 +44,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._unscaled_this_step = False
         self._checked_this_step = False  # an attached Inspector's check() already inspected this step
         # This step's unscale passes: (statistics outputs, module names, per-rank NaN/Inf counts or None).
-        self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], torch.Tensor | None]] = []
+        self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], GlobalStats | None]] = []
         self._combiners: dict[int, Combiner] = {}  # FSDP2: one per process group the gradients are sharded over
 
     @property
@@ -87,14 +87,15 @@ class InspectingGradScaler(torch.amp.GradScaler):
 
     def _combine(
         self, combiner: Combiner | None, outputs: tuple[torch.Tensor, ...], dense: list[torch.Tensor]
-    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
-        """Whole-parameter statistics from every rank's shards (collective), and the per-rank NaN/Inf counts."""
+    ) -> tuple[tuple[torch.Tensor, ...], GlobalStats | None]:
+        """Whole-parameter statistics from every rank's shards (collective), and the combination (per-rank
+        NaN/Inf counts) when there was one."""
         if combiner is None:
             return outputs, None
         merged = combiner.combine(TensorStats.from_op_outputs(outputs, self.formats), [tuple(g.shape) for g in dense])
-        return stats_outputs(merged.stats), merged.nonfinite_by_rank
+        return stats_outputs(merged.stats), merged
 
-    def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str], origin: torch.Tensor | None) -> None:
+    def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str], origin: GlobalStats | None) -> None:
         """Adds one unscale pass (one optimizer's gradients) to this step's report. With several optimizers
         on one scaler, the step's report covers all of them; the Inspector receives it once, in update()."""
         self._step_parts.append((outputs, names, origin))
@@ -110,8 +111,9 @@ class InspectingGradScaler(torch.amp.GradScaler):
         stats = TensorStats.from_op_outputs(merged, self.formats)
         self.last_report = StepReport(self._steps, stats, all_names, self._scale)
         origins = [part_origin for _, _, part_origin in self._step_parts]
-        if all(o is not None for o in origins):
-            self.last_report.set_rank_origin(torch.cat([o.to(home) for o in origins], dim=1), all_names)
+        if all(o is not None and o.ranks == origins[0].ranks for o in origins):
+            counts = torch.cat([o.nonfinite_by_rank.to(home) for o in origins], dim=1)
+            self.last_report.set_rank_origin(counts, all_names, origins[0].ranks)
         self._unscaled_this_step = True
 
     def _unscale_grads_(
@@ -144,7 +146,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         if parts:
             outputs, origin = self._combine(combiner, merge_rows(parts, len(dense), parts[0][1][0].device), shapes)
             if origin is not None:  # any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale
-                anywhere = (origin.sum() > 0).to(torch.float32)
+                anywhere = (origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():
                     torch.maximum(found, anywhere.to(found.device), out=found)
             self._publish(outputs, names, origin)

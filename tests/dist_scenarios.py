@@ -29,9 +29,9 @@ INF_STEP = 1  # the step on which rank 1 alone produces an Inf
 TIMEOUT_S = 60.0
 
 
-def _inject_inf_on_rank_1(param: nn.Parameter, step_of: Callable[[], int]) -> None:
-    """On rank 1 only, the gradient of ``param`` gets one +Inf on step INF_STEP, before DDP sees it."""
-    if dist.get_rank() != 1:
+def _inject_inf(param: nn.Parameter, step_of: Callable[[], int], on_rank: int = 1) -> None:
+    """On rank ``on_rank`` only, the gradient of ``param`` gets one +Inf on step INF_STEP, before DDP sees it."""
+    if dist.get_rank() != on_rank:
         return
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
@@ -53,7 +53,7 @@ def ddp(world: int, out: Path) -> None:
     variants = {}
     for kind in ("plain", "hooked", "manual", "inspecting"):
         model = models.gpt()
-        _inject_inf_on_rank_1(model.ln_f.weight, lambda: step[0])
+        _inject_inf(model.ln_f.weight, lambda: step[0])
         wrapped = nn.parallel.DistributedDataParallel(model)
         scaler_type = amp_inspect.InspectingGradScaler if kind == "inspecting" else torch.amp.GradScaler
         scaler = scaler_type("cpu", init_scale=2.0**10)
@@ -103,12 +103,43 @@ def ddp(world: int, out: Path) -> None:
         insp.detach()
 
 
-def _fsdp_model(world: int) -> tuple[nn.Module, nn.Module]:
-    """(model sharded with fully_shard over the world, an unsharded copy of the same initial weights)."""
+def ddp_groups(world: int, out: Path) -> None:
+    """DDP over two subgroups, {0, 1} and {2, 3}, as with pipeline or hybrid parallelism: the Inf made on
+    global rank 3 is named as rank 3 (a global rank) in its group's reports; the other group stays clean.
+    Ranks 0 and 1 pass their group as ``group=``, ranks 2 and 3 rely on DDP's process group."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
+    mine = groups[rank // 2]
+    step = [0]
+    model = models.gpt()
+    _inject_inf(model.ln_f.weight, lambda: step[0], on_rank=3)
+    wrapped = nn.parallel.DistributedDataParallel(model, process_group=mine)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    insp = amp_inspect.attach(wrapped, scaler, group=mine if rank < 2 else None, timeout=TIMEOUT_S)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step[0] in range(STEPS):
+        inputs, targets = models.batch_for(model, step[0] * world + rank)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = wrapped(inputs)
+        scaler.scale(nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten())).backward()
+        report = insp.check()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        expected = {3: {"ln_f": 1}} if step[0] == INF_STEP and rank >= 2 else {}
+        assert report.inf_by_rank == expected, (step[0], report.inf_by_rank)
+        assert report.found_inf == bool(expected)
+    insp.detach()
+
+
+def _fsdp_model(world: int, mesh_shape: tuple[int, ...] | None = None) -> tuple[nn.Module, nn.Module]:
+    """(model sharded with fully_shard over the world, an unsharded copy of the same initial weights); a 2-D
+    ``mesh_shape`` (replicate, shard) gives HSDP."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    names = ("replicate", "shard") if mesh_shape and len(mesh_shape) == 2 else None
+    mesh = init_device_mesh("cpu", mesh_shape or (world,), mesh_dim_names=names)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     reference = copy.deepcopy(model)
@@ -122,6 +153,35 @@ def _batch(step: int) -> torch.Tensor:
     return torch.randn(8, 8, generator=torch.Generator().manual_seed(step))
 
 
+def _assert_same_modules(report: amp_inspect.StepReport, whole: amp_inspect.StepReport) -> None:
+    """Combined statistics equal the unsharded model's: counts exactly, amax and norms to float rounding (the
+    sharded run sums its gradients in another order)."""
+    assert set(report.by_module) == set(whole.by_module)
+    for name, expected in whole.by_module.items():
+        got = report.by_module[name]
+        for key in ("numel", "nan", "posinf", "neginf", "zero", "overflow", "underflow", "subnormal"):
+            assert got[key] == expected[key], (name, key, got[key], expected[key])
+        for key in ("amax", "grad_norm"):
+            assert abs(got[key] - expected[key]) <= 1e-5 * expected[key], (name, key, got[key], expected[key])
+
+
+def hsdp(world: int, out: Path) -> None:
+    """HSDP (a (replicate, shard) mesh): statistics combined over the shard group equal the unsharded model's,
+    and an Inf in the shard at shard coordinate 1 is named by its global rank (1 or 3, per replica)."""
+    rank = dist.get_rank()
+    model, reference = _fsdp_model(world, mesh_shape=(2, world // 2))
+    insp = amp_inspect.attach(model, timeout=TIMEOUT_S)
+    x = _batch(0)
+    model(x.tensor_split(world)[rank]).pow(2).mean().backward()
+    reference(x).pow(2).mean().backward()
+    _assert_same_modules(insp.check(), amp_inspect.attach(reference).check())
+    if rank % 2 == 1:  # the same shard of both replicas (after HSDP's all-reduce the replicas agree)
+        model[2].weight.grad.to_local()[0, 0] = float("inf")
+    report = insp.check()
+    assert report.inf_by_rank == {2 * (rank // 2) + 1: {"2": 1}}, report.inf_by_rank
+    insp.detach()
+
+
 def fsdp2(world: int, out: Path) -> None:
     """FSDP2: the combined statistics equal those of the unsharded model on the whole batch; an Inf in rank
     1's shard is named on every rank; InspectingGradScaler skips that step on every rank, as GradScaler does."""
@@ -132,14 +192,8 @@ def fsdp2(world: int, out: Path) -> None:
     model(x.tensor_split(world)[rank]).pow(2).mean().backward()  # FSDP2 averages the ranks' gradients
     reference(x).pow(2).mean().backward()
     report = insp.check()
-    whole = amp_inspect.attach(reference).check()
     assert report.inf_by_rank == {}
-    for name, expected in whole.by_module.items():
-        got = report.by_module[name]
-        for key in ("numel", "nan", "posinf", "neginf", "zero", "overflow", "underflow", "subnormal"):
-            assert got[key] == expected[key], (name, key, got[key], expected[key])
-        for key in ("amax", "grad_norm"):
-            assert abs(got[key] - expected[key]) <= 1e-5 * expected[key], (name, key, got[key], expected[key])
+    _assert_same_modules(report, amp_inspect.attach(reference).check())
     insp.detach()
 
     # InspectingGradScaler on DTensor gradients against GradScaler on an identical FSDP2 model.
@@ -235,7 +289,7 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
-SCENARIOS = {f.__name__: f for f in (shards, ddp, fsdp2, mismatch, dead, absent)}
+SCENARIOS = {f.__name__: f for f in (shards, ddp, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)}
 
 
 def _run(rank: int, name: str, world: int, port: int, out: Path) -> None:

@@ -1,7 +1,7 @@
 """Distributed inspection across gloo processes on the CPU (scenarios in tests/dist_scenarios.py): DDP with
-the comm hook (2, 3 and 4 ranks), FSDP2 (2 and 4 ranks), shards combined by reduce_stats, and failures (a
-dead rank, an absent rank, mismatched ranks) that must end in a clear error, never a hang. Each scenario runs
-in a subprocess with a timeout."""
+the comm hook (2, 3 and 4 ranks, and over subgroups), FSDP2 (2 and 4 ranks), HSDP (4), shards combined by
+reduce_stats, and failures (a dead rank, an absent rank, mismatched ranks) that must end in a clear error,
+never a hang. Each scenario runs in a subprocess with a timeout."""
 
 from __future__ import annotations
 
@@ -66,6 +66,12 @@ def test_ddp_names_the_rank_and_module_on_every_rank_and_trains_bitwise_alike(tm
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp2_global_statistics_equal_single_process_and_name_the_rank(tmp_path, world: int) -> None:
     run_scenario("fsdp2", world, tmp_path)
+
+
+@pytest.mark.parametrize("scenario", ["ddp_groups", "hsdp"])
+def test_subgroups_name_global_ranks(tmp_path, scenario: str) -> None:
+    # DDP over two process groups of 2, and HSDP on a (2, 2) mesh: 4 processes.
+    run_scenario(scenario, 4, tmp_path)
 
 
 @pytest.mark.parametrize("scenario", ["mismatch", "dead", "absent"])
