@@ -51,6 +51,7 @@ class BeforeAllReduce:
         self._columns: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # bucket index -> (param ids, index)
         self._counts: torch.Tensor | None = None  # this rank's counts, filled bucket by bucket
         self._pending: tuple[dist.Work, torch.Tensor] | None = None  # the last step's exchange
+        self.detached = False
 
     def _bucket_columns(self, bucket: dist.GradBucket, device: torch.device) -> torch.Tensor:
         # DDP rebuilds its buckets after the first iteration: the cache is keyed by the parameters too.
@@ -103,7 +104,8 @@ def ddp_comm_hook(state: "Inspector", bucket: dist.GradBucket) -> torch.futures.
     """DDP communication hook (``ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)``): inspects
     this rank's gradients of the bucket for NaN/Inf, then averages them as DDP's built-in reduction does."""
     origin = state._before_allreduce_for(bucket)
-    origin.bucket_ready(bucket)
+    if not origin.detached:  # after insp.detach() (on every rank) the hook only averages
+        origin.bucket_ready(bucket)
     group = origin.group if origin.group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     # What DDP does without a hook: multiply by 1/world (a double scalar) and all-reduce SUM. torch's own

@@ -154,6 +154,7 @@ class Inspector:
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
         self._before_allreduce: BeforeAllReduce | None = None
+        self._ddp_hook_registered = False
         ddp = ddp_of(model)
         if ddp_hook and ddp is not None and is_distributed(ddp.process_group):
             if getattr(ddp, "_comm_hooks", None):
@@ -165,6 +166,7 @@ class Inspector:
                 )
             else:
                 ddp.register_comm_hook(self, ddp_comm_hook)
+                self._ddp_hook_registered = True
 
     # ---- scaler link ----
 
@@ -209,7 +211,7 @@ class Inspector:
         scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
         self._patched.append((scaler, "_maybe_opt_step"))
 
-    def _before_allreduce_for(self, bucket: dist.GradBucket) -> BeforeAllReduce:
+    def _before_allreduce_for(self, bucket: dist.GradBucket | None) -> BeforeAllReduce:
         """The state of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
         if self._before_allreduce is None:
             ddp = ddp_of(self.model)
@@ -446,6 +448,9 @@ class Inspector:
         self._patched.clear()
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None
+        if self._ddp_hook_registered or self._before_allreduce is not None:
+            # DDP cannot unregister a comm hook: from now on it only averages (detach on every rank alike).
+            self._before_allreduce_for(None).detached = True
         if self.clip_watch is not None:
             self.clip_watch.close()
         self.close()

@@ -102,6 +102,18 @@ def ddp(world: int, out: Path) -> None:
         assert [r.ranks_with_inf for r in insp.history] == [[1] if s == INF_STEP else [] for s in range(STEPS)]
         insp.detach()
 
+    # After detach() the registered hooks only average: one more step, still bitwise DDP's, nothing counted.
+    for _, wrapped, scaler, opt, _ in variants.values():
+        inputs, targets = models.batch_for(wrapped.module, STEPS * world + rank)
+        loss = nn.functional.cross_entropy(wrapped(inputs).flatten(0, -2), targets.flatten())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    for kind in ("hooked", "manual"):
+        model, *_, insp = variants[kind]
+        assert insp._before_allreduce._pending is None and insp._before_allreduce._counts is None
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
+
 
 def ddp_groups(world: int, out: Path) -> None:
     """DDP over two subgroups, {0, 1} and {2, 3}, as with pipeline or hybrid parallelism: the Inf made on
