@@ -96,7 +96,8 @@ class BeforeAllReduce:
             return None
         work, table = self._pending
         self._pending = None
-        wait_all([work], self.timeout_s, "exchanging the NaN/Inf counts before the all-reduce", self.group)
+        what = "exchanging the NaN/Inf counts before the all-reduce"
+        wait_all([work], self.timeout_s, what, self.group, table.device)
         return table
 
 

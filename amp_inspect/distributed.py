@@ -12,8 +12,10 @@ squares and the per-rank NaN/Inf counts, exact below 2^53; MAX of amax; MIN of a
 where the backend allows; with a world of one, nothing is communicated. Bytes per call, for T tensors, F
 formats and W ranks: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T.
 
-Failure: every wait has a timeout. A rank that died, left, or skipped the collective, or ranks holding
-different models, raise ``DistributedInspectionError`` (a RuntimeError) naming what went wrong, never a hang.
+Failure: a rank that died, left, or skipped the collective, or ranks holding different models, raise
+``DistributedInspectionError`` (a RuntimeError) naming what went wrong, never a hang: on host tensors (gloo)
+after at most the timeout; on CUDA tensors (NCCL) through the process group's own timeout and watchdog,
+because a timed wait there would stall the host every step (see ``wait_all``).
 ``Combiner`` checks once, before its first combine, that every rank holds the same tensor layout.
 """
 
@@ -118,12 +120,19 @@ class GlobalStats:
         return self.nonfinite_by_rank.sum(dim=1) > 0
 
 
-def wait_all(works: Sequence[dist.Work], timeout_s: float, what: str, group: dist.ProcessGroup | None) -> None:
-    """Waits for ``works`` (at most ``timeout_s`` on backends that honour it) and turns any failure into a
-    DistributedInspectionError that says what was being combined and what usually causes it."""
+def wait_all(
+    works: Sequence[dist.Work], timeout_s: float, what: str, group: dist.ProcessGroup | None, device: torch.device
+) -> None:
+    """Waits for ``works`` and turns any failure into a DistributedInspectionError that says what was being
+    combined and what usually causes it. For host tensors (gloo) the wait lasts at most ``timeout_s``. For
+    CUDA tensors it only orders the current stream after the collective: NCCL turns a timed wait into a busy
+    wait of the host, a sync on every step; there the process group's own timeout and watchdog apply."""
     try:
         for work in works:
-            work.wait(timedelta(seconds=timeout_s))
+            if device.type == "cuda":
+                work.wait()
+            else:
+                work.wait(timedelta(seconds=timeout_s))
     except RuntimeError as error:
         world = dist.get_world_size(group)
         raise DistributedInspectionError(
@@ -157,7 +166,7 @@ def reduce_stats(
         dist.all_reduce(extremes_max, op=dist.ReduceOp.MAX, group=group, async_op=True),
         dist.all_reduce(extremes_min, op=dist.ReduceOp.MIN, group=group, async_op=True),
     ]
-    wait_all(works, timeout_s, "combining the gradient statistics", group)
+    wait_all(works, timeout_s, "combining the gradient statistics", group, device)
     n_counts, n_hist, n_rows = counts.numel(), hist.numel(), sumsq.numel()
     merged_counts = packed[:n_counts].round().to(torch.int64).reshape(counts.shape)
     merged_hist = packed[n_counts : n_counts + n_hist].round().to(torch.int64).reshape(hist.shape)
@@ -182,7 +191,8 @@ def check_same_layout(
     table = torch.zeros(world, 2, dtype=torch.int64, device=device)
     table[rank, 0] = len(shapes)
     table[rank, 1] = layout_key(shapes)
-    wait_all([dist.all_reduce(table, group=group, async_op=True)], timeout_s, "checking the tensor layout", group)
+    work = dist.all_reduce(table, group=group, async_op=True)
+    wait_all([work], timeout_s, "checking the tensor layout", group, device)
     rows = table.tolist()
     differ = [r for r, row in enumerate(rows) if row != rows[0]]
     if differ:
