@@ -7,8 +7,8 @@ exact for disjoint pieces of each tensor (FSDP2 shards, or each rank's local gra
 all-reduce); replicated gradients (after DDP's all-reduce) would be counted once per rank, so the Inspector
 never combines those (see amp_inspect/ddp.py for DDP).
 
-Cost: three all-reduces issued together (SUM of one packed float64 buffer: counts, histograms, sums of
-squares and the per-rank NaN/Inf counts, exact below 2^53; MAX of amax; MIN of amin_nonzero), asynchronous
+Cost: two all-reduces issued together (SUM of one packed float64 buffer: counts, histograms, sums of
+squares and the per-rank NaN/Inf counts, exact below 2^53; MAX of amax and of -amin_nonzero), asynchronous
 where the backend allows; with a world of one, nothing is communicated. Bytes per call, for T tensors, F
 formats and W ranks: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T.
 
@@ -159,14 +159,14 @@ def reduce_stats(
     by_rank = torch.zeros(world, len(stats), dtype=torch.float64, device=device)
     by_rank[rank] = nonfinite.to(torch.float64)
     packed = torch.cat([counts.double().flatten(), hist.double().flatten(), sumsq.double(), by_rank.flatten()])
-    extremes_max = amax.clone()
-    extremes_min = amin.clone()
+    # One MAX buffer: amax, and amin_nonzero negated (min(x) = -max(-x), exact: negation only flips the sign).
+    extremes = torch.cat([amax, -amin])
     works = [
         dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True),
-        dist.all_reduce(extremes_max, op=dist.ReduceOp.MAX, group=group, async_op=True),
-        dist.all_reduce(extremes_min, op=dist.ReduceOp.MIN, group=group, async_op=True),
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True),
     ]
     wait_all(works, timeout_s, "combining the gradient statistics", group, device)
+    extremes_max, extremes_min = extremes[: len(stats)], -extremes[len(stats) :]
     n_counts, n_hist, n_rows = counts.numel(), hist.numel(), sumsq.numel()
     merged_counts = packed[:n_counts].round().to(torch.int64).reshape(counts.shape)
     merged_hist = packed[n_counts : n_counts + n_hist].round().to(torch.int64).reshape(hist.shape)
