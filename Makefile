@@ -31,6 +31,7 @@ test: setup lint
 bench: setup
 	$(BIN)/python bench/bench_tensor_stats.py --device cpu
 	$(BIN)/python bench/bench_step.py --device cpu
+	$(BIN)/python bench/bench_distributed.py
 
 # On a machine with a GPU and torch already installed (no network): see bench/gpu_check.sh.
 gpu-check:
