@@ -3,24 +3,25 @@
 After DDP's all-reduce every rank holds the same averaged gradients, so a NaN made on rank 3 is on all ranks
 and a check there cannot say where it came from. ``ddp_comm_hook`` runs where DDP hands each gradient bucket
 to the network: it counts NaN/Inf in this rank's own gradients of the bucket (the fused op over the bucket's
-views, one pass), then averages exactly as DDP without a hook does (multiply by 1/world, all-reduce SUM), so
-training is bitwise the same. After the last bucket, one more all-reduce (int64 [world, parameters], issued
-asynchronously) tells every rank each rank's counts; the next report takes them as ``inf_by_rank``.
+views, one pass), then averages exactly as DDP without a hook does, over DDP's process group, so training is
+bitwise the same. After the last bucket, one more all-reduce (int64 [world, parameters], issued
+asynchronously) tells every rank each rank's counts; the report of that step takes them as ``inf_by_rank``.
 
 The report's other statistics stay those of the averaged gradients (what GradScaler and the optimizer see,
-identical on every rank): its total_norm is the one to clip with.
+identical on every rank of the group): its total_norm is the one to clip with.
 
     insp = amp_inspect.attach(ddp_model, scaler)   # registers the hook (ddp_hook=False to opt out)
-    # or, by hand, before the first backward:
+    # or, by hand, before the first backward, with attach(ddp_model, ddp_hook=False):
     ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
 
-Cost per step: one read of the gradients inside backward (the fused op, per bucket) and
-8 * world * parameters bytes all-reduced. No module here imports this hook's state on a world of one.
+Cost per synchronised backward: one read of the gradients inside backward (the fused op, per bucket) and
+8 * world * parameters bytes all-reduced.
 """
 
 # No ``from __future__ import annotations``: DDP compares the hook's annotations with real types.
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 import torch
 import torch.distributed as dist
@@ -37,29 +38,84 @@ if TYPE_CHECKING:
 _HOOK_FORMATS = ("fp16",)
 
 
+@dataclass
+class _Exchange:
+    """One backward's all-reduce of the per-rank counts, in flight."""
+
+    step: int  # the inspector's step during that backward
+    work: dist.Work
+    table: torch.Tensor  # int64 [world, parameters], complete once work is
+    earlier: torch.Tensor | None  # the same step's earlier backward (accumulation without no_sync), done
+
+
+class HookState:
+    """What ``attach`` registers as the hook's state: the inspector it reports to. Kept on the DDP model so a
+    later ``attach`` rebinds it (DDP cannot register a second hook, nor remove one)."""
+
+    def __init__(self, inspector: "Inspector") -> None:
+        self.inspector = inspector
+
+
 class BeforeAllReduce:
-    """Per-rank NaN/Inf counts of each parameter's local gradient, gathered by ``ddp_comm_hook``."""
+    """Per-rank NaN/Inf counts of each parameter's local gradient, gathered by ``ddp_comm_hook``, and the
+    averaging DDP would do without a hook."""
 
     def __init__(
-        self, entries: list[ParamEntry], group: dist.ProcessGroup | None, timeout_s: float = DEFAULT_TIMEOUT_S
+        self, ddp: nn.parallel.DistributedDataParallel, entries: list[ParamEntry], timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> None:
-        self.group = group
+        self.group = ddp.process_group
+        self.world = dist.get_world_size(self.group)
         self.timeout_s = timeout_s
-        self.ranks = global_ranks(group)  # the global rank of each row of the counts
+        self.ranks = global_ranks(self.group)  # the global rank of each row of the counts
         self.modules = [e.module for e in entries]  # the column names of the counts
+        self.detached = False  # set by Inspector.detach(): only average from then on
         self._column_of_param = {id(e.param): i for i, e in enumerate(entries)}
         self._columns: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # bucket index -> (param ids, index)
         self._counts: torch.Tensor | None = None  # this rank's counts, filled bucket by bucket
-        self._pending: tuple[dist.Work, torch.Tensor] | None = None  # the last step's exchange
-        self.detached = False
+        self._pending: _Exchange | None = None
+        self._taken: tuple[int, torch.Tensor] | None = None  # the last (step, table) handed to a report
+        # DDP without a hook multiplies a copied gradient by 1/world but divides one that already lives in its
+        # bucket (gradient_as_bucket_view, once .grad exists): the two round differently unless world is a
+        # power of two. Whether .grad exists is recorded at each forward, before the backward that reduces it.
+        self._divide: set[int] = set()
+        self._forward_hook = None
+        if ddp.gradient_as_bucket_view and self.world & (self.world - 1):
+            self._forward_hook = ddp.register_forward_pre_hook(self._record_existing_grads)
+
+    def _record_existing_grads(self, ddp: nn.Module, args: object) -> None:
+        self._divide = {id(p) for p in ddp.parameters() if p.grad is not None}
+
+    def close(self) -> None:
+        """Counting stops. The comm hook stays registered (DDP cannot remove one), and so does the forward hook
+        that keeps its averaging exact."""
+        self.detached = True
+
+    # ---- averaging, as DDP does without a hook ----
+
+    def average(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        if self._forward_hook is None:
+            buffer.mul_(1.0 / self.world)  # a double scalar, as DDP's reducer: not div_ (torch's allreduce_hook)
+        else:
+            divide = [id(p) in self._divide for p in bucket.parameters()]
+            if all(divide):
+                buffer.div_(self.world)
+            elif not any(divide):
+                buffer.mul_(1.0 / self.world)
+            else:
+                for view, by_division in zip(bucket.gradients(), divide, strict=True):
+                    view.div_(self.world) if by_division else view.mul_(1.0 / self.world)
+        work = dist.all_reduce(buffer, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    # ---- counting ----
 
     def _bucket_columns(self, bucket: dist.GradBucket, device: torch.device) -> torch.Tensor:
         # DDP rebuilds its buckets after the first iteration: the cache is keyed by the parameters too.
         ids = tuple(id(p) for p in bucket.parameters())
         cached = self._columns.get(bucket.index())
         if cached is None or cached[0] != ids:
-            unknown = [i for i in ids if i not in self._column_of_param]
-            if unknown:
+            if any(i not in self._column_of_param for i in ids):
                 raise RuntimeError(
                     "amp_inspect.ddp_comm_hook: DDP reduces parameters this inspector does not know; register the "
                     "hook with the inspector attached to the same DDP model"
@@ -68,7 +124,7 @@ class BeforeAllReduce:
             cached = self._columns[bucket.index()] = (ids, index)
         return cached[1]
 
-    def bucket_ready(self, bucket: dist.GradBucket) -> None:
+    def bucket_ready(self, bucket: dist.GradBucket, step: int) -> None:
         """Counts NaN/Inf in this rank's gradients of ``bucket``; after the last bucket, starts the exchange."""
         grads = bucket.gradients()
         if grads:
@@ -79,43 +135,70 @@ class BeforeAllReduce:
                 stats = tensor_stats(grads, formats=_HOOK_FORMATS)
                 self._counts.index_copy_(0, self._bucket_columns(bucket, device), stats.nonfinite)
         if bucket.is_last() and self._counts is not None:
-            self._finish_step(self._counts)
+            self._exchange(self._counts, step)
             self._counts = None
 
-    def _finish_step(self, counts: torch.Tensor) -> None:
-        self.take()  # a step nobody reported on: its exchange is complete, drop it
-        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        table = torch.zeros(world, counts.numel(), dtype=torch.int64, device=counts.device)
-        table[rank] = counts
-        self._pending = (dist.all_reduce(table, group=self.group, async_op=True), table)
+    def _exchange(self, counts: torch.Tensor, step: int) -> None:
+        earlier = None
+        if self._pending is not None:
+            previous = self._complete(self._pending)
+            # Several backwards in one step without no_sync: after the first all-reduce a NaN is in every rank's
+            # .grad, so the first backward that saw any says where it came from.
+            earlier = previous if self._pending.step == step else None
+        table = torch.zeros(self.world, counts.numel(), dtype=torch.int64, device=counts.device)
+        table[dist.get_rank(self.group)] = counts
+        self._pending = _Exchange(step, dist.all_reduce(table, group=self.group, async_op=True), table, earlier)
 
-    def take(self) -> torch.Tensor | None:
-        """The last step's counts of every rank, int64 [world, parameters] (None when no step was exchanged
-        since the last take). Waits for the exchange, at most the timeout."""
-        if self._pending is None:
-            return None
-        work, table = self._pending
-        self._pending = None
+    def _complete(self, exchange: _Exchange) -> torch.Tensor:
         what = "exchanging the NaN/Inf counts before the all-reduce"
-        wait_all([work], self.timeout_s, what, self.group, table.device)
+        wait_all([exchange.work], self.timeout_s, what, self.group, exchange.table.device)
+        if exchange.earlier is None:
+            return exchange.table
+        # No host sync: the earlier table if it has any count, else this one.
+        return torch.where(exchange.earlier.sum() > 0, exchange.earlier, exchange.table)
+
+    def take(self, step: int) -> torch.Tensor | None:
+        """Every rank's counts for ``step``, int64 [world, parameters], or None when no synchronised backward
+        ran in that step. Waits for the exchange (see wait_all for how long)."""
+        if self._taken is not None and self._taken[0] == step:
+            return self._taken[1]  # a second report of the same step
+        if self._pending is None or self._pending.step != step:
+            return None
+        table = self._complete(self._pending)
+        self._pending = None
+        self._taken = (step, table)
         return table
 
 
-def ddp_comm_hook(state: "Inspector", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook (``ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)``): inspects
-    this rank's gradients of the bucket for NaN/Inf, then averages them as DDP's built-in reduction does."""
-    origin = state._before_allreduce_for(bucket)
-    if not origin.detached:  # after insp.detach() (on every rank) the hook only averages
-        origin.bucket_ready(bucket)
-    group = origin.group if origin.group is not None else dist.group.WORLD
-    buffer = bucket.buffer()
-    # What DDP does without a hook: multiply by 1/world (a double scalar) and all-reduce SUM. torch's own
-    # allreduce_hook divides by world instead, which rounds differently when world is not a power of two.
-    buffer.mul_(1.0 / dist.get_world_size(group))
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+def ddp_comm_hook(state: Union["Inspector", HookState], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook (``ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)``): counts NaN/Inf
+    in this rank's gradients of the bucket, then averages them as DDP's built-in reduction does."""
+    inspector = state.inspector if isinstance(state, HookState) else state
+    origin = inspector._before_allreduce_for()
+    if not origin.detached:  # after insp.detach() the hook only averages
+        origin.bucket_ready(bucket, inspector.step)
+    return origin.average(bucket)
 
 
 def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
     """The DDP wrapper at the root of ``model``, if any (torch.compile's wrapper looked through)."""
     inner = getattr(model, "_orig_mod", model)
     return inner if isinstance(inner, nn.parallel.DistributedDataParallel) else None
+
+
+def register(ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector") -> str | None:
+    """Registers ddp_comm_hook on ``ddp`` for ``inspector`` (or rebinds the one a previous inspector
+    registered). Returns why it could not, or None."""
+    state = getattr(ddp, "_amp_inspect_hook_state", None)
+    if isinstance(state, HookState):
+        state.inspector = inspector
+        return None
+    if getattr(ddp, "_comm_hooks", None):
+        return "this DDP model already has a comm hook"
+    state = HookState(inspector)
+    try:
+        ddp.register_comm_hook(state, ddp_comm_hook)
+    except RuntimeError as error:  # a built-in hook (not listed in _comm_hooks) was registered
+        return f"DDP refused a second comm hook ({error})"
+    ddp._amp_inspect_hook_state = state
+    return None

@@ -136,7 +136,8 @@ def wait_all(
     except RuntimeError as error:
         world = dist.get_world_size(group)
         raise DistributedInspectionError(
-            f"amp_inspect: {what} across {world} ranks failed or took longer than {timeout_s:g} s. A rank may have "
+            f"amp_inspect: {what} across {world} ranks failed or took longer than {timeout_s:g} s (on CUDA tensors: "
+            "the process group's own timeout). A rank may have "
             "died or left the group, or not inspected this step: every rank must call check() (and run the "
             f"scaler's step) on the same steps, with the same model. Cause: {error}"
         ) from error
@@ -196,27 +197,32 @@ def check_same_layout(
     rows = table.tolist()
     differ = [r for r, row in enumerate(rows) if row != rows[0]]
     if differ:
+        ranks = global_ranks(group)  # as reports name them
         others = []
         for r in differ:
-            others.append(f"rank {r} has {rows[r][0]}" + (" of other shapes" if rows[r][0] == rows[0][0] else ""))
+            others.append(
+                f"rank {ranks[r]} has {rows[r][0]}" + (" of other shapes" if rows[r][0] == rows[0][0] else "")
+            )
         raise DistributedInspectionError(
-            f"amp_inspect: the ranks do not hold the same gradients to combine: rank 0 has {rows[0][0]} tensors, "
-            f"{', '.join(others)}. Attach the inspector to the same model on every rank of the group."
+            f"amp_inspect: the ranks do not hold the same gradients to combine: rank {ranks[0]} has {rows[0][0]} "
+            f"tensors, {', '.join(others)}. Attach the inspector to the same model on every rank of the group."
         )
 
 
 class Combiner:
-    """reduce_stats over one group, with the layout check made before the first combine and again whenever
-    this rank's layout changes (a rank whose layout changed alone then fails the check instead of hanging)."""
+    """reduce_stats over one group, with the layout check made once per layout this rank combines (several
+    optimizers each have theirs), before its first combine. Ranks whose layouts differ from the start all
+    fail that check; a rank whose layout changes later, alone, runs the check while the others combine: a
+    collective mismatch, which gloo reports as an error (or a crash of that rank) and NCCL may not."""
 
     def __init__(self, group: dist.ProcessGroup | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.group = group
         self.timeout_s = timeout_s
-        self._checked_key: tuple[int, int] | None = None
+        self._checked: set[tuple[tuple[int, ...], ...]] = set()
 
     def combine(self, stats: TensorStats, shapes: Sequence[Sequence[int]]) -> GlobalStats:
-        key = (len(shapes), layout_key(shapes))
-        if key != self._checked_key and is_distributed(self.group):
-            check_same_layout(shapes, self.group, stats.numel.device, self.timeout_s)
-            self._checked_key = key
+        layout = tuple(tuple(int(n) for n in shape) for shape in shapes)
+        if layout not in self._checked and is_distributed(self.group):
+            check_same_layout(layout, self.group, stats.numel.device, self.timeout_s)
+            self._checked.add(layout)
         return reduce_stats(stats, self.group, self.timeout_s)

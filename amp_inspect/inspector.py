@@ -34,8 +34,8 @@ from torch.amp.grad_scaler import OptState
 
 from . import hardware
 from .activations import ActivationWatcher
-from .ddp import BeforeAllReduce, ddp_comm_hook, ddp_of
-from .distributed import DEFAULT_TIMEOUT_S, Combiner, is_distributed, local_shards, to_local
+from .ddp import BeforeAllReduce, ddp_of, register
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, global_ranks, is_distributed, local_shards, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
@@ -54,15 +54,22 @@ def _unscaled_optimizers(scaler: torch.amp.GradScaler) -> set[int]:
     return {key for key, state in states.items() if state.get("stage") is OptState.UNSCALED}
 
 
-def log_path_of_rank(log: str | os.PathLike[str], all_ranks: bool) -> str | os.PathLike[str] | None:
-    """Where this rank writes the log: in a distributed run, rank 0 alone writes ``log`` (the reports are the
-    same on every rank), or with ``all_ranks`` rank r writes ``<stem>.rank<r><suffix>``."""
+def log_path_of_rank(
+    log: str | os.PathLike[str], all_ranks: bool, group: dist.ProcessGroup | None = None
+) -> str | os.PathLike[str] | None:
+    """Where this rank writes the log. In a distributed run the reports are the same on every rank of the
+    group the inspector reports over (``group``, default the world), so its first rank alone writes: ``log``
+    when the group is the world; ``<stem>.rank<r><suffix>`` (r: global rank) when there are several groups
+    (DDP over subgroups), each with its own reports. With ``all_ranks`` every rank r writes the latter."""
     if not is_distributed():
         return log
     rank = dist.get_rank()
+    path = Path(log)
+    own_file = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
     if all_ranks:
-        path = Path(log)
-        return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+        return own_file
+    if group is not None and global_ranks(group) != tuple(range(dist.get_world_size())):
+        return own_file if dist.get_rank(group) == 0 else None
     return log if rank == 0 else None
 
 
@@ -114,9 +121,15 @@ class Inspector:
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         if watch_clipping and scaler is None:
             raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
-        if not (isinstance(timeout, int | float) and timeout > 0):
+        if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         refuse_fsdp1(model)
+        ddp = ddp_of(model)
+        if ddp is not None and group is not None and global_ranks(group) != global_ranks(ddp.process_group):
+            raise ValueError(
+                "group= differs from the DDP model's process group: the DDP hook reports over the group DDP averages "
+                "over; leave group= out (or pass that group)"
+            )
         self.model = model
         self.formats = check_formats(formats)
         self.every = every
@@ -133,7 +146,8 @@ class Inspector:
         self.group = group
         self.timeout = float(timeout)
         self._combiners: dict[int, Combiner] = {}  # one per process group the gradients are sharded over
-        log_path = log_path_of_rank(log, log_all_ranks) if log is not None else None
+        report_group = ddp.process_group if ddp is not None else group
+        log_path = log_path_of_rank(log, log_all_ranks, report_group) if log is not None else None
         self._log = RunLog(log_path, hist_every=hist_every) if log_path is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         self._armed_until = -1
@@ -154,19 +168,15 @@ class Inspector:
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
         self._before_allreduce: BeforeAllReduce | None = None
-        self._ddp_hook_registered = False
-        ddp = ddp_of(model)
         if ddp_hook and ddp is not None and is_distributed(ddp.process_group):
-            if getattr(ddp, "_comm_hooks", None):
+            why_not = register(ddp, self)
+            if why_not:
                 warnings.warn(
-                    "amp_inspect: this DDP model already has a comm hook, so NaN/Inf cannot be traced to the rank "
-                    "that produced them (reports cover the averaged gradients only)",
+                    f"amp_inspect: {why_not}, so NaN/Inf cannot be traced to the rank that produced them (reports "
+                    "cover the averaged gradients only)",
                     RuntimeWarning,
                     stacklevel=3,
                 )
-            else:
-                ddp.register_comm_hook(self, ddp_comm_hook)
-                self._ddp_hook_registered = True
 
     # ---- scaler link ----
 
@@ -211,12 +221,16 @@ class Inspector:
         scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
         self._patched.append((scaler, "_maybe_opt_step"))
 
-    def _before_allreduce_for(self, bucket: dist.GradBucket | None) -> BeforeAllReduce:
+    def _before_allreduce_for(self) -> BeforeAllReduce:
         """The state of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
         if self._before_allreduce is None:
             ddp = ddp_of(self.model)
-            group = self.group if self.group is not None else (ddp.process_group if ddp is not None else None)
-            self._before_allreduce = BeforeAllReduce(self.entries, group, self.timeout)
+            if ddp is None:
+                raise RuntimeError(
+                    "amp_inspect.ddp_comm_hook: attach the inspector to the DistributedDataParallel model itself "
+                    "(attach(ddp_model)), so that the hook averages over DDP's process group"
+                )
+            self._before_allreduce = BeforeAllReduce(ddp, self.entries, self.timeout)
         return self._before_allreduce
 
     def _combiner(self, group: dist.ProcessGroup) -> Combiner:
@@ -310,7 +324,7 @@ class Inspector:
         if report.first_nonfinite is None:
             report.first_nonfinite = self._findings.pop(report.step, None)
         if self._before_allreduce is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
-            counts = self._before_allreduce.take()
+            counts = self._before_allreduce.take(report.step)
             if counts is not None:
                 report.set_rank_origin(counts, self._before_allreduce.modules, self._before_allreduce.ranks)
         if self._log is not None:  # memory of this step, sampled now (no sync): the log is written later
@@ -448,9 +462,10 @@ class Inspector:
         self._patched.clear()
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None
-        if self._ddp_hook_registered or self._before_allreduce is not None:
+        ddp = ddp_of(self.model)
+        if ddp is not None and is_distributed(ddp.process_group):
             # DDP cannot unregister a comm hook: from now on it only averages (detach on every rank alike).
-            self._before_allreduce_for(None).detached = True
+            self._before_allreduce_for().close()
         if self.clip_watch is not None:
             self.clip_watch.close()
         self.close()
@@ -493,14 +508,17 @@ def attach(
             scaled (before scaler.unscale_): ``insp.doctor()`` reports them. Needs the scaler.
 
     Distributed runs (attach after ``init_process_group`` and after wrapping the model):
-        group: the process group to combine over. Default: the group the gradients are sharded over (FSDP2)
-            and DDP's process group (the world, normally).
+        group: the process group to combine FSDP2 shards over. Default: the shard group of their mesh. On a
+            DDP model the hook always works over DDP's process group (a different group= is an error).
         timeout: seconds any wait for other ranks may take before a DistributedInspectionError (a rank died,
-            or the ranks do not inspect the same steps or hold the same model).
+            or the ranks do not inspect the same steps or hold the same model). Host tensors (gloo) only: on
+            CUDA tensors (NCCL) a timed wait would stall the host every step, so the process group's own
+            timeout applies there.
         ddp_hook: on a DDP model, register ``amp_inspect.ddp_comm_hook`` so that reports name the rank and
             module that produced a NaN/Inf (``report.inf_by_rank``).
         log_all_ranks: write the log on every rank, rank r to ``<log stem>.rank<r><suffix>``; by default only
-            rank 0 writes it (every rank's report is the same).
+            rank 0 writes it (every rank's report is the same; with DDP over subgroups, the first rank of
+            each group writes its group's, to ``<log stem>.rank<r><suffix>``).
     """
     return Inspector(
         model,

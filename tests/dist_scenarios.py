@@ -6,6 +6,7 @@ with "OK" or its failure; a scenario's assertions run on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -47,18 +48,22 @@ def _inject_inf(param: nn.Parameter, step_of: Callable[[], int], on_rank: int = 
 def ddp(world: int, out: Path) -> None:
     """DDP with Inf made on rank 1 only: the report names rank 1 and the module on every rank; training is
     bitwise that of DDP without the hook (with GradScaler, the hook registered by attach or by hand, and with
-    InspectingGradScaler); the log is written once (rank 0), or once per rank when asked."""
+    InspectingGradScaler, and with gradient_as_bucket_view, where DDP divides instead of multiplying); the log
+    is written once (rank 0), or once per rank when asked."""
     rank = dist.get_rank()
     step = [0]
     variants = {}
-    for kind in ("plain", "hooked", "manual", "inspecting"):
+    reference_of = {"hooked": "plain", "manual": "plain", "inspecting": "plain", "hooked_view": "plain_view"}
+    for kind in ("plain", "hooked", "manual", "inspecting", "plain_view", "hooked_view"):
         model = models.gpt()
         _inject_inf(model.ln_f.weight, lambda: step[0])
-        wrapped = nn.parallel.DistributedDataParallel(model)
+        wrapped = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=kind.endswith("_view"))
         scaler_type = amp_inspect.InspectingGradScaler if kind == "inspecting" else torch.amp.GradScaler
         scaler = scaler_type("cpu", init_scale=2.0**10)
         insp = None
-        if kind == "hooked":
+        if kind == "hooked_view":
+            insp = amp_inspect.attach(wrapped, scaler, timeout=TIMEOUT_S)
+        elif kind == "hooked":
             insp = amp_inspect.attach(wrapped, scaler, log=out / "run.jsonl", timeout=TIMEOUT_S)
             assert wrapped._comm_hooks, "attach(ddp_model) registers the comm hook"
         elif kind == "manual":  # the hook registered by hand, as the README shows
@@ -76,11 +81,11 @@ def ddp(world: int, out: Path) -> None:
                 logits = wrapped(inputs)
             loss = nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
             scaler.scale(loss).backward()
-            if kind in ("hooked", "manual"):
+            if kind in ("hooked", "manual", "hooked_view"):
                 insp.check()
             scaler.step(opt)
             scaler.update()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not kind.endswith("_view"))  # keep .grad in its bucket: DDP divides then
             if insp is None:
                 continue
             report = insp.last_report
@@ -93,12 +98,12 @@ def ddp(world: int, out: Path) -> None:
             else:
                 assert report.inf_by_rank == {} and not report.found_inf, (kind, step[0], report.inf_by_rank)
 
-    reference = variants["plain"][0]
-    for kind in ("hooked", "manual", "inspecting"):
+    for kind, reference_kind in reference_of.items():
         model, _, scaler, _, insp = variants[kind]
+        reference = variants[reference_kind][0]
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
             assert torch.equal(p, q), f"{kind}: {name} differs from DDP without the hook"
-        assert scaler.get_scale() == variants["plain"][2].get_scale()
+        assert scaler.get_scale() == variants[reference_kind][2].get_scale()
         assert [r.ranks_with_inf for r in insp.history] == [[1] if s == INF_STEP else [] for s in range(STEPS)]
         insp.detach()
 
@@ -109,10 +114,63 @@ def ddp(world: int, out: Path) -> None:
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-    for kind in ("hooked", "manual"):
+    for kind in ("hooked", "manual", "hooked_view"):
         model, *_, insp = variants[kind]
+        reference = variants[reference_of[kind]][0]
         assert insp._before_allreduce._pending is None and insp._before_allreduce._counts is None
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
+
+
+def ddp_more(world: int, out: Path) -> None:
+    """The DDP hook with gradient accumulation (with and without no_sync: an Inf made on rank 1 in the first
+    micro-batch is still traced to rank 1 alone), every=3 (a skipped step between checks is still traced),
+    attach() again after detach() (the hook is rebound), and group= that is not DDP's process group (an
+    error)."""
+    rank = dist.get_rank()
+    micro_step = [0]
+    model = models.gpt()
+    _inject_inf(model.ln_f.weight, lambda: micro_step[0])  # Inf on rank 1 when micro_step == INF_STEP
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def run(insp: amp_inspect.Inspector, step: int, no_sync: bool) -> amp_inspect.StepReport | None:
+        for m in range(2):  # two micro-batches; on INF_STEP the Inf comes in the first one
+            micro_step[0] = INF_STEP if (step == INF_STEP and m == 0) else -1
+            with wrapped.no_sync() if (no_sync and m == 0) else contextlib.nullcontext():
+                inputs, targets = models.batch_for(model, (step * 2 + m) * world + rank)
+                loss = nn.functional.cross_entropy(wrapped(inputs).flatten(0, -2), targets.flatten()) / 2
+                scaler.scale(loss).backward()
+        report = insp.check()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        return report
+
+    for no_sync in (False, True):
+        insp = amp_inspect.attach(wrapped, scaler, timeout=TIMEOUT_S)
+        for step in range(STEPS):
+            report = run(insp, step, no_sync)
+            expected = {1: {"ln_f": 1}} if step == INF_STEP else {}
+            assert report.inf_by_rank == expected, (no_sync, step, report.inf_by_rank)
+        insp.detach()  # the next attach rebinds the registered hook
+
+    insp = amp_inspect.attach(wrapped, scaler, every=3, timeout=TIMEOUT_S)
+    traced = {}
+    insp.add_listener(lambda r: traced.__setitem__(r.step, r.inf_by_rank))
+    for step in range(STEPS):
+        run(insp, step, no_sync=False)
+    insp.close()
+    assert traced == {0: {}, INF_STEP: {1: {"ln_f": 1}}, 3: {}}, traced  # step 1 skipped between checks
+    insp.detach()
+
+    other = dist.new_group([0])  # every rank creates it; it is not DDP's group
+    try:
+        amp_inspect.attach(wrapped, group=other)
+    except ValueError as error:
+        assert "DDP model's process group" in str(error)
+    else:
+        raise AssertionError("group= other than DDP's was accepted")
 
 
 def ddp_groups(world: int, out: Path) -> None:
@@ -127,7 +185,8 @@ def ddp_groups(world: int, out: Path) -> None:
     _inject_inf(model.ln_f.weight, lambda: step[0], on_rank=3)
     wrapped = nn.parallel.DistributedDataParallel(model, process_group=mine)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    insp = amp_inspect.attach(wrapped, scaler, group=mine if rank < 2 else None, timeout=TIMEOUT_S)
+    log = out / "run.jsonl"  # each group's first rank writes its group's reports: run.rank0 and run.rank2
+    insp = amp_inspect.attach(wrapped, scaler, group=mine if rank < 2 else None, log=log, timeout=TIMEOUT_S)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step[0] in range(STEPS):
         inputs, targets = models.batch_for(model, step[0] * world + rank)
@@ -301,7 +360,7 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
-SCENARIOS = {f.__name__: f for f in (shards, ddp, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)}
+SCENARIOS = {f.__name__: f for f in (shards, ddp, ddp_more, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)}
 
 
 def _run(rank: int, name: str, world: int, port: int, out: Path) -> None:

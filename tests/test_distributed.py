@@ -68,10 +68,19 @@ def test_fsdp2_global_statistics_equal_single_process_and_name_the_rank(tmp_path
     run_scenario("fsdp2", world, tmp_path)
 
 
+def test_ddp_hook_with_accumulation_every_n_reattach_and_a_wrong_group(tmp_path) -> None:
+    run_scenario("ddp_more", 2, tmp_path)
+
+
 @pytest.mark.parametrize("scenario", ["ddp_groups", "hsdp"])
 def test_subgroups_name_global_ranks(tmp_path, scenario: str) -> None:
     # DDP over two process groups of 2, and HSDP on a (2, 2) mesh: 4 processes.
     run_scenario(scenario, 4, tmp_path)
+    if scenario == "ddp_groups":  # one log per DDP group, by its first rank
+        assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["run.rank0.jsonl", "run.rank2.jsonl"]
+        origins = [r["inf_by_rank"] for r in amp_inspect.read_log(tmp_path / "run.rank2.jsonl")]
+        assert origins == [{"3": {"ln_f": 1}} if s == INF_STEP else {} for s in range(STEPS)]
+        assert all(r["inf_by_rank"] == {} for r in amp_inspect.read_log(tmp_path / "run.rank0.jsonl"))
 
 
 @pytest.mark.parametrize("scenario", ["mismatch", "dead", "absent"])
