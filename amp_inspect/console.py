@@ -76,7 +76,7 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
         )
     if summary.ranks:
         ranks = [[r, n] for r, n in summary.ranks.most_common()]
-        print_table("ranks behind skipped steps", ["rank", "skipped steps"], ranks)
+        print_table(summary.ranks_heading, ["rank", "skipped steps"], ranks)
     if last_record and last_record.get("modules"):
         fmt = (last_record.get("formats") or ["fp16"])[0]
         rows = module_rows(last_record["modules"])

@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .report import Headroom, StepReport
+from .report import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, Headroom, StepReport
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class StepRecord:
     headroom: Headroom
     recommended_scale: float | None
     first_nonfinite: str | None = None
-    ranks_with_inf: list[int] | None = None  # distributed runs: ranks whose own gradients held NaN/Inf
+    ranks_with_inf: list[int] | None = None  # distributed runs: ranks whose gradients held NaN/Inf
+    inf_origin: str | None = None  # which gradients: report.BEFORE_ALLREDUCE (DDP) or report.SHARDS (FSDP2)
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -38,6 +39,7 @@ class StepRecord:
             recommended_scale=report.recommended_scale,
             first_nonfinite=report.first_nonfinite,
             ranks_with_inf=report.ranks_with_inf,
+            inf_origin=report.inf_origin,
         )
 
     @classmethod
@@ -54,6 +56,7 @@ class StepRecord:
             recommended_scale=record.get("recommended_scale"),
             first_nonfinite=record.get("first_nonfinite"),
             ranks_with_inf=[int(r) for r in record["inf_by_rank"]] if "inf_by_rank" in record else None,
+            inf_origin=record.get("inf_origin"),
         )
 
 
@@ -74,7 +77,12 @@ class Summary:
     offenders: Counter  # module -> number of skipped steps it was an offender in
     advice: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    ranks: Counter = field(default_factory=Counter)  # distributed: rank -> skipped steps its own gradients caused
+    ranks: Counter = field(default_factory=Counter)  # distributed: rank -> skipped steps its gradients held NaN in
+    ranks_made_them: bool = False  # the counts came from before DDP's all-reduce: the ranks produced the NaN/Inf
+
+    @property
+    def ranks_heading(self) -> str:
+        return ORIGIN_HEADINGS[BEFORE_ALLREDUCE if self.ranks_made_them else SHARDS]
 
     def __str__(self) -> str:
         lines = [f"{self.steps} inspected steps, {self.skipped} skipped ({self.skip_rate:.1%})"]
@@ -85,7 +93,7 @@ class Summary:
             top = ", ".join(f"{m} ({n})" for m, n in self.offenders.most_common(5))
             lines.append(f"modules behind skipped steps: {top}")
         if self.ranks:
-            lines.append("ranks behind skipped steps: " + ", ".join(f"{r} ({n})" for r, n in self.ranks.most_common(8)))
+            lines.append(f"{self.ranks_heading}: " + ", ".join(f"{r} ({n})" for r, n in self.ranks.most_common(8)))
         lines += [f"WARNING: {w}" for w in self.warnings]
         lines += [f"advice: {a}" for a in self.advice]
         return "\n".join(lines)
@@ -149,6 +157,7 @@ def summarize(
     offenders = Counter(m for r in skipped for m in r.offenders)
     summary = Summary(len(history), len(skipped), len(skipped) / len(history) if history else 0.0, events, offenders)
     summary.ranks = Counter(rank for r in skipped for rank in (r.ranks_with_inf or []))
+    summary.ranks_made_them = all(r.inf_origin == BEFORE_ALLREDUCE for r in skipped if r.ranks_with_inf)
     if not history:
         return summary
 
@@ -159,9 +168,10 @@ def summarize(
     if warning:
         summary.warnings.append(warning)
 
-    # Every NaN/Inf from one rank of several: its data shard or its device, not the model or the scale.
+    # Every NaN/Inf made on one rank of several: its data shard or its device, not the model or the scale. (FSDP2
+    # shards only say which rank owns the elements, not which rank made them: no advice from those.)
     traced = [r for r in skipped if r.ranks_with_inf]
-    if len(summary.ranks) == 1 and len(traced) >= 2 and len(traced) == len(skipped):
+    if summary.ranks_made_them and len(summary.ranks) == 1 and len(traced) >= 2 and len(traced) == len(skipped):
         rank = next(iter(summary.ranks))
         summary.advice.append(
             f"every skipped step's NaN/Inf came from rank {rank} alone: look at the data that rank reads, or its "

@@ -250,7 +250,8 @@ def render_html(
         out.append('<p class="note">No skipped step had a module with NaN/Inf gradients.</p>')
     out.append("</section>")
     if summary is not None and summary.ranks:  # distributed runs: where the NaN/Inf was made
-        out.append("<section><h2>Ranks whose own gradients held the NaN/Inf of skipped steps</h2><ul>")
+        heading = summary.ranks_heading
+        out.append(f"<section><h2>{_e(heading[0].upper() + heading[1:])}</h2><ul>")
         for rank, count in summary.ranks.most_common():
             out.append(f"<li>rank {rank} &mdash; on {count} skipped step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")

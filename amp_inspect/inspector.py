@@ -40,7 +40,7 @@ from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, param_entries
-from .report import StepReport
+from .report import BEFORE_ALLREDUCE, SHARDS, StepReport
 from .runlog import RunLog
 from .scaler import InspectingGradScaler
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
@@ -315,7 +315,7 @@ class Inspector:
         modules = [self.entries[r].module for r in rows]
         report = StepReport(step, stats, modules, scale)
         if merged is not None:
-            report.set_rank_origin(merged.nonfinite_by_rank, modules, merged.ranks)
+            report.set_rank_origin(merged.nonfinite_by_rank, modules, merged.ranks, kind=SHARDS)
         self.receive(report)
         return report
 
@@ -326,7 +326,8 @@ class Inspector:
         if self._before_allreduce is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
             counts = self._before_allreduce.take(report.step)
             if counts is not None:
-                report.set_rank_origin(counts, self._before_allreduce.modules, self._before_allreduce.ranks)
+                origin = self._before_allreduce
+                report.set_rank_origin(counts, origin.modules, origin.ranks, kind=BEFORE_ALLREDUCE)
         if self._log is not None:  # memory of this step, sampled now (no sync): the log is written later
             report.hardware = hardware.sample(self.entries[0].param.device if self.entries else None)
         self.last_report = report

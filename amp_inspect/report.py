@@ -37,6 +37,14 @@ from .table import fixed_width
 _FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
 MAX_TABLE_ROWS = 12
+# Where inf_by_rank's counts were taken: each rank's own gradients before DDP's all-reduce (the rank made
+# them), or each rank's FSDP2 shards after the reduce-scatter (the rank owns those elements, whoever made them).
+BEFORE_ALLREDUCE = "before_allreduce"
+SHARDS = "shards"
+ORIGIN_HEADINGS = {
+    BEFORE_ALLREDUCE: "ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce)",
+    SHARDS: "ranks whose gradient shards held the NaN/Inf of skipped steps",
+}
 
 
 def _f32(bits: int) -> float:
@@ -160,6 +168,7 @@ class StepReport:
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
         self._origin_ranks: list[int] = []
+        self.inf_origin: str | None = None  # BEFORE_ALLREDUCE or SHARDS once set_rank_origin ran
         # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._snapshot = StatsSnapshot(stats, self._scale_tensor)
@@ -187,12 +196,19 @@ class StepReport:
         return norm.float()
 
     def set_rank_origin(
-        self, nonfinite_by_rank: torch.Tensor, module_of_column: Sequence[str], ranks: Sequence[int] | None = None
+        self,
+        nonfinite_by_rank: torch.Tensor,
+        module_of_column: Sequence[str],
+        ranks: Sequence[int] | None = None,
+        *,
+        kind: str,
     ) -> None:
         """Records where NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K],
-        the NaN/Inf count of each rank's local gradients (before DDP's all-reduce) or shards (FSDP2) of K
-        tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank (default:
-        the row number). Copied to the host without a sync."""
+        the NaN/Inf count of each rank's local gradients (``kind`` BEFORE_ALLREDUCE: DDP) or shards (SHARDS:
+        FSDP2) of K tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank
+        (default: the row number). Copied to the host without a sync."""
+        if kind not in ORIGIN_HEADINGS:
+            raise ValueError(f"kind must be one of {sorted(ORIGIN_HEADINGS)}, got {kind!r}")
         if nonfinite_by_rank.dim() != 2 or nonfinite_by_rank.shape[1] != len(module_of_column):
             shape = tuple(nonfinite_by_rank.shape)
             raise ValueError(f"{len(module_of_column)} module names for counts of shape {shape}")
@@ -202,6 +218,7 @@ class StepReport:
         self._origin = HostCopy({"counts": nonfinite_by_rank}, nonfinite_by_rank.device)
         self._origin_modules = list(module_of_column)
         self._origin_ranks = ranks
+        self.inf_origin = kind
 
     def ready(self) -> bool:
         """Whether host values can be read without waiting for the device."""
@@ -306,9 +323,10 @@ class StepReport:
 
     @property
     def inf_by_rank(self) -> dict[int, dict[str, int]] | None:
-        """In a distributed run (DDP with the inspector's comm hook, or FSDP2): for each rank whose own
-        gradients held NaN/Inf (before DDP's all-reduce spread them to every rank; in its FSDP2 shards), the
-        modules and their NaN/Inf counts, most first. {} when no rank had any; None outside such runs."""
+        """In a distributed run (DDP with the inspector's comm hook, or FSDP2): for each rank whose gradients
+        held NaN/Inf, the modules and their NaN/Inf counts, most first; {} when no rank had any; None outside
+        such runs. ``inf_origin`` says which gradients: BEFORE_ALLREDUCE, the rank's own (it made them, before
+        DDP's all-reduce spread them); SHARDS, its FSDP2 shards (it owns those elements, whoever made them)."""
         if self._origin is None:
             return None
         counts = self._origin.host()["counts"]
@@ -362,6 +380,7 @@ class StepReport:
         origin = self.inf_by_rank
         if origin is not None:
             record["inf_by_rank"] = {str(rank): modules for rank, modules in origin.items()}
+            record["inf_origin"] = self.inf_origin
         if with_hist:
             from .runlog import sparse_hist
 
@@ -382,7 +401,8 @@ class StepReport:
             lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
         for rank, modules in (self.inf_by_rank or {}).items():
             shown_modules = ", ".join(f"{name} ({count})" for name, count in list(modules.items())[:MAX_TABLE_ROWS])
-            lines.append(f"NaN/Inf came from rank {rank}: {shown_modules}")
+            where = f"NaN/Inf came from rank {rank}" if self.inf_origin == BEFORE_ALLREDUCE else f"rank {rank}'s shards"
+            lines.append(f"{where}: {shown_modules}")
         modules = self.by_module
         shown = modules_in_trouble(modules)
         if not shown:

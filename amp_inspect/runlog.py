@@ -11,7 +11,8 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "modules": {name: {"numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow",
                         "amax", "grad_norm"}},
      "first_nonfinite": str,           # optional: the first module whose activations went non-finite
-     "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf in each rank's own gradients
+     "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf per rank and module
+     "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
 
 A sparse hist is ``sparse_hist(row)`` of the 256-bin exponent histogram defined in amp_inspect/stats.py:

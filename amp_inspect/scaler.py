@@ -24,7 +24,7 @@ import torch
 
 from ._ops import unscale_stats_op
 from .distributed import DEFAULT_TIMEOUT_S, Combiner, GlobalStats, is_distributed, local_shards
-from .report import StepReport
+from .report import SHARDS, StepReport
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         origins = [part_origin for _, _, part_origin in self._step_parts]
         if all(o is not None and o.ranks == origins[0].ranks for o in origins):
             counts = torch.cat([o.nonfinite_by_rank.to(home) for o in origins], dim=1)
-            self.last_report.set_rank_origin(counts, all_names, origins[0].ranks)
+            self.last_report.set_rank_origin(counts, all_names, origins[0].ranks, kind=SHARDS)
         self._unscaled_this_step = True
 
     def _unscale_grads_(
@@ -124,7 +124,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
         dense, names, sparse = self._dense_grads(optimizer, allow_fp16)
-        shapes = dense
+        whole = dense  # DTensors keep the whole parameters' shapes for the layout check
         dense, combiner = self._local(dense)
         per_device_found: dict[torch.device, torch.Tensor] = {}
         by_device: dict[torch.device, list[int]] = {}
@@ -144,7 +144,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 found = per_device_found.setdefault(values.device, found_inf.to(values.device, copy=True))
                 torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv_scale.to(values.device))
         if parts:
-            outputs, origin = self._combine(combiner, merge_rows(parts, len(dense), parts[0][1][0].device), shapes)
+            outputs, origin = self._combine(combiner, merge_rows(parts, len(dense), parts[0][1][0].device), whole)
             if origin is not None:  # any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale
                 anywhere = (origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():

@@ -17,6 +17,7 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect.distributed import reduce_stats
+from amp_inspect.report import BEFORE_ALLREDUCE, SHARDS
 from tests import models
 from tests.dist_scenarios import INF_STEP, STEPS
 
@@ -127,32 +128,47 @@ def test_rank_origin_counts_are_grouped_by_module_most_first() -> None:
     stats = amp_inspect.tensor_stats([torch.ones(2)] * 3)
     report = amp_inspect.StepReport(0, stats, ["a", "b", "b"], None)
     assert report.inf_by_rank is None
-    report.set_rank_origin(torch.tensor([[0, 0, 0], [1, 2, 3], [0, 4, 0]]), ["a", "b", "b"])
-    assert report.inf_by_rank == {1: {"b": 5, "a": 1}, 2: {"b": 4}}
-    assert report.ranks_with_inf == [1, 2]
-    assert report.to_record()["inf_by_rank"] == {"1": {"b": 5, "a": 1}, "2": {"b": 4}}
-    assert "NaN/Inf came from rank 1: b (5), a (1)" in str(report)
+    counts = torch.tensor([[0, 0, 0], [1, 2, 3], [0, 4, 0]])
+    report.set_rank_origin(counts, ["a", "b", "b"], [4, 5, 7], kind=BEFORE_ALLREDUCE)  # rows as global ranks
+    assert report.inf_by_rank == {5: {"b": 5, "a": 1}, 7: {"b": 4}}
+    assert report.ranks_with_inf == [5, 7]
+    record = report.to_record()
+    assert record["inf_by_rank"] == {"5": {"b": 5, "a": 1}, "7": {"b": 4}}
+    assert record["inf_origin"] == "before_allreduce"
+    assert "NaN/Inf came from rank 5: b (5), a (1)" in str(report)
+    report.set_rank_origin(counts, ["a", "b", "b"], kind=SHARDS)  # FSDP2: the rank owns the shard
+    assert report.inf_by_rank == {1: {"b": 5, "a": 1}, 2: {"b": 4}} and "rank 1's shards: b (5), a (1)" in str(report)
     with pytest.raises(ValueError, match="2 module names"):
-        report.set_rank_origin(torch.zeros(2, 3, dtype=torch.int64), ["a", "b"])
+        report.set_rank_origin(torch.zeros(2, 3, dtype=torch.int64), ["a", "b"], kind=SHARDS)
+    with pytest.raises(ValueError, match="3 ranks for 2 rows"):
+        report.set_rank_origin(torch.zeros(2, 2, dtype=torch.int64), ["a", "b"], [0, 1, 2], kind=SHARDS)
+    with pytest.raises(ValueError, match="kind must be"):
+        report.set_rank_origin(counts, ["a", "b", "b"], kind="elsewhere")
 
 
 def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log(tmp_path) -> None:
     from amp_inspect.history import StepRecord, summarize
     from amp_inspect.report import Headroom
 
-    def record(step: int, ranks: list[int]) -> StepRecord:
-        return StepRecord(step, 1024.0, bool(ranks), ["head"] if ranks else [], 1.0, Headroom(3, 3), None, None, ranks)
+    def record(step: int, ranks: list[int], origin: str = BEFORE_ALLREDUCE) -> StepRecord:
+        skipped, offenders = bool(ranks), ["head"] if ranks else []
+        return StepRecord(step, 1024.0, skipped, offenders, 1.0, Headroom(3, 3), None, None, ranks, origin)
 
     history = [record(s, [1] if s % 3 == 1 else []) for s in range(9)]
     summary = summarize(history)
     assert summary.ranks == {1: 3}
-    assert "ranks behind skipped steps: 1 (3)" in str(summary)
+    assert "ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce): 1 (3)" in str(summary)
     assert any("came from rank 1 alone" in advice for advice in summary.advice)
+    # FSDP2 shards name the owner of the elements, not the maker: no advice to look at that rank's data.
+    shards = summarize([record(s, [1] if s % 3 == 1 else [], SHARDS) for s in range(9)])
+    assert "ranks whose gradient shards held the NaN/Inf of skipped steps: 1 (3)" in str(shards)
+    assert not any("alone" in advice for advice in shards.advice)
     # Two ranks behind the skips: no single-rank advice.
     mixed = summarize([record(0, [1]), record(1, [2]), record(2, [])])
     assert mixed.ranks == {1: 1, 2: 1} and not any("alone" in advice for advice in mixed.advice)
     # A log record carries the ranks back into a StepRecord.
     stats = amp_inspect.tensor_stats([torch.tensor([float("inf")])])
     report = amp_inspect.StepReport(4, stats, ["head"], None)
-    report.set_rank_origin(torch.tensor([[0], [1]]), ["head"])
-    assert StepRecord.from_log_record(report.to_record()).ranks_with_inf == [1]
+    report.set_rank_origin(torch.tensor([[0], [1]]), ["head"], kind=BEFORE_ALLREDUCE)
+    back = StepRecord.from_log_record(report.to_record())
+    assert back.ranks_with_inf == [1] and back.inf_origin == BEFORE_ALLREDUCE

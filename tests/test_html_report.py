@@ -364,9 +364,10 @@ def test_distributed_log_names_the_ranks_behind_skips(tmp_path: Path) -> None:
                     "total_norm": math.inf if skipped else 1.0,
                     "offenders": ["head"] if skipped else [],
                     "inf_by_rank": {"3": {"head": 2}} if skipped else {},
+                    "inf_origin": "before_allreduce",
                 }
             )
     text = write_report(log, tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "Ranks whose own gradients held the NaN/Inf" in text
+    assert "Ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce)" in text
     assert "rank 3 &mdash; on 3 skipped steps" in text
     assert "came from rank 3 alone" in text
