@@ -32,6 +32,7 @@ stage build 240 "$py" -m pip install --no-build-isolation --no-deps -e .
 stage info 30 "$py" -m amp_inspect.info
 stage tests 150 "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_op.py tests/test_unscale.py \
   tests/test_inspector_cuda.py tests/test_hardware.py
+stage dist 90 "$py" -m pytest -q -p no:cacheprovider tests/test_distributed.py -m cuda
 stage bench 120 "$py" bench/bench_tensor_stats.py --device cuda --out "$out"
 stage bench_step 90 "$py" bench/bench_step.py --device cuda --out "$out"
 cat "$out/summary.txt"

@@ -173,6 +173,37 @@ def ddp_more(world: int, out: Path) -> None:
         raise AssertionError("group= other than DDP's was accepted")
 
 
+def ddp_cuda(world: int, out: Path) -> None:
+    """The hook's CUDA path (fp16 autocast, GradScaler("cuda")), the ranks sharing GPU 0 and gloo carrying the
+    CUDA tensors (NCCL needs one GPU per rank): rank 1 named on every rank, training bitwise DDP's."""
+    rank = dist.get_rank()
+    torch.cuda.set_device(0)
+    step = [0]
+    runs = {}
+    for kind in ("plain", "hooked"):
+        model = models.gpt().cuda()
+        _inject_inf(model.ln_f.weight, lambda: step[0])
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[0])
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10)
+        insp = amp_inspect.attach(wrapped, scaler, timeout=TIMEOUT_S) if kind == "hooked" else None
+        runs[kind] = (model, wrapped, scaler, torch.optim.SGD(model.parameters(), lr=0.1), insp)
+    for step[0] in range(STEPS):
+        for model, wrapped, scaler, opt, insp in runs.values():
+            inputs, targets = (t.cuda() for t in models.batch_for(model, step[0] * world + rank))
+            with torch.autocast("cuda", dtype=torch.float16):
+                logits = wrapped(inputs)
+            scaler.scale(nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten())).backward()
+            report = insp.check() if insp is not None else None
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            if report is not None:
+                expected = {1: {"ln_f": 1}} if step[0] == INF_STEP else {}
+                assert report.inf_by_rank == expected, (step[0], report.inf_by_rank)
+    for p, q in zip(runs["hooked"][0].parameters(), runs["plain"][0].parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
 def ddp_groups(world: int, out: Path) -> None:
     """DDP over two subgroups, {0, 1} and {2, 3}, as with pipeline or hybrid parallelism: the Inf made on
     global rank 3 is named as rank 3 (a global rank) in its group's reports; the other group stays clean.
@@ -360,7 +391,7 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
-SCENARIOS = {f.__name__: f for f in (shards, ddp, ddp_more, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)}
+SCENARIOS = {f.__name__: f for f in (shards, ddp, ddp_more, ddp_cuda, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)}
 
 
 def _run(rank: int, name: str, world: int, port: int, out: Path) -> None:

@@ -73,6 +73,11 @@ def test_ddp_hook_with_accumulation_every_n_reattach_and_a_wrong_group(tmp_path)
     run_scenario("ddp_more", 2, tmp_path)
 
 
+@pytest.mark.cuda
+def test_ddp_hook_on_cuda_tensors(tmp_path) -> None:
+    run_scenario("ddp_cuda", 2, tmp_path)
+
+
 @pytest.mark.parametrize("scenario", ["ddp_groups", "hsdp"])
 def test_subgroups_name_global_ranks(tmp_path, scenario: str) -> None:
     # DDP over two process groups of 2, and HSDP on a (2, 2) mesh: 4 processes.
