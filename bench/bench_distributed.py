@@ -27,7 +27,8 @@ distribution-free ~95% confidence interval of that median. The time spent in the
 
 Bytes: ``torch.distributed.all_reduce`` (and the functional ``all_reduce`` that DTensor uses) are wrapped
 in each process by a counter of numel * element_size per call, classified by the calling function:
-``amp_inspect.ddp.ddp_comm_hook`` is DDP's own gradient averaging (a comm hook must do it), the one-time
+``amp_inspect.ddp`` averaging the bucket (``BeforeAllReduce.average``) is DDP's own gradient averaging (a comm
+hook must do it), the one-time
 ``amp_inspect.distributed.check_same_layout`` is reported apart, any other amp_inspect caller is the
 inspection's traffic, and callers in torch are torch's own (GradScaler's found_inf on DTensor gradients).
 DDP's reducer without a hook and FSDP2's reduce-scatter / all-gather do not go through these functions and
@@ -102,13 +103,13 @@ DDP_BARE = "ddp_bare"
 FSDP_BARE = "fsdp_bare"
 
 # Traffic categories, by the function that called the all-reduce.
-DDP_GRADIENTS = "ddp_gradients"  # ddp_comm_hook's dist.all_reduce(bucket): DDP's own averaging
+DDP_GRADIENTS = "ddp_gradients"  # the hook's dist.all_reduce(bucket) (BeforeAllReduce.average): DDP's averaging
 INSPECTION = "inspection"  # every other all-reduce made from amp_inspect, per step
 LAYOUT_CHECK = "layout_check"  # check_same_layout: once per inspector / scaler, before the first combine
 TORCH_OWN = "torch"  # called from torch itself (DTensor's found_inf reduction in GradScaler's unscale)
 OTHER = "other"
 CATEGORIES = (DDP_GRADIENTS, INSPECTION, LAYOUT_CHECK, TORCH_OWN, OTHER)
-HOOK_FUNCTION = "ddp_comm_hook"
+HOOK_FUNCTIONS = ("ddp_comm_hook", "average")  # where amp_inspect/ddp.py all-reduces the gradient bucket
 LAYOUT_FUNCTION = "check_same_layout"
 
 
@@ -199,7 +200,7 @@ class CollectiveCounter:
 
     def add(self, module: str, function: str, tensor: torch.Tensor) -> None:
         if module.startswith("amp_inspect"):
-            if function == HOOK_FUNCTION:
+            if function in HOOK_FUNCTIONS:
                 category = DDP_GRADIENTS
             elif function == LAYOUT_FUNCTION:
                 category = LAYOUT_CHECK
