@@ -72,7 +72,7 @@ from torch import nn
 # sys.path).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_step import GPT, ModelSpec, make_model  # noqa: E402
+from bench_step import GPT, ModelSpec, StepMeasurement, make_model  # noqa: E402
 from bench_tensor_stats import RESULTS_DIR, SEED, TargetCheck, machine_info, print_checks, write_result  # noqa: E402
 
 import amp_inspect  # noqa: E402
@@ -491,51 +491,38 @@ def median_ci(values: Sequence[float], z: float = CI_Z) -> tuple[float, float]:
 
 
 @dataclass
-class DistMeasurement:
-    config: str
-    family: str
-    description: str
-    step_ms: list[float]  # rank 0, timed steps
-    step_ms_rank1: list[float]
-    check_ms: list[float]
-    opt_ms: list[float]
-    round_medians_ms: list[float]
-    median_ms: float = 0.0
-    min_ms: float = 0.0
-    max_ms: float = 0.0
-    q1_ms: float = 0.0
-    q3_ms: float = 0.0
+class DistMeasurement(StepMeasurement):
+    """bench_step's StepMeasurement (rank 0's steps; its medians, quartiles and per-round ratios), plus the
+    family, rank 1's steps, the time in the comm hook and in reduce_stats, and the all-reduce traffic."""
+
+    family: str = ""
+    step_ms_rank1: list[float] = field(default_factory=list)
+    hook_ms: list[float] = field(default_factory=list)
+    combine_ms: list[float] = field(default_factory=list)
     median_ms_rank1: float = 0.0
     fwd_bwd_median_ms: float = 0.0
-    check_median_ms: float = 0.0
-    opt_median_ms: float = 0.0
     hook_median_ms: float = 0.0
     combine_median_ms: float = 0.0
-    direct_ms: float | None = None  # check() + hook + scaler.step/update beyond bare's (medians)
-    x_bare_paired: float | None = None
-    x_bare_paired_min: float | None = None
-    x_bare_paired_max: float | None = None
     x_bare_paired_ci: tuple[float, float] | None = None  # ~95% confidence interval of the median ratio
-    x_bare_medians: float | None = None
     traffic_per_step: dict[str, CategoryTraffic] = field(default_factory=dict)  # timed steps, by category
     by_caller_per_step: dict[str, list[float]] = field(default_factory=dict)  # [calls, bytes], median
     one_time: dict[str, list[int]] = field(default_factory=dict)  # LAYOUT_CHECK over all steps: [calls, bytes]
     first_step: dict[str, list[int]] = field(default_factory=dict)  # warmup step 1, by category
     expected_inspection_bytes: int | None = None  # from the docstrings' formulas
 
-    @property
-    def overhead_pct(self) -> float | None:
-        return None if self.x_bare_paired is None else (self.x_bare_paired - 1.0) * 100.0
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.median_ms_rank1 = statistics.median(self.step_ms_rank1)
+        self.fwd_bwd_median_ms = statistics.median(self.fwd_bwd_ms)
+        self.hook_median_ms = statistics.median(self.hook_ms)
+        self.combine_median_ms = statistics.median(self.combine_ms)
 
-    def compare(self, bare: DistMeasurement) -> None:
+    def compare(self, bare: StepMeasurement) -> None:
+        super().compare(bare)
+        assert isinstance(bare, DistMeasurement)
         paired = [mine / theirs for mine, theirs in zip(self.round_medians_ms, bare.round_medians_ms, strict=True)]
-        self.x_bare_paired = statistics.median(paired)
-        self.x_bare_paired_min = min(paired)
-        self.x_bare_paired_max = max(paired)
         self.x_bare_paired_ci = median_ci(paired)
-        self.x_bare_medians = self.median_ms / bare.median_ms
-        mine = self.check_median_ms + self.hook_median_ms + self.opt_median_ms
-        self.direct_ms = mine - bare.check_median_ms - bare.hook_median_ms - bare.opt_median_ms
+        self.direct_ms += self.hook_median_ms - bare.hook_median_ms  # the hook runs inside backward
 
 
 @dataclass
@@ -589,23 +576,17 @@ def summarize(by_rank: dict[int, dict[str, Any]], config: BenchConfig) -> list[D
         everything = warmup + steps
         m = DistMeasurement(
             c.name,
-            c.family,
             c.description,
             step_ms=[s["total_ms"] for s in steps],
-            step_ms_rank1=[s["total_ms"] for rs in rank1["rounds"][c.name] for s in rs],
+            fwd_bwd_ms=[s["fwd_bwd_ms"] for s in steps],
             check_ms=[s["check_ms"] for s in steps],
             opt_ms=[s["opt_ms"] for s in steps],
             round_medians_ms=[statistics.median(s["total_ms"] for s in rs) for rs in rounds],
+            family=c.family,
+            step_ms_rank1=[s["total_ms"] for rs in rank1["rounds"][c.name] for s in rs],
+            hook_ms=[s["hook_ms"] for s in steps],
+            combine_ms=[s["combine_ms"] for s in steps],
         )
-        m.median_ms = statistics.median(m.step_ms)
-        m.min_ms, m.max_ms = min(m.step_ms), max(m.step_ms)
-        m.q1_ms, _, m.q3_ms = statistics.quantiles(m.step_ms, n=4) if len(m.step_ms) >= 2 else (m.median_ms,) * 3
-        m.median_ms_rank1 = statistics.median(m.step_ms_rank1)
-        m.fwd_bwd_median_ms = statistics.median(s["fwd_bwd_ms"] for s in steps)
-        m.check_median_ms = statistics.median(m.check_ms)
-        m.opt_median_ms = statistics.median(m.opt_ms)
-        m.hook_median_ms = statistics.median(s["hook_ms"] for s in steps)
-        m.combine_median_ms = statistics.median(s["combine_ms"] for s in steps)
         m.traffic_per_step = {cat: traffic_of(steps, cat) for cat in CATEGORIES}
         callers = sorted({k for s in steps for k in s["by_caller"]})
         m.by_caller_per_step = {
