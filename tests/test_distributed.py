@@ -177,3 +177,15 @@ def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log
     report.set_rank_origin(torch.tensor([[0], [1]]), ["head"], kind=BEFORE_ALLREDUCE)
     back = StepRecord.from_log_record(report.to_record())
     assert back.ranks_with_inf == [1] and back.inf_origin == BEFORE_ALLREDUCE
+
+
+def test_the_hooks_cheap_host_check_never_hides_a_nan_or_inf() -> None:
+    from amp_inspect.ddp import _surely_finite
+
+    assert _surely_finite(torch.randn(1000))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        values = torch.randn(1000)
+        values[17] = bad
+        assert not _surely_finite(values)
+    assert not _surely_finite(torch.full((4,), 3e38))  # the sum overflows: left to the exact count
+    assert not _surely_finite(torch.tensor([float("inf"), -float("inf")]))  # inf - inf: NaN, not finite
