@@ -14,8 +14,8 @@ identical on every rank of the group): its total_norm is the one to clip with.
     # or, by hand, before the first backward, with attach(ddp_model, ddp_hook=False):
     ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
 
-Cost per synchronised backward: one read of the gradients inside backward (the fused op, per bucket) and
-8 * world * parameters bytes all-reduced.
+Cost per synchronised backward: one read of the gradients inside backward (the fused op, per bucket; on
+the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T: parameter tensors).
 """
 
 # No ``from __future__ import annotations``: DDP compares the hook's annotations with real types.
@@ -45,7 +45,7 @@ class _Exchange:
     step: int  # the inspector's step during that backward
     work: dist.Work
     table: torch.Tensor  # int64 [world, parameters], complete once work is
-    earlier: torch.Tensor | None  # the same step's earlier backward (accumulation without no_sync), done
+    earlier: torch.Tensor | None  # the same step's earlier backward (accumulation without no_sync), complete
 
 
 def _surely_finite(buffer: torch.Tensor) -> bool:
@@ -56,16 +56,59 @@ def _surely_finite(buffer: torch.Tensor) -> bool:
 
 
 class HookState:
-    """What ``attach`` registers as the hook's state: the inspector it reports to. Kept on the DDP model so a
-    later ``attach`` rebinds it (DDP cannot register a second hook, nor remove one)."""
+    """The comm hook's state, one per DDP model: the averaging DDP would do without a hook, and the inspector
+    the counts go to (None once it detached). ``attach`` keeps it on the DDP model, so a later ``attach``
+    rebinds it: DDP cannot register a second hook, nor remove one."""
 
-    def __init__(self, inspector: "Inspector") -> None:
+    def __init__(self, ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector | None") -> None:
         self.inspector = inspector
+        self.group = ddp.process_group
+        self.world = dist.get_world_size(self.group)
+        # DDP without a hook multiplies a gradient it copies into its bucket by 1/world, but divides one that
+        # already lives there (gradient_as_bucket_view): the two round differently unless world is a power of
+        # two. DDP's test, whether .grad is the bucket's view when the gradient is ready, is redone here from
+        # where each .grad was right after its accumulation (a hook that runs just before DDP's own).
+        self._grad_at: dict[int, int] = {}  # id(param) -> .grad's data_ptr after this backward's accumulation
+        self._exact_division = ddp.gradient_as_bucket_view and self.world & (self.world - 1) != 0
+        if self._exact_division:
+            for p in ddp.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(self._record_grad_address)
+
+    def _record_grad_address(self, param: torch.Tensor) -> None:
+        self._grad_at[id(param)] = param.grad.data_ptr()
+
+    def _in_bucket(self, param: torch.Tensor, view: torch.Tensor) -> bool:
+        address = self._grad_at.pop(id(param), None)
+        if address is None:  # no gradient this backward (unused): DDP looks at .grad as it is
+            address = param.grad.data_ptr() if param.grad is not None else None
+        return address == view.data_ptr()
+
+    def average(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Averages the bucket over DDP's group as DDP's reducer does without a hook (asynchronously)."""
+        buffer = bucket.buffer()
+        if not self._exact_division:
+            buffer.mul_(1.0 / self.world)  # a double scalar, as DDP's reducer: not div_ (torch's allreduce_hook)
+        else:
+            views = bucket.gradients()
+            in_bucket = [self._in_bucket(p, v) for p, v in zip(bucket.parameters(), views, strict=True)]
+            if all(in_bucket):
+                buffer.div_(self.world)
+            elif not any(in_bucket):
+                buffer.mul_(1.0 / self.world)
+            else:
+                for view, divide in zip(views, in_bucket, strict=True):
+                    if divide:
+                        view.div_(self.world)
+                    else:
+                        view.mul_(1.0 / self.world)
+        work = dist.all_reduce(buffer, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
 
 
 class BeforeAllReduce:
-    """Per-rank NaN/Inf counts of each parameter's local gradient, gathered by ``ddp_comm_hook``, and the
-    averaging DDP would do without a hook."""
+    """Per-rank NaN/Inf counts of each parameter's local gradient, gathered by ``ddp_comm_hook`` for one
+    inspector, and their exchange between the ranks."""
 
     def __init__(
         self, ddp: nn.parallel.DistributedDataParallel, entries: list[ParamEntry], timeout_s: float = DEFAULT_TIMEOUT_S
@@ -75,45 +118,11 @@ class BeforeAllReduce:
         self.timeout_s = timeout_s
         self.ranks = global_ranks(self.group)  # the global rank of each row of the counts
         self.modules = [e.module for e in entries]  # the column names of the counts
-        self.detached = False  # set by Inspector.detach(): only average from then on
         self._column_of_param = {id(e.param): i for i, e in enumerate(entries)}
         self._columns: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # bucket index -> (param ids, index)
         self._counts: torch.Tensor | None = None  # this rank's counts, filled bucket by bucket
         self._pending: _Exchange | None = None
         self._taken: tuple[int, torch.Tensor] | None = None  # the last (step, table) handed to a report
-        # DDP without a hook multiplies a copied gradient by 1/world but divides one that already lives in its
-        # bucket (gradient_as_bucket_view, once .grad exists): the two round differently unless world is a
-        # power of two. Whether .grad exists is recorded at each forward, before the backward that reduces it.
-        self._divide: set[int] = set()
-        self._forward_hook = None
-        if ddp.gradient_as_bucket_view and self.world & (self.world - 1):
-            self._forward_hook = ddp.register_forward_pre_hook(self._record_existing_grads)
-
-    def _record_existing_grads(self, ddp: nn.Module, args: object) -> None:
-        self._divide = {id(p) for p in ddp.parameters() if p.grad is not None}
-
-    def close(self) -> None:
-        """Counting stops. The comm hook stays registered (DDP cannot remove one), and so does the forward hook
-        that keeps its averaging exact."""
-        self.detached = True
-
-    # ---- averaging, as DDP does without a hook ----
-
-    def average(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        buffer = bucket.buffer()
-        if self._forward_hook is None:
-            buffer.mul_(1.0 / self.world)  # a double scalar, as DDP's reducer: not div_ (torch's allreduce_hook)
-        else:
-            divide = [id(p) in self._divide for p in bucket.parameters()]
-            if all(divide):
-                buffer.div_(self.world)
-            elif not any(divide):
-                buffer.mul_(1.0 / self.world)
-            else:
-                for view, by_division in zip(bucket.gradients(), divide, strict=True):
-                    view.div_(self.world) if by_division else view.mul_(1.0 / self.world)
-        work = dist.all_reduce(buffer, group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
 
     # ---- counting ----
 
@@ -138,10 +147,11 @@ class BeforeAllReduce:
             device = grads[0].device
             if self._counts is None:
                 self._counts = torch.zeros(len(self.modules), dtype=torch.int64, device=device)
+            columns = self._bucket_columns(bucket, device)  # before any shortcut: its error must hit every rank
             if not _surely_finite(bucket.buffer()):
                 with torch.no_grad():
                     stats = tensor_stats(grads, formats=_HOOK_FORMATS)
-                    self._counts.index_copy_(0, self._bucket_columns(bucket, device), stats.nonfinite)
+                    self._counts.index_copy_(0, columns, stats.nonfinite)
         if bucket.is_last() and self._counts is not None:
             self._exchange(self._counts, step)
             self._counts = None
@@ -181,11 +191,11 @@ class BeforeAllReduce:
 def ddp_comm_hook(state: Union["Inspector", HookState], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook (``ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)``): counts NaN/Inf
     in this rank's gradients of the bucket, then averages them as DDP's built-in reduction does."""
-    inspector = state.inspector if isinstance(state, HookState) else state
-    origin = inspector._before_allreduce_for()
-    if not origin.detached:  # after insp.detach() the hook only averages
-        origin.bucket_ready(bucket, inspector.step)
-    return origin.average(bucket)
+    hook = state if isinstance(state, HookState) else state._own_hook_state()
+    inspector = hook.inspector
+    if inspector is not None:  # None after the inspector detached: only average
+        inspector._before_allreduce_for().bucket_ready(bucket, inspector.step)
+    return hook.average(bucket)
 
 
 def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
@@ -194,19 +204,32 @@ def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
     return inner if isinstance(inner, nn.parallel.DistributedDataParallel) else None
 
 
+_STATE_ATTRIBUTE = "_amp_inspect_hook_state"
+
+
 def register(ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector") -> str | None:
-    """Registers ddp_comm_hook on ``ddp`` for ``inspector`` (or rebinds the one a previous inspector
-    registered). Returns why it could not, or None."""
-    state = getattr(ddp, "_amp_inspect_hook_state", None)
+    """Registers ddp_comm_hook on ``ddp`` for ``inspector``, or rebinds the one an earlier ``attach``
+    registered. Returns why it could not, or None."""
+    state = getattr(ddp, _STATE_ATTRIBUTE, None)
     if isinstance(state, HookState):
         state.inspector = inspector
         return None
     if getattr(ddp, "_comm_hooks", None):
         return "this DDP model already has a comm hook"
-    state = HookState(inspector)
+    state = HookState(ddp, inspector)
     try:
         ddp.register_comm_hook(state, ddp_comm_hook)
-    except RuntimeError as error:  # a built-in hook (not listed in _comm_hooks) was registered
+    except RuntimeError as error:  # a built-in hook (not listed in _comm_hooks) was registered first
+        hooks = getattr(ddp, "_comm_hooks", None)
+        if hooks and hooks[-1][1] is state:
+            hooks.pop()  # DDP lists a hook before its reducer accepts it
         return f"DDP refused a second comm hook ({error})"
-    ddp._amp_inspect_hook_state = state
+    setattr(ddp, _STATE_ATTRIBUTE, state)
     return None
+
+
+def release(ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector") -> None:
+    """After ``inspector`` detached, the hook it was bound to only averages."""
+    state = getattr(ddp, _STATE_ATTRIBUTE, None)
+    if isinstance(state, HookState) and state.inspector is inspector:
+        state.inspector = None

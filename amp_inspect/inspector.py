@@ -34,7 +34,7 @@ from torch.amp.grad_scaler import OptState
 
 from . import hardware
 from .activations import ActivationWatcher
-from .ddp import BeforeAllReduce, ddp_of, register
+from .ddp import BeforeAllReduce, HookState, ddp_of, register, release
 from .distributed import DEFAULT_TIMEOUT_S, Combiner, global_ranks, is_distributed, local_shards, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
@@ -168,6 +168,10 @@ class Inspector:
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
         self._before_allreduce: BeforeAllReduce | None = None
+        self._manual_hook: HookState | None = None  # when the user registers the hook with this inspector
+        if not ddp_hook and ddp is not None and is_distributed(ddp.process_group):
+            # Made now, before any backward: its exact averaging watches every accumulation (see HookState).
+            self._manual_hook = HookState(ddp, self)
         if ddp_hook and ddp is not None and is_distributed(ddp.process_group):
             why_not = register(ddp, self)
             if why_not:
@@ -221,16 +225,25 @@ class Inspector:
         scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
         self._patched.append((scaler, "_maybe_opt_step"))
 
+    def _own_hook_state(self) -> HookState:
+        """The hook's state when the user registered ddp_comm_hook by hand with this inspector as its state."""
+        if self._manual_hook is None:
+            self._manual_hook = HookState(self._ddp_for_hook(), self)
+        return self._manual_hook
+
+    def _ddp_for_hook(self) -> nn.parallel.DistributedDataParallel:
+        ddp = ddp_of(self.model)
+        if ddp is None:
+            raise RuntimeError(
+                "amp_inspect.ddp_comm_hook: attach the inspector to the DistributedDataParallel model itself "
+                "(attach(ddp_model)), so that the hook averages over DDP's process group"
+            )
+        return ddp
+
     def _before_allreduce_for(self) -> BeforeAllReduce:
         """The state of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
         if self._before_allreduce is None:
-            ddp = ddp_of(self.model)
-            if ddp is None:
-                raise RuntimeError(
-                    "amp_inspect.ddp_comm_hook: attach the inspector to the DistributedDataParallel model itself "
-                    "(attach(ddp_model)), so that the hook averages over DDP's process group"
-                )
-            self._before_allreduce = BeforeAllReduce(ddp, self.entries, self.timeout)
+            self._before_allreduce = BeforeAllReduce(self._ddp_for_hook(), self.entries, self.timeout)
         return self._before_allreduce
 
     def _combiner(self, group: dist.ProcessGroup) -> Combiner:
@@ -464,9 +477,11 @@ class Inspector:
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None
         ddp = ddp_of(self.model)
-        if ddp is not None and is_distributed(ddp.process_group):
+        if ddp is not None:
             # DDP cannot unregister a comm hook: from now on it only averages (detach on every rank alike).
-            self._before_allreduce_for().close()
+            release(ddp, self)
+            if self._manual_hook is not None:
+                self._manual_hook.inspector = None
         if self.clip_watch is not None:
             self.clip_watch.close()
         self.close()

@@ -121,6 +121,48 @@ def ddp(world: int, out: Path) -> None:
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
 
 
+def ddp_views(world: int, out: Path) -> None:
+    """gradient_as_bucket_view on a world that is not a power of two, where DDP divides a gradient that lives
+    in its bucket and multiplies one it copies: the hook's averaging is bitwise DDP's in the loops that decide
+    which (zero_grad between forward and backward, no_sync accumulation with and without set_to_none, the hook
+    registered by hand)."""
+    rank = dist.get_rank()
+
+    def train(style: str, hooked: bool) -> nn.Module:
+        model = models.gpt()
+        wrapped = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        insp = None
+        if hooked and style == "manual":
+            insp = amp_inspect.attach(wrapped, ddp_hook=False, timeout=TIMEOUT_S)
+            wrapped.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
+        elif hooked:
+            insp = amp_inspect.attach(wrapped, timeout=TIMEOUT_S)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        keep = style in ("no_sync_keep", "manual")  # zero_grad(set_to_none=False): .grad stays in its bucket
+        for step in range(3):
+            micro = 2 if style.startswith("no_sync") else 1
+            for m in range(micro):
+                inputs, targets = models.batch_for(model, (step * micro + m) * world + rank)
+                with wrapped.no_sync() if m < micro - 1 else contextlib.nullcontext():
+                    loss = nn.functional.cross_entropy(wrapped(inputs).flatten(0, -2), targets.flatten())
+                    if style == "zero_between":
+                        opt.zero_grad(set_to_none=True)  # after the forward, before the backward
+                    loss.backward()
+            if insp is not None:
+                insp.check()
+            opt.step()
+            if style != "zero_between":
+                opt.zero_grad(set_to_none=not keep)
+        if insp is not None:
+            insp.detach()
+        return model
+
+    for style in ("keep", "zero_between", "no_sync_none", "no_sync_keep", "manual"):
+        plain, hooked = train(style, False), train(style, True)
+        for (name, p), q in zip(hooked.named_parameters(), plain.parameters(), strict=True):
+            assert torch.equal(p, q), f"{style}: {name} differs from DDP without the hook"
+
+
 def ddp_more(world: int, out: Path) -> None:
     """The DDP hook with gradient accumulation (with and without no_sync: an Inf made on rank 1 in the first
     micro-batch is still traced to rank 1 alone), every=3 (a skipped step between checks is still traced),
@@ -391,7 +433,8 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
-SCENARIOS = {f.__name__: f for f in (shards, ddp, ddp_more, ddp_cuda, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)}
+ALL = (shards, ddp, ddp_views, ddp_more, ddp_cuda, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)
+SCENARIOS = {f.__name__: f for f in ALL}
 
 
 def _run(rank: int, name: str, world: int, port: int, out: Path) -> None:

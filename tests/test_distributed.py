@@ -69,6 +69,10 @@ def test_fsdp2_global_statistics_equal_single_process_and_name_the_rank(tmp_path
     run_scenario("fsdp2", world, tmp_path)
 
 
+def test_ddp_hook_averages_bitwise_with_gradient_as_bucket_view_on_three_ranks(tmp_path) -> None:
+    run_scenario("ddp_views", 3, tmp_path)
+
+
 def test_ddp_hook_with_accumulation_every_n_reattach_and_a_wrong_group(tmp_path) -> None:
     run_scenario("ddp_more", 2, tmp_path)
 
