@@ -98,6 +98,21 @@ def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.Pr
     return local, next(iter(meshes)).get_group(layout[0]), None
 
 
+def sharded_groups(grads: Sequence[torch.Tensor]) -> list[dist.ProcessGroup]:
+    """The process groups of every mesh dimension along which some DTensor in ``grads`` is not replicated, in
+    a fixed order: where GradScaler's found_inf must agree (torch's DTensor unscale reduces it over exactly
+    these), when the statistics themselves are not combined."""
+    dtensor = _dtensor_type()
+    groups: dict[int, dist.ProcessGroup] = {}
+    for g in grads:
+        if dtensor is not None and isinstance(g, dtensor):
+            for dim, placement in enumerate(g.placements):
+                if not placement.is_replicate():
+                    group = g.device_mesh.get_group(dim)
+                    groups.setdefault(id(group), group)
+    return [g for g in groups.values() if dist.get_world_size(g) > 1]
+
+
 def global_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
     """The global rank of each rank of ``group``, in group-rank order (reports name global ranks: with DDP
     or FSDP over a subgroup, as in pipeline or hybrid parallelism, the group's rank 1 is not global rank 1)."""

@@ -18,12 +18,14 @@ inspects without writing. ``last_report`` is the StepReport of the last step (no
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from ._ops import unscale_stats_op
-from .distributed import DEFAULT_TIMEOUT_S, Combiner, GlobalStats, is_distributed, local_shards
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, GlobalStats, is_distributed, local_shards, sharded_groups
 from .report import SHARDS, StepReport
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
@@ -31,6 +33,17 @@ if TYPE_CHECKING:
     from .inspector import Inspector
 
 DEFAULT_FORMATS = ("fp16",)
+
+
+def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """DTensor gradients whose statistics stay per rank (sharded along several mesh dimensions, or mixed
+    with plain tensors): the skip decision must still be the same on every rank, or the ranks' weights part
+    ways. As torch's DTensor unscale does, take the max of found_inf over each mesh dimension that is not
+    replicated (asynchronous on the device; on gloo it waits)."""
+    groups = sharded_groups(grads)
+    for flag in flags:
+        for group in groups:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
 
 
 class InspectingGradScaler(torch.amp.GradScaler):
@@ -149,6 +162,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 anywhere = (origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():
                     torch.maximum(found, anywhere.to(found.device), out=found)
+            else:
+                agree_on_found_inf(per_device_found.values(), whole)
             self._publish(outputs, names, origin)
         return per_device_found
 
@@ -163,6 +178,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
             any_bad = (TensorStats.from_op_outputs(outputs, self.formats).nonfinite.sum() > 0).float()
             for device in {g.device for g in local}:
                 found[device] = any_bad.to(device, non_blocking=True)
+            if origin is None:
+                agree_on_found_inf(found.values(), dense)
             self._publish(outputs, names, origin)
         for param in sparse:
             values = param.grad._values()

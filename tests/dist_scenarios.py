@@ -388,6 +388,29 @@ def shards(world: int, out: Path) -> None:
     assert merged.ranks_with_inf.tolist() == [r == world - 1 for r in range(world)]
 
 
+def mesh_2d(world: int, out: Path) -> None:
+    """DTensor gradients sharded along both dimensions of a (2, 2) mesh (as FSDP with tensor parallel): the
+    statistics stay per rank, but an Inf in rank 3's piece alone still skips the step on every rank, for the
+    InspectingGradScaler as for GradScaler (whose DTensor unscale takes the max of found_inf over the mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    rank = dist.get_rank()
+    for scaler_type in (torch.amp.GradScaler, amp_inspect.InspectingGradScaler):
+        weight = nn.Parameter(distribute_tensor(torch.ones(8, 8), mesh, [Shard(0), Shard(1)]))
+        grad = distribute_tensor(torch.ones(8, 8), mesh, [Shard(0), Shard(1)])
+        if rank == 3:
+            grad.to_local()[0, 0] = float("inf")
+        weight.grad = grad
+        scaler = scaler_type("cpu", init_scale=2.0**4)
+        scaler.scale(torch.ones(()))  # the scale tensor exists from the first scale() on
+        scaler.step(torch.optim.SGD([weight], lr=0.1))
+        scaler.update()
+        assert scaler.get_scale() == 2.0**3, (scaler_type.__name__, scaler.get_scale())  # skipped everywhere
+        assert torch.equal(weight.to_local(), torch.ones(4, 4)), scaler_type.__name__
+
+
 def _stats(n: int) -> amp_inspect.TensorStats:
     return amp_inspect.tensor_stats([torch.ones(4)] * n)
 
@@ -433,7 +456,7 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
-ALL = (shards, ddp, ddp_views, ddp_more, ddp_cuda, ddp_groups, fsdp2, hsdp, mismatch, dead, absent)
+ALL = (shards, ddp, ddp_views, ddp_more, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead, absent)
 SCENARIOS = {f.__name__: f for f in ALL}
 
 

@@ -82,9 +82,10 @@ def test_ddp_hook_on_cuda_tensors(tmp_path) -> None:
     run_scenario("ddp_cuda", 2, tmp_path)
 
 
-@pytest.mark.parametrize("scenario", ["ddp_groups", "hsdp"])
+@pytest.mark.parametrize("scenario", ["ddp_groups", "hsdp", "mesh_2d"])
 def test_subgroups_name_global_ranks(tmp_path, scenario: str) -> None:
-    # DDP over two process groups of 2, and HSDP on a (2, 2) mesh: 4 processes.
+    # DDP over two process groups of 2, HSDP on a (2, 2) mesh, and DTensors sharded along both dimensions of
+    # a (2, 2) mesh (skip decisions agree): 4 processes.
     run_scenario(scenario, 4, tmp_path)
     if scenario == "ddp_groups":  # one log per DDP group, by its first rank
         assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["run.rank0.jsonl", "run.rank2.jsonl"]
