@@ -194,7 +194,7 @@ def ddp_comm_hook(state: Union["Inspector", HookState], bucket: dist.GradBucket)
     hook = state if isinstance(state, HookState) else state._own_hook_state()
     inspector = hook.inspector
     if inspector is not None:  # None after the inspector detached: only average
-        inspector._before_allreduce_for().bucket_ready(bucket, inspector.step)
+        inspector._before_allreduce_for().bucket_ready(bucket, inspector._step_in_progress())
     return hook.average(bucket)
 
 

@@ -14,7 +14,8 @@ Typical loop (GradScaler on "cuda" or "cpu")::
 
 Cost: one fused pass over all gradients per inspected step (``every`` sets how often), no host sync on CUDA
 (statistics go to pinned memory asynchronously; history and log are filled one step behind). The hooks of
-``activations`` exist only while armed. ``detach()`` removes everything the inspector registered.
+``activations`` exist only while armed. ``detach()`` removes everything the inspector registered, except a
+DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as DDP would.
 """
 
 from __future__ import annotations
@@ -245,6 +246,11 @@ class Inspector:
         if self._before_allreduce is None:
             self._before_allreduce = BeforeAllReduce(self._ddp_for_hook(), self.entries, self.timeout)
         return self._before_allreduce
+
+    def _step_in_progress(self) -> int:
+        """The number the report of the step now running will carry (an InspectingGradScaler numbers them)."""
+        scaler = self.scaler
+        return scaler._steps if isinstance(scaler, InspectingGradScaler) else self.step
 
     def _combiner(self, group: dist.ProcessGroup) -> Combiner:
         combiner = self._combiners.get(id(group))
