@@ -22,8 +22,8 @@ demo: setup
 	$(BIN)/amp-inspect demo
 
 lint: setup
-	$(BIN)/ruff check amp_inspect tests bench setup.py
-	$(BIN)/ruff format --check amp_inspect tests bench setup.py
+	$(BIN)/ruff check amp_inspect tests bench examples setup.py
+	$(BIN)/ruff format --check amp_inspect tests bench examples setup.py
 
 test: setup lint
 	$(BIN)/python -m pytest -q

@@ -4,7 +4,7 @@ After DDP's all-reduce every rank holds the same averaged gradients, so a NaN ma
 and a check there cannot say where it came from. ``ddp_comm_hook`` runs where DDP hands each gradient bucket
 to the network: it counts NaN/Inf in this rank's own gradients of the bucket (the fused op over the bucket's
 views, one pass), then averages exactly as DDP without a hook does, over DDP's process group, so training is
-bitwise the same. After the last bucket, one more all-reduce (int64 [world, parameters], issued
+bitwise the same. After the last bucket, one more all-reduce (int64 [world, parameter tensors], issued
 asynchronously) tells every rank each rank's counts; the report of that step takes them as ``inf_by_rank``.
 
 The report's other statistics stay those of the averaged gradients (what GradScaler and the optimizer see,
@@ -12,7 +12,7 @@ identical on every rank of the group): its total_norm is the one to clip with.
 
     insp = amp_inspect.attach(ddp_model, scaler)   # registers the hook (ddp_hook=False to opt out)
     # or, by hand, before the first backward, with attach(ddp_model, ddp_hook=False):
-    ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
+    ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)
 
 Cost per synchronised backward: one read of the gradients inside backward (the fused op, per bucket; on
 the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T: parameter tensors).
@@ -20,8 +20,9 @@ the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T
 
 # No ``from __future__ import annotations``: DDP compares the hook's annotations with real types.
 
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -44,7 +45,7 @@ class _Exchange:
 
     step: int  # the inspector's step during that backward
     work: dist.Work
-    table: torch.Tensor  # int64 [world, parameters], complete once work is
+    table: torch.Tensor  # int64 [world, parameter tensors], complete once work is
     earlier: torch.Tensor | None  # the same step's earlier backward (accumulation without no_sync), complete
 
 
@@ -62,7 +63,7 @@ class HookState:
 
     def __init__(self, ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector | None") -> None:
         self.inspector = inspector
-        self.group = ddp.process_group
+        self.group = ddp.process_group  # not the DDP model itself: see ``inspector``
         self.world = dist.get_world_size(self.group)
         # DDP without a hook multiplies a gradient it copies into its bucket by 1/world, but divides one that
         # already lives there (gradient_as_bucket_view): the two round differently unless world is a power of
@@ -74,6 +75,18 @@ class HookState:
             for p in ddp.parameters():
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(self._record_grad_address)
+
+    # Held weakly: DDP's C++ reducer holds this state, and a strong path back to the DDP model (the inspector
+    # holds it) would be a cycle Python's collector cannot see through; it would live until interpreter exit
+    # and tear down after the process group (gloo was seen to abort the process there). A dropped inspector
+    # stops the counting; the averaging goes on.
+    @property
+    def inspector(self) -> "Inspector | None":
+        return self._inspector() if self._inspector is not None else None
+
+    @inspector.setter
+    def inspector(self, inspector: "Inspector | None") -> None:
+        self._inspector = weakref.ref(inspector) if inspector is not None else None
 
     def _record_grad_address(self, param: torch.Tensor) -> None:
         self._grad_at[id(param)] = param.grad.data_ptr()
@@ -176,7 +189,7 @@ class BeforeAllReduce:
         return torch.where(exchange.earlier.sum() > 0, exchange.earlier, exchange.table)
 
     def take(self, step: int) -> torch.Tensor | None:
-        """Every rank's counts for ``step``, int64 [world, parameters], or None when no synchronised backward
+        """Every rank's counts for ``step``, int64 [world, parameter tensors], or None when no synchronised backward
         ran in that step. Waits for the exchange (see wait_all for how long)."""
         if self._taken is not None and self._taken[0] == step:
             return self._taken[1]  # a second report of the same step
@@ -188,14 +201,18 @@ class BeforeAllReduce:
         return table
 
 
-def ddp_comm_hook(state: Union["Inspector", HookState], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def ddp_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook (``ddp_model.register_comm_hook(insp, amp_inspect.ddp_comm_hook)``): counts NaN/Inf
     in this rank's gradients of the bucket, then averages them as DDP's built-in reduction does."""
-    hook = state if isinstance(state, HookState) else state._own_hook_state()
-    inspector = hook.inspector
+    if not isinstance(state, HookState):
+        raise TypeError(
+            "amp_inspect.ddp_comm_hook needs insp.comm_hook_state as its state: "
+            "ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)"
+        )
+    inspector = state.inspector
     if inspector is not None:  # None after the inspector detached: only average
         inspector._before_allreduce_for().bucket_ready(bucket, inspector._step_in_progress())
-    return hook.average(bucket)
+    return state.average(bucket)
 
 
 def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:

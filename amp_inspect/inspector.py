@@ -169,7 +169,7 @@ class Inspector:
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
         self._before_allreduce: BeforeAllReduce | None = None
-        self._manual_hook: HookState | None = None  # when the user registers the hook with this inspector
+        self._manual_hook: HookState | None = None  # comm_hook_state, for a hook registered by hand
         if not ddp_hook and ddp is not None and is_distributed(ddp.process_group):
             # Made now, before any backward: its exact averaging watches every accumulation (see HookState).
             self._manual_hook = HookState(ddp, self)
@@ -226,8 +226,10 @@ class Inspector:
         scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
         self._patched.append((scaler, "_maybe_opt_step"))
 
-    def _own_hook_state(self) -> HookState:
-        """The hook's state when the user registered ddp_comm_hook by hand with this inspector as its state."""
+    @property
+    def comm_hook_state(self) -> HookState:
+        """The state to register ``amp_inspect.ddp_comm_hook`` with by hand (after ``attach(ddp_model,
+        ddp_hook=False)``): ``ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)``."""
         if self._manual_hook is None:
             self._manual_hook = HookState(self._ddp_for_hook(), self)
         return self._manual_hook

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -69,7 +71,7 @@ def ddp(world: int, out: Path) -> None:
         elif kind == "manual":  # the hook registered by hand, as the README shows
             insp = amp_inspect.attach(wrapped, scaler, ddp_hook=False, timeout=TIMEOUT_S)
             assert not wrapped._comm_hooks
-            wrapped.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
+            wrapped.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)
         elif kind == "inspecting":
             insp = amp_inspect.attach(wrapped, scaler, log=out / "all.jsonl", log_all_ranks=True, timeout=TIMEOUT_S)
         variants[kind] = (model, wrapped, scaler, torch.optim.SGD(model.parameters(), lr=0.1), insp)
@@ -134,7 +136,7 @@ def ddp_views(world: int, out: Path) -> None:
         insp = None
         if hooked and style == "manual":
             insp = amp_inspect.attach(wrapped, ddp_hook=False, timeout=TIMEOUT_S)
-            wrapped.register_comm_hook(insp, amp_inspect.ddp_comm_hook)
+            wrapped.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)
         elif hooked:
             insp = amp_inspect.attach(wrapped, timeout=TIMEOUT_S)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -244,6 +246,29 @@ def ddp_cuda(world: int, out: Path) -> None:
                 assert report.inf_by_rank == expected, (step[0], report.inf_by_rank)
     for p, q in zip(runs["hooked"][0].parameters(), runs["plain"][0].parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def ddp_teardown(world: int, out: Path) -> None:
+    """The hook's state must not tie the DDP model into a cycle through DDP's C++ reducer, which Python's
+    collector cannot free (it then tears down after the process group at exit: gloo was seen to abort).
+    With the hook registered by attach or by hand, the model and the inspector are freed like any objects."""
+
+    def train(by_hand: bool) -> list[weakref.ref]:
+        model = models.gpt()
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        scaler = torch.amp.GradScaler("cpu")
+        insp = amp_inspect.attach(wrapped, scaler, ddp_hook=not by_hand, timeout=TIMEOUT_S)
+        if by_hand:
+            wrapped.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)
+        inputs, targets = models.batch_for(model, dist.get_rank())
+        scaler.scale(nn.functional.cross_entropy(wrapped(inputs).flatten(0, -2), targets.flatten())).backward()
+        assert insp.check().inf_by_rank == {}
+        return [weakref.ref(wrapped), weakref.ref(insp)]
+
+    for by_hand in (False, True):
+        refs = train(by_hand)
+        gc.collect()
+        assert all(r() is None for r in refs), f"by_hand={by_hand}: still alive after collection"
 
 
 def ddp_groups(world: int, out: Path) -> None:
@@ -456,7 +481,8 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
-ALL = (shards, ddp, ddp_views, ddp_more, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead, absent)
+ALL = (shards, ddp, ddp_views, ddp_more, ddp_teardown, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead)
+ALL += (absent,)
 SCENARIOS = {f.__name__: f for f in ALL}
 
 

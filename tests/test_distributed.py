@@ -73,6 +73,24 @@ def test_ddp_hook_averages_bitwise_with_gradient_as_bucket_view_on_three_ranks(t
     run_scenario("ddp_views", 3, tmp_path)
 
 
+def test_ddp_hook_state_leaves_no_uncollectable_cycle(tmp_path) -> None:
+    run_scenario("ddp_teardown", 2, tmp_path)
+
+
+def test_the_torchrun_example_names_the_rank_and_exits_cleanly() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + ["examples/ddp_inf_origin.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "step 3: skipped; NaN/Inf from {1: {'2': 4160, '0': 2112, '4': 520}}" in result.stdout, result.stdout
+    assert "ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce): 1 (1)" in result.stdout
+
+
 def test_ddp_hook_with_accumulation_every_n_reattach_and_a_wrong_group(tmp_path) -> None:
     run_scenario("ddp_more", 2, tmp_path)
 
