@@ -499,6 +499,7 @@ def _run(rank: int, name: str, world: int, port: int, out: Path) -> None:
     # Scenarios that leave a broken group (a dead rank) end without the collective teardown.
     if name in ("dead", "absent"):
         os._exit(0)
+    dist.barrier()  # no rank tears down while a peer still talks (gloo was seen to abort such a rank)
     dist.destroy_process_group()
 
 
