@@ -241,3 +241,26 @@ class Combiner:
             check_same_layout(layout, self.group, stats.numel.device, self.timeout_s)
             self._checked.add(layout)
         return reduce_stats(stats, self.group, self.timeout_s)
+
+
+class Combiners:
+    """The Combiner for each process group sharded gradients are combined over (the Inspector and the
+    InspectingGradScaler each keep one set: a Combiner remembers the layouts it has checked)."""
+
+    def __init__(self) -> None:
+        self._by_group: dict[int, Combiner] = {}
+
+    def over(
+        self, shard_group: dist.ProcessGroup | None, chosen: dist.ProcessGroup | None, timeout_s: float
+    ) -> Combiner | None:
+        """The Combiner for gradients sharded over ``shard_group`` (None: not sharded), or over ``chosen``
+        (the user's ``group=``) when given; None when there is nothing to combine (not sharded, or one rank)."""
+        if shard_group is None:
+            return None
+        group = chosen if chosen is not None else shard_group
+        if not is_distributed(group):
+            return None
+        combiner = self._by_group.get(id(group))
+        if combiner is None:
+            combiner = self._by_group[id(group)] = Combiner(group, timeout_s)
+        return combiner

@@ -36,7 +36,7 @@ from torch.amp.grad_scaler import OptState
 from . import hardware
 from .activations import ActivationWatcher
 from .ddp import BeforeAllReduce, HookState, ddp_of, register, release
-from .distributed import DEFAULT_TIMEOUT_S, Combiner, global_ranks, is_distributed, local_shards, to_local
+from .distributed import DEFAULT_TIMEOUT_S, Combiners, global_ranks, is_distributed, local_shards, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
@@ -146,7 +146,7 @@ class Inspector:
         self._warned_collapse = False
         self.group = group
         self.timeout = float(timeout)
-        self._combiners: dict[int, Combiner] = {}  # one per process group the gradients are sharded over
+        self._combiners = Combiners()
         report_group = ddp.process_group if ddp is not None else group
         log_path = log_path_of_rank(log, log_all_ranks, report_group) if log is not None else None
         self._log = RunLog(log_path, hist_every=hist_every) if log_path is not None else None
@@ -170,12 +170,11 @@ class Inspector:
         self._listeners: list[Callable[[StepReport], None]] = []
         self._before_allreduce: BeforeAllReduce | None = None
         self._manual_hook: HookState | None = None  # comm_hook_state, for a hook registered by hand
-        if not ddp_hook and ddp is not None and is_distributed(ddp.process_group):
-            # Made now, before any backward: its exact averaging watches every accumulation (see HookState).
-            self._manual_hook = HookState(ddp, self)
-        if ddp_hook and ddp is not None and is_distributed(ddp.process_group):
-            why_not = register(ddp, self)
-            if why_not:
+        if ddp is not None and is_distributed(ddp.process_group):
+            # Either hook state is made now, before any backward: its exact averaging watches every accumulation.
+            if not ddp_hook:
+                self._manual_hook = HookState(ddp, self)
+            elif why_not := register(ddp, self):
                 warnings.warn(
                     f"amp_inspect: {why_not}, so NaN/Inf cannot be traced to the rank that produced them (reports "
                     "cover the averaged gradients only)",
@@ -254,12 +253,6 @@ class Inspector:
         scaler = self.scaler
         return scaler._steps if isinstance(scaler, InspectingGradScaler) else self.step
 
-    def _combiner(self, group: dist.ProcessGroup) -> Combiner:
-        combiner = self._combiners.get(id(group))
-        if combiner is None:
-            combiner = self._combiners[id(group)] = Combiner(group, self.timeout)
-        return combiner
-
     # ---- the step ----
 
     def check(self, scaler: torch.amp.GradScaler | None = None) -> StepReport | None:
@@ -299,8 +292,6 @@ class Inspector:
         whole, rows = grads_of(self.entries)
         # FSDP2 / DTensor gradients: inspect this rank's shards, then combine the shards of all ranks.
         grads, shard_group, local_only = local_shards(whole)
-        if shard_group is not None and self.group is not None:
-            shard_group = self.group
         if local_only and not self._warned_local:
             self._warned_local = True
             warnings.warn(f"amp_inspect: {local_only}", RuntimeWarning, stacklevel=3)
@@ -329,9 +320,10 @@ class Inspector:
             ]
             stats = TensorStats.from_op_outputs(merge_rows(parts, len(grads), grads[0].device), self.formats)
         merged = None
-        if shard_group is not None and is_distributed(shard_group):
+        combiner = self._combiners.over(shard_group, self.group, self.timeout)
+        if combiner is not None:
             shapes = [tuple(g.shape) for g in whole]  # a DTensor's shape is the whole parameter's
-            merged = self._combiner(shard_group).combine(stats, shapes)  # collective: every rank's check()
+            merged = combiner.combine(stats, shapes)  # collective: every rank's check() takes part
             stats = merged.stats
         modules = [self.entries[r].module for r in rows]
         report = StepReport(step, stats, modules, scale)

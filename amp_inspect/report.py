@@ -168,6 +168,7 @@ class StepReport:
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
         self._origin_ranks: list[int] = []
+        self._inf_by_rank: dict[int, dict[str, int]] | None = None  # made from _origin on first use
         self.inf_origin: str | None = None  # BEFORE_ALLREDUCE or SHARDS once set_rank_origin ran
         # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
@@ -218,6 +219,7 @@ class StepReport:
         self._origin = HostCopy({"counts": nonfinite_by_rank}, nonfinite_by_rank.device)
         self._origin_modules = list(module_of_column)
         self._origin_ranks = ranks
+        self._inf_by_rank = None
         self.inf_origin = kind
 
     def ready(self) -> bool:
@@ -329,13 +331,16 @@ class StepReport:
         DDP's all-reduce spread them); SHARDS, its FSDP2 shards (it owns those elements, whoever made them)."""
         if self._origin is None:
             return None
-        counts = self._origin.host()["counts"]
-        out: dict[int, dict[str, int]] = {}
-        for row, column in zip(*np.nonzero(counts), strict=True):
-            by_module = out.setdefault(self._origin_ranks[row], {})
-            name = self._origin_modules[column]
-            by_module[name] = by_module.get(name, 0) + int(counts[row, column])
-        return {rank: dict(sorted(m.items(), key=lambda kv: -kv[1])) for rank, m in sorted(out.items())}
+        if self._inf_by_rank is None:  # the log, the history and str() each read it: made once
+            counts = self._origin.host()["counts"]
+            out: dict[int, dict[str, int]] = {}
+            for row, column in zip(*np.nonzero(counts), strict=True):
+                by_module = out.setdefault(self._origin_ranks[row], {})
+                name = self._origin_modules[column]
+                by_module[name] = by_module.get(name, 0) + int(counts[row, column])
+            ordered = {rank: dict(sorted(m.items(), key=lambda kv: -kv[1])) for rank, m in sorted(out.items())}
+            self._inf_by_rank = ordered
+        return self._inf_by_rank
 
     @property
     def ranks_with_inf(self) -> list[int] | None:

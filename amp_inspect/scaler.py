@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ._ops import unscale_stats_op
-from .distributed import DEFAULT_TIMEOUT_S, Combiner, GlobalStats, is_distributed, local_shards, sharded_groups
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, Combiners, GlobalStats, local_shards, sharded_groups
 from .report import SHARDS, StepReport
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
@@ -58,7 +58,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._checked_this_step = False  # an attached Inspector's check() already inspected this step
         # This step's unscale passes: (statistics outputs, module names, per-rank NaN/Inf counts or None).
         self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], GlobalStats | None]] = []
-        self._combiners: dict[int, Combiner] = {}  # FSDP2: one per process group the gradients are sharded over
+        self._combiners = Combiners()  # FSDP2: gradients combined across ranks
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -88,15 +88,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
         the Combiner over the ranks that hold the other shards (None when there is nothing to combine)."""
         local, group, _ = local_shards(dense)
         inspector = self._inspector
-        if group is not None and inspector is not None and inspector.group is not None:
-            group = inspector.group
-        if group is None or not is_distributed(group):
-            return local, None
-        combiner = self._combiners.get(id(group))
-        if combiner is None:
-            timeout = inspector.timeout if inspector is not None else DEFAULT_TIMEOUT_S
-            combiner = self._combiners[id(group)] = Combiner(group, timeout)
-        return local, combiner
+        chosen, timeout = (inspector.group, inspector.timeout) if inspector is not None else (None, DEFAULT_TIMEOUT_S)
+        return local, self._combiners.over(group, chosen, timeout)
 
     def _combine(
         self, combiner: Combiner | None, outputs: tuple[torch.Tensor, ...], dense: list[torch.Tensor]
@@ -198,7 +191,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.last_report, self._inspector, self._step_parts, self._combiners = None, None, [], {}
+        self.last_report, self._inspector, self._step_parts, self._combiners = None, None, [], Combiners()
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:
