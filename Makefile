@@ -1,5 +1,6 @@
 # The documented commands: `make demo`, `make test` (each sets up .venv first when it is missing),
-# `make setup` (set-up alone), `make bench`, `make lint`.
+# `make setup` (set-up alone), `make bench`, `make lint`, `make test-emu-tsan` (the CUDA kernels' source
+# under ThreadSanitizer on the CPU; needs only g++).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.amp_inspect-setup
 BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
 
-.PHONY: setup demo test lint bench gpu-check clean
+.PHONY: setup demo test test-emu-tsan lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -32,6 +33,13 @@ bench: setup
 	$(BIN)/python bench/bench_tensor_stats.py --device cpu
 	$(BIN)/python bench/bench_step.py --device cpu
 	$(BIN)/python bench/bench_distributed.py
+
+# The CUDA kernels run on the CPU (csrc/cuda_emu.h), each CUDA thread a host thread, under ThreadSanitizer:
+# a missing barrier is reported as a data race, a wrong index or merge as a mismatch with the serial reference.
+test-emu-tsan:
+	mkdir -p build
+	g++ -std=c++20 -O1 -g -fsanitize=thread -pthread -Icsrc tests/emu/tsan_driver.cpp -o build/emu_tsan
+	TSAN_OPTIONS="halt_on_error=1" build/emu_tsan
 
 # On a machine with a GPU and torch already installed (no network): see bench/gpu_check.sh.
 gpu-check:

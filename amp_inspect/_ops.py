@@ -50,6 +50,36 @@ def has_kernel(device_type: str) -> bool:
     return device_type in KERNELS
 
 
+_device_supported: dict[int, bool] = {}
+
+
+def cuda_device_supported(index: int) -> bool:
+    """Whether the binary holds a kernel image GPU ``index`` can run (asked once per GPU). A binary built
+    without the GPU's architecture (and without PTX old enough for it) would fail with "no kernel image"."""
+    if index not in _device_supported:
+        ask = getattr(torch.ops.amp_inspect, "_cuda_device_supported", None) if LOAD_ERROR is None else None
+        _device_supported[index] = bool(ask(index)) if ask is not None else False
+    return _device_supported[index]
+
+
+def _cuda_kernel_usable(device: torch.device) -> bool:
+    """False (after one warning per GPU) where the binary cannot serve this GPU: the reference runs instead."""
+    if torch.compiler.is_compiling():  # traced graphs call the op; checked on the eager calls before
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if cuda_device_supported(index):
+        return True
+    major, minor = torch.cuda.get_device_capability(index)
+    _warn_once(
+        f"cuda:{index}:image",
+        f"amp_inspect: the compiled extension has no kernel for {torch.cuda.get_device_name(index)} "
+        f"(sm_{major}{minor}; built for {build_info().get('cuda_archs', '?')}); using the exact pure-torch "
+        f"reference for its tensors, which is much slower. Rebuild with TORCH_CUDA_ARCH_LIST={major}.{minor} "
+        "`pip install --no-build-isolation -e .` and see `python -m amp_inspect.info`.",
+    )
+    return False
+
+
 def build_info() -> dict[str, str]:
     """What the compiled extension was built with: {"cpu": "1", "cuda": "0" or "1", "cuda_archs": ...}."""
     if LOAD_ERROR is not None:
@@ -106,6 +136,8 @@ def tensor_stats_op(
             "using the pure-torch reference for these tensors. See `python -m amp_inspect.info`.",
         )
         return tensor_stats_reference(tensors, scale, scale_value, formats)
+    if device_type == "cuda" and not _cuda_kernel_usable(tensors[0].device):
+        return tensor_stats_reference(tensors, scale, scale_value, formats)
     return torch.ops.amp_inspect.tensor_stats(tensors, scale, scale_value, formats)
 
 
@@ -116,7 +148,7 @@ def unscale_stats_op(
     where any value is NaN/Inf; tensors of one device (checked by the caller). Without the compiled kernel:
     the reference statistics, then torch's own unscale (two passes, same results)."""
     device_type = tensors[0].device.type if tensors else "cpu"
-    if tensors and has_kernel(device_type):
+    if tensors and has_kernel(device_type) and (device_type != "cuda" or _cuda_kernel_usable(tensors[0].device)):
         return torch.ops.amp_inspect.unscale_stats_(tensors, inv_scale, found_inf, formats)
     stats = tensor_stats_op(tensors, None, None, formats)  # warns once when it falls back
     if tensors:

@@ -209,6 +209,41 @@ StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::De
   return out;
 }
 
+KernelCall prepare_kernel_call(const StatsCall& call, const at::Device& device) {
+  const auto int64s = at::TensorOptions().dtype(at::kLong).device(device);
+  KernelCall k;
+  k.out.counts = at::empty({call.num_tensors, count_columns(call.num_formats)}, int64s);
+  k.out.hist = at::empty({call.num_tensors, kHistBins}, int64s);
+  k.out.amax = at::empty({call.num_tensors}, int64s.dtype(at::kFloat));
+  k.out.amin_nonzero = at::empty({call.num_tensors}, int64s.dtype(at::kFloat));
+  k.out.sumsq = at::empty({call.num_tensors}, int64s.dtype(at::kDouble));
+  k.workspace = at::empty({call.num_tensors, workspace_columns(call.num_formats)}, int64s);
+
+  LaunchPlan& p = k.plan;
+  p = LaunchPlan{};
+  p.host_views = call.views.data();
+  p.num_views = static_cast<int64_t>(call.views.size());
+  p.device_views = nullptr;
+  p.num_tensors = call.num_tensors;
+  p.total_chunks = call.total_chunks;
+  p.chunk_elems = call.chunk_elems;
+  for (int f = 0; f < call.num_formats; ++f) p.bounds[f] = call.bounds[f];
+  p.num_formats = call.num_formats;
+  p.mode = call.unscale ? kLaunchUnscale : (call.has_scale ? kLaunchScaled : kLaunchPlain);
+  p.scale_value = call.scale_value;
+  p.scale_ptr = call.scale_ptr;
+  p.inv_scale = call.unscale ? call.inv_scale_ptr : nullptr;
+  p.found_inf = call.unscale ? call.found_inf_ptr : nullptr;
+  p.workspace = k.workspace.data_ptr<int64_t>();
+  p.workspace_words = k.workspace.numel();
+  p.counts = k.out.counts.data_ptr<int64_t>();
+  p.hist = k.out.hist.data_ptr<int64_t>();
+  p.amax = k.out.amax.data_ptr<float>();
+  p.amin_nonzero = k.out.amin_nonzero.data_ptr<float>();
+  p.sumsq = k.out.sumsq.data_ptr<double>();
+  return k;
+}
+
 namespace {
 
 // What this binary was built with; amp_inspect.info prints it.
@@ -236,6 +271,17 @@ TORCH_LIBRARY(amp_inspect, m) {
       "unscale_stats_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats) -> "
       "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
   m.def("build_info() -> str", &amp_inspect::build_info);
+  // Tests only: the CUDA kernels' source run on the CPU by tensor_stats_emu.cpp, with the chunk size and the
+  // number of blocks chosen by the caller (blocks <= 0: as many as chunks, at most 4), and with the views
+  // passed in the kernels' parameters (inline_views, as under CUDA graph capture) or as a table.
+  m.def(
+      "_tensor_stats_emulated(Tensor[] tensors, Tensor? scale, float? scale_value, str[] formats, int chunk_elems, "
+      "int blocks, bool inline_views) -> (Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, "
+      "Tensor sumsq)");
+  m.def(
+      "_unscale_stats_emulated_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats, "
+      "int chunk_elems, int blocks, bool inline_views) -> (Tensor counts, Tensor hist, Tensor amax, "
+      "Tensor amin_nonzero, Tensor sumsq)");
 }
 
 // `import amp_inspect._C` loads this library, which runs the registrations above; the module itself is empty.

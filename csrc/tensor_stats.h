@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "numerics.h"
+#include "tensor_stats_launch.h"
 
 namespace amp_inspect {
 
@@ -61,5 +62,15 @@ StatsCall prepare_call(const std::vector<at::Tensor>& tensors, const std::option
 
 // Zero-filled outputs (amin_nonzero filled with +inf) on `device`.
 StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device);
+
+// What the CUDA kernels (on a GPU, or emulated on the CPU) need for `call`: outputs left uninitialised (the
+// finalize kernel writes every element), a workspace the launch sequence zeroes, and the plan tying them
+// together. plan.device_views is left null (views passed inline); the caller may point it at a table.
+struct KernelCall {
+  StatsOutputs out;
+  at::Tensor workspace;
+  LaunchPlan plan;
+};
+KernelCall prepare_kernel_call(const StatsCall& call, const at::Device& device);
 
 }  // namespace amp_inspect

@@ -1,8 +1,13 @@
 // tensor_stats_cuda_op.cpp: the CUDA op of amp_inspect::tensor_stats (host side, built by the host compiler).
-// It checks the inputs, allocates the outputs on the inputs' device, copies the tensor table to device
-// memory asynchronously (from pinned memory, on the current stream) and launches the kernels of
-// tensor_stats_cuda.cu. Nothing here waits for the GPU.
+// It checks the inputs, allocates the outputs and a workspace on the inputs' device and launches the kernels
+// of tensor_stats_cuda.cu on the current stream. Nothing here waits for the GPU.
+//
+// The tensor table: up to kInlineViews tensors travel in the kernel's parameters. A larger call copies its
+// table to device memory asynchronously from pinned memory, except while the stream is being captured into
+// a CUDA graph: a replay would read that pinned buffer again after it was reused, so a captured call takes
+// one launch per kInlineViews tensors instead, each with its views in its parameters (replayed by value).
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -22,42 +27,25 @@ at::Device call_device(const std::vector<at::Tensor>& tensors) {
   return device;
 }
 
-// Allocates the outputs, copies the tensor table to the device and launches; the caller holds the guard.
+// Allocates outputs and workspace, places the tensor table and launches; the caller holds the device guard.
 StatsOutputs run_cuda(const StatsCall& call, const at::Device& device) {
-  const StatsOutputs out = allocate_outputs(call.num_tensors, call.num_formats, device);
+  KernelCall k = prepare_kernel_call(call, device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-
-  CudaStatsArgs args{};
   at::Tensor device_table;
-  if (!call.views.empty()) {
-    // The table goes through pinned memory so the copy is asynchronous; the caching host allocator keeps
-    // the pinned block alive until the copy on this stream has run.
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  if (static_cast<int64_t>(call.views.size()) > kInlineViews && !capturing) {
+    // The caching host allocator keeps the pinned block alive until the copy queued on this stream has run.
     const int64_t table_bytes = static_cast<int64_t>(call.views.size() * sizeof(TensorView));
     at::Tensor host_table = at::empty({table_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
     std::memcpy(host_table.data_ptr(), call.views.data(), static_cast<size_t>(table_bytes));
     device_table = at::empty({table_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
     device_table.copy_(host_table, /*non_blocking=*/true);
-    args.views = static_cast<const TensorView*>(device_table.data_ptr());
+    k.plan.device_views = static_cast<const TensorView*>(device_table.data_ptr());
   }
-  args.num_views = static_cast<int64_t>(call.views.size());
-  args.num_tensors = call.num_tensors;
-  args.total_chunks = call.total_chunks;
-  for (int f = 0; f < call.num_formats; ++f) args.bounds[f] = call.bounds[f];
-  args.num_formats = call.num_formats;
-  args.has_scale = call.has_scale ? 1 : 0;
-  args.scale_value = call.scale_value;
-  args.scale_ptr = call.scale_ptr;
-  args.inv_scale = call.unscale ? call.inv_scale_ptr : nullptr;
-  args.found_inf = call.unscale ? call.found_inf_ptr : nullptr;
-  args.counts = out.counts.data_ptr<int64_t>();
-  args.hist = out.hist.data_ptr<int64_t>();
-  args.amax = out.amax.data_ptr<float>();
-  args.amin_nonzero = out.amin_nonzero.data_ptr<float>();
-  args.sumsq = out.sumsq.data_ptr<double>();
-  launch_tensor_stats(args, device.index(), stream);
-  // The table and any contiguous copies are freed on return: safe, since the caching allocator hands
-  // their memory out again only to work queued after these kernels on this stream.
-  return out;
+  launch_tensor_stats(k.plan, device.index(), stream);
+  // The table, the workspace and any contiguous copies are freed on return: safe, since the caching
+  // allocator hands their memory out again only to work queued after these kernels on this stream.
+  return k.out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_stats_cuda(
@@ -80,8 +68,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> unscale_s
   return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
 }
 
+bool cuda_device_supported(int64_t device_index) { return device_supported(static_cast<int>(device_index)); }
+
 }  // namespace
 }  // namespace amp_inspect
+
+TORCH_LIBRARY_FRAGMENT(amp_inspect, m) {
+  // Whether the binary holds a kernel image this GPU can run (amp_inspect falls back to the reference if not).
+  m.def("_cuda_device_supported(int device) -> bool", &amp_inspect::cuda_device_supported);
+}
 
 TORCH_LIBRARY_IMPL(amp_inspect, CUDA, m) {
   m.impl("tensor_stats", &amp_inspect::tensor_stats_cuda);

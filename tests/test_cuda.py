@@ -188,3 +188,83 @@ def test_more_than_2_31_elements_cuda():
     check_planted(stats, n, planted, torch.bfloat16)
     shifted = amp_inspect.tensor_stats([x[3:]], formats=ALL_FORMATS)  # unaligned start
     assert int(shifted.numel[0]) == n - 3 and int(shifted.nan[0]) == 1
+
+
+def test_cuda_graph_capture_replays_with_changed_gradients(rng):
+    """A captured call (more tensors than fit in one launch's parameters, so the capture-safe path) replayed
+    after the gradients changed in place gives the new gradients' statistics."""
+    grads = [random_tensor(rng, n, DTYPES[i % 4]).to(CUDA) for i, n in enumerate([100, 70000, 5, 16385] * 6)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on a side stream, as torch.cuda.graph requires
+        amp_inspect.tensor_stats(grads, scale=2.0, formats=ALL_FORMATS)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(grads, None, 2.0)
+    for _ in range(2):
+        fresh = [random_tensor(rng, g.numel(), g.dtype) for g in grads]
+        for g, f in zip(grads, fresh, strict=True):
+            g.copy_(f.to(CUDA))
+        graph.replay()
+        torch.cuda.synchronize()
+        oracles.assert_outputs_equal(captured, op(fresh, None, 2.0), what="graph replay: ")
+
+
+def test_inspecting_scaler_unscale_under_graph_capture(rng):
+    grads = [torch.randn(n, device=CUDA) * 1e3 for n in (10, 5000, 17) * 7]
+    inv = torch.tensor(0.5, device=CUDA)
+    found = torch.zeros((), device=CUDA)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.ops.amp_inspect.unscale_stats_([g.clone() for g in grads], inv, found, ["fp16"])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = torch.ops.amp_inspect.unscale_stats_(grads, inv, found, ["fp16"])
+    source = [torch.randn(g.numel()) * 1e3 for g in grads]
+    source[3][7] = float("inf")
+    for g, s in zip(grads, source, strict=True):
+        g.copy_(s.to(CUDA))
+    found.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert float(found) == 1.0
+    expected = [s * 0.5 for s in source]
+    for g, e in zip(grads, expected, strict=True):
+        assert torch.equal(g.cpu(), e)
+    oracles.assert_outputs_equal(outputs, op(source, None, None, ["fp16"]), what="captured unscale: ")
+
+
+def test_non_default_stream(rng):
+    tensors_cpu = [random_tensor(rng, n, DTYPES[i % 4]) for i, n in enumerate((100, 70000, 16385))]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        tensors = [t.to(CUDA, non_blocking=False) for t in tensors_cpu]
+        got = op(tensors, None, 3.0)
+    stream.synchronize()
+    oracles.assert_outputs_equal(got, op(tensors_cpu, None, 3.0))
+
+
+def test_second_gpu_when_present(rng):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    tensors_cpu = [random_tensor(rng, n, DTYPES[i % 4]) for i, n in enumerate((100, 70000))]
+    got = op([t.to("cuda:1") for t in tensors_cpu], None, None)
+    assert got[0].device == torch.device("cuda:1")
+    oracles.assert_outputs_equal(got, op(tensors_cpu, None, None))
+
+
+def test_gpu_the_binary_cannot_serve_falls_back_to_the_reference(rng, monkeypatch):
+    from amp_inspect import _ops
+
+    index = torch.cuda.current_device()
+    monkeypatch.setitem(_ops._device_supported, index, False)
+    monkeypatch.setattr(_ops, "_warned", set())
+    tensors_cpu = [random_tensor(rng, n, torch.float32) for n in (100, 5000)]
+    with pytest.warns(RuntimeWarning, match="no kernel for"):
+        stats = amp_inspect.tensor_stats([t.to(CUDA) for t in tensors_cpu], formats=ALL_FORMATS)
+    want = amp_inspect.tensor_stats(tensors_cpu, formats=ALL_FORMATS)
+    for name in oracles.EXACT_FIELDS:
+        assert torch.equal(getattr(stats, name).cpu(), getattr(want, name)), name

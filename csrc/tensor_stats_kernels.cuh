@@ -1,0 +1,714 @@
+// tensor_stats_kernels.cuh: the CUDA kernels of amp_inspect::tensor_stats and unscale_stats_, and the host
+// logic that launches them, written once for two compilers:
+//   - nvcc, through tensor_stats_cuda.cu: the kernels that run on the GPU;
+//   - the host C++ compiler, through tensor_stats_emu.cpp with cuda_emu.h in front: the same source run on the
+//     CPU, each CUDA thread of a block a real host thread (tests only; see tests/test_cuda_emu.py).
+// Nothing in this file may depend on which of the two compiles it, beyond what cuda_emu.h defines.
+//
+// Work layout. The call's tensors are cut into chunks of `chunk_elems` elements (never crossing a tensor) and
+// each block takes one contiguous run of chunks. A block walks its run tensor by tensor: every thread counts
+// its elements in registers, the exponent histogram goes to one shared-memory histogram per warp, and when the
+// block leaves a tensor (or has counted kMaxFlushElems of it) one packed block reduction merges everything into
+// that tensor's row of a zeroed workspace with one global atomic per counter. A second small kernel turns the
+// workspace rows into the user's outputs (overflow / subnormal / underflow from the raw threshold counts,
+// extremes as floats) and, for unscale_stats_, sets found_inf.
+//
+// Per element, fp32 storage: one non-finite test (NaN/+Inf/-Inf are told apart only in batches that hold
+// any), one zero test, three threshold compares per format, max and min of |bits|, a float32 square, and a
+// shared-memory atomic for the histogram bin. Squares are summed in float32 over a batch of loads and added to
+// a float64 total per batch; a batch whose largest |v| lies outside [2^-50, 2^60) is summed in float64 instead
+// (see kFloatSquaresFrom), so the relative error stays below 2^-18 whatever the values.
+#pragma once
+
+#include <cstdint>
+
+#include "numerics.h"
+#include "tensor_stats_launch.h"
+
+// The GPU build and the CPU emulation must not share symbol names: both are linked into one library.
+#if !defined(AMPI_KERNELS_NAMESPACE)
+#define AMPI_KERNELS_NAMESPACE gpu
+#endif
+
+namespace amp_inspect {
+namespace kernels {
+inline namespace AMPI_KERNELS_NAMESPACE {
+
+constexpr int kThreads = 256;
+constexpr int kWarpSize = 32;
+constexpr int kWarps = kThreads / kWarpSize;
+// 4 blocks of 256 per SM: caps registers at 64 per thread, so enough loads are in flight to cover latency.
+constexpr int kMinBlocksPerSm = 3;
+constexpr int kVectorBytes = 16;
+// 16-byte loads each thread issues before using any of them (memory-level parallelism): 4 of 4- and 8-byte
+// words, 2 of 2-byte words (16 elements either way; more made ptxas spill the 16-bit paths at 80 registers).
+template <typename W>
+constexpr int kLoadsInFlight = sizeof(W) >= 4 ? 4 : 2;
+// A block flushes its counts at least this often, so per-thread uint32 counters never wrap.
+constexpr int64_t kMaxFlushElems = int64_t{1} << 30;
+constexpr int kFinalizeThreads = 256;
+// Batches whose largest |v| lies in [2^-50, 2^60) sum squares in float32: no square or batch sum overflows
+// (2^120 * 16 < float32 max), and squares lost to float32's subnormal range (< 2^-149 each, at most 16)
+// are below 2^-40 of the batch's sum (>= 2^-100). Other batches sum in float64.
+constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
+constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
+
+// What a launch does besides counting.
+enum Mode : int { kPlain = kLaunchPlain, kScaled = kLaunchScaled, kUnscale = kLaunchUnscale };
+
+// Everything a launch reads, passed by value (the CUDA driver copies it into constant memory).
+struct StatsParams {
+  const TensorView* views;  // the device table, or null: the views are in `inline_views`
+  int64_t num_views;
+  int64_t first_chunk;      // the launch covers chunks [first_chunk, first_chunk + num_chunks)
+  int64_t num_chunks;
+  int64_t chunk_elems;
+  FormatBounds bounds[kMaxFormats];
+  int32_t num_formats;
+  float scale_value;
+  const float* scale_ptr;  // device memory, or null to use scale_value (kScaled only)
+  const float* inv_scale;  // kUnscale only
+  int64_t* workspace;      // [num_tensors, workspace_columns]
+  TensorView inline_views[kInlineViews];
+};
+
+struct FinalizeParams {
+  const int64_t* workspace;
+  int64_t num_tensors;
+  int32_t num_formats;
+  float* found_inf;  // unscale_stats_ only, else null
+  int64_t* counts;
+  int64_t* hist;
+  float* amax;
+  float* amin_nonzero;
+  double* sumsq;
+};
+
+// ---- per-thread counting ----
+
+// One thread's counts since the last flush. Word order matches workspace columns 1..: nan, posinf, neginf,
+// zero, over[F], below[F], at_zero[F].
+template <int kFormats>
+struct Tally {
+  static constexpr int kWords = 4 + 3 * kFormats;
+  static constexpr int kNan = 0, kPosInf = 1, kNegInf = 2, kZero = 3, kOver = 4, kBelow = 4 + kFormats,
+                       kAtZero = 4 + 2 * kFormats;
+  uint32_t n[kWords];
+  uint32_t max_abs;            // float32 bits of the largest finite |v|
+  uint32_t min_abs_minus_one;  // min over elements of (|bits| - 1), wrapping: zeros give 0xFFFFFFFF
+  bool nonzero_rounded_to_zero;  // float64 only: a nonzero |x| whose float32 is 0 (the minimum is then 0)
+  double sumsq;
+
+  // The min nonzero |v| as float32 bits, kInfBits32 for none.
+  __device__ uint32_t min_abs_nonzero() const {
+    if (nonzero_rounded_to_zero) return 0u;
+    return min_abs_minus_one >= kInfBits32 - 1u ? kInfBits32 : min_abs_minus_one + 1u;
+  }
+
+  __device__ void clear() {
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) n[k] = 0;
+    max_abs = 0;
+    min_abs_minus_one = 0xFFFFFFFFu;
+    nonzero_rounded_to_zero = false;
+    sumsq = 0.0;
+  }
+};
+
+// What the counting functions need besides the tally, fixed for a launch.
+template <int kFormats>
+struct Judge {
+  const FormatBounds* bounds;
+  uint32_t* warp_hist;  // this warp's 256 bins in shared memory
+  float scale;
+  float inv_scale;
+};
+
+// Threshold tests and the histogram of one element given as float32 bits of v; returns |bits|.
+template <int kFormats>
+__device__ __forceinline__ uint32_t count_common32(Tally<kFormats>& t, uint32_t bits, const Judge<kFormats>& j) {
+  using T = Tally<kFormats>;
+  const uint32_t a = bits & kAbsMask32;
+  t.n[T::kZero] += a == 0;
+#pragma unroll
+  for (int f = 0; f < kFormats; ++f) {
+    t.n[T::kOver + f] += a >= j.bounds[f].overflow_from;
+    t.n[T::kBelow + f] += a < j.bounds[f].normal_from;
+    t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto;
+  }
+  t.min_abs_minus_one = min(t.min_abs_minus_one, a - 1u);
+  atomicAdd(&j.warp_hist[hist_bin(bits)], 1u);
+  return a;
+}
+
+// NaN / +Inf / -Inf of float32 bits, for the rare batch that holds any.
+template <int kFormats>
+__device__ __forceinline__ void split_nonfinite32(Tally<kFormats>& t, uint32_t bits) {
+  using T = Tally<kFormats>;
+  t.n[T::kNan] += (bits & kAbsMask32) > kInfBits32;
+  t.n[T::kPosInf] += bits == kInfBits32;
+  t.n[T::kNegInf] += bits == kNegInfBits32;
+}
+
+// Storage word of each input dtype.
+template <int kDtype>
+struct Storage;
+template <>
+struct Storage<kFloat32> {
+  using type = uint32_t;
+};
+template <>
+struct Storage<kFloat16> {
+  using type = uint16_t;
+};
+template <>
+struct Storage<kBFloat16> {
+  using type = uint16_t;
+};
+template <>
+struct Storage<kFloat64> {
+  using type = uint64_t;
+};
+
+// float32 bits of a stored value, before any scale: exact for fp16/bf16/fp32, rounded once for fp64.
+template <int kDtype>
+__device__ __forceinline__ uint32_t stored_as_f32_bits(typename Storage<kDtype>::type raw) {
+  if constexpr (kDtype == kFloat32) {
+    return raw;
+  } else if constexpr (kDtype == kFloat16) {
+    return fp16_to_f32_bits(raw);
+  } else if constexpr (kDtype == kBFloat16) {
+    return bf16_to_f32_bits(raw);
+  } else {
+    return __float_as_uint(__double2float_rn(__longlong_as_double(static_cast<long long>(raw))));
+  }
+}
+
+// x * inv_scale in the tensor's dtype, as torch's unscale kernel computes it (float32 math rounded to the
+// dtype; float64 math for float64).
+template <int kDtype>
+__device__ __forceinline__ typename Storage<kDtype>::type unscaled(typename Storage<kDtype>::type raw,
+                                                                  float inv_scale) {
+  if constexpr (kDtype == kFloat32) {
+    return __float_as_uint(__fmul_rn(__uint_as_float(raw), inv_scale));
+  } else if constexpr (kDtype == kFloat64) {
+    const double x = __longlong_as_double(static_cast<long long>(raw));
+    return static_cast<uint64_t>(__double_as_longlong(__dmul_rn(x, static_cast<double>(inv_scale))));
+  } else if constexpr (kDtype == kFloat16) {
+    return __half_as_ushort(__float2half_rn(__fmul_rn(__uint_as_float(fp16_to_f32_bits(raw)), inv_scale)));
+  } else {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(__uint_as_float(bf16_to_f32_bits(raw)), inv_scale)));
+  }
+}
+
+// Whether a dtype is judged on its exact float64 value (float64 without a scale) rather than as float32 bits.
+template <int kDtype, int kMode>
+constexpr bool kExact64 = kDtype == kFloat64 && kMode != kScaled;
+
+// float32 bits of v for a stored value: scaled here when the launch has a scale.
+template <int kDtype, int kMode>
+__device__ __forceinline__ uint32_t judged_bits(typename Storage<kDtype>::type raw, float scale) {
+  const uint32_t bits = stored_as_f32_bits<kDtype>(raw);
+  if constexpr (kMode == kScaled) return __float_as_uint(__fmul_rn(__uint_as_float(bits), scale));
+  return bits;
+}
+
+// Counts kCount stored values held in registers, then unscales them in place when the launch unscales.
+// Squares: float32 over the batch, float64 across batches. The rare paths (a batch holding NaN/Inf, or
+// values near float32's limits) convert the values again rather than keep a second copy in registers.
+template <int kDtype, int kMode, int kFormats, class Words>
+__device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, const Judge<kFormats>& j) {
+  using T = Tally<kFormats>;
+  constexpr int kCount = Words::kCount;
+  if constexpr (kExact64<kDtype, kMode>) {
+    // float64 judged on its exact value: thresholds on the 64-bit pattern, squares in float64, extremes and
+    // histogram on float32 of the value (rounding is monotonic, so that is float32 of the exact extreme).
+    bool any_nonfinite = false;
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) {
+      const uint64_t a = raw.get(k) & kAbsMask64;
+      const bool finite = is_finite64(a);
+      any_nonfinite |= !finite;
+      t.n[T::kZero] += a == 0;
+#pragma unroll
+      for (int f = 0; f < kFormats; ++f) {
+        t.n[T::kOver + f] += a >= j.bounds[f].overflow_from64;
+        t.n[T::kBelow + f] += a < j.bounds[f].normal_from64;
+        t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto64;
+      }
+      const double x = __longlong_as_double(static_cast<long long>(raw.get(k)));
+      const uint32_t bits32 = __float_as_uint(__double2float_rn(x));
+      const uint32_t a32 = bits32 & kAbsMask32;
+      atomicAdd(&j.warp_hist[hist_bin(bits32)], 1u);
+      if (finite) {
+        t.max_abs = max(t.max_abs, a32);
+        if (a != 0) {
+          t.min_abs_minus_one = min(t.min_abs_minus_one, a32 - 1u);
+          t.nonzero_rounded_to_zero |= a32 == 0;
+        }
+        t.sumsq += x * x;
+      }
+    }
+    if (any_nonfinite) {
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        t.n[T::kNan] += (raw.get(k) & kAbsMask64) > kInfBits64;
+        t.n[T::kPosInf] += raw.get(k) == kInfBits64;
+        t.n[T::kNegInf] += raw.get(k) == kNegInfBits64;
+      }
+    }
+  } else {
+    bool any_nonfinite = false;
+    uint32_t batch_max = 0;
+    float squares = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) {
+      const uint32_t a = count_common32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale), j);
+      const bool nonfinite = a >= kInfBits32;
+      any_nonfinite |= nonfinite;
+      const uint32_t finite_a = nonfinite ? 0u : a;
+      batch_max = max(batch_max, finite_a);
+      const float v = __uint_as_float(finite_a);
+      squares += v * v;
+    }
+    t.max_abs = max(t.max_abs, batch_max);
+    if (batch_max - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
+      t.sumsq += static_cast<double>(squares);
+    } else if (batch_max != 0) {  // near float32's limits: the batch again, in float64
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        const uint32_t a = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
+        const double v = static_cast<double>(__uint_as_float(a < kInfBits32 ? a : 0u));
+        t.sumsq += v * v;
+      }
+    }
+    if (any_nonfinite) {
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) split_nonfinite32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale));
+    }
+  }
+  if constexpr (kMode == kUnscale) {
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) raw.set(k, unscaled<kDtype>(raw.get(k), j.inv_scale));
+  }
+}
+
+// kVectors 16-byte vectors held in registers, read and written as storage words W. Word k is taken out of
+// the vector components with shifts (a union or a cast would send the vectors to local memory).
+template <typename W, int kVectors>
+struct VectorWords {
+  static constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(W));
+  static constexpr int kCount = kVectors * kPerVector;
+  uint4 vectors[kVectors];
+
+  __device__ __forceinline__ static uint32_t& component(uint4& v, int c) {
+    return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
+  }
+  __device__ __forceinline__ W get(int k) {
+    uint4& v = vectors[k / kPerVector];
+    const int i = k % kPerVector;
+    if constexpr (sizeof(W) == 8) {
+      return static_cast<W>(component(v, 2 * i)) | (static_cast<W>(component(v, 2 * i + 1)) << 32);
+    } else if constexpr (sizeof(W) == 4) {
+      return component(v, i);
+    } else {
+      return static_cast<W>(component(v, i / 2) >> (16 * (i % 2)));
+    }
+  }
+  __device__ __forceinline__ void set(int k, W w) {
+    uint4& v = vectors[k / kPerVector];
+    const int i = k % kPerVector;
+    if constexpr (sizeof(W) == 8) {
+      component(v, 2 * i) = static_cast<uint32_t>(w);
+      component(v, 2 * i + 1) = static_cast<uint32_t>(w >> 32);
+    } else if constexpr (sizeof(W) == 4) {
+      component(v, i) = w;
+    } else {
+      uint32_t& c = component(v, i / 2);
+      const int shift = 16 * (i % 2);
+      c = (c & ~(0xFFFFu << shift)) | (static_cast<uint32_t>(w) << shift);
+    }
+  }
+};
+
+// One storage word, for the scalar paths.
+template <typename W>
+struct OneWord {
+  static constexpr int kCount = 1;
+  W word;
+  __device__ __forceinline__ W get(int) const { return word; }
+  __device__ __forceinline__ void set(int, W w) { word = w; }
+};
+
+// Counts elements [start, start + count) of a dense view (and unscales them in place for kUnscale): scalar
+// loads up to the first 16-byte boundary, then batches of kLoadsInFlight 16-byte loads per thread, then one
+// vector at a time, then the scalar tail.
+template <int kDtype, int kMode, int kFormats>
+__device__ __forceinline__ void count_dense(Tally<kFormats>& t, const TensorView& view, int64_t start, int64_t count,
+                            const Judge<kFormats>& j) {
+  using W = typename Storage<kDtype>::type;
+  constexpr int kPerVector = kVectorBytes / sizeof(W);
+  W* p = static_cast<W*>(const_cast<void*>(view.data)) + start;  // written only by unscale_stats_
+  const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % kVectorBytes;
+  int64_t head = misalignment == 0 ? 0 : (kVectorBytes - static_cast<int64_t>(misalignment)) / sizeof(W);
+  if (misalignment % sizeof(W) != 0) head = count;  // storage not even word-aligned: all scalar
+  if (head > count) head = count;
+  const int64_t vectors = (count - head) / kPerVector;
+  const int64_t tail_from = head + vectors * kPerVector;
+
+  auto count_one = [&](W* at) {
+    OneWord<W> one{*at};
+    count_batch<kDtype, kMode, kFormats>(t, one, j);
+    if constexpr (kMode == kUnscale) *at = one.word;
+  };
+  for (int64_t i = threadIdx.x; i < head; i += kThreads) count_one(p + i);
+
+  const uint4* in = reinterpret_cast<const uint4*>(p + head);
+  uint4* out = reinterpret_cast<uint4*>(p + head);
+  constexpr int kLoads = kLoadsInFlight<W>;
+  constexpr int64_t kStride = static_cast<int64_t>(kThreads) * kLoads;
+  int64_t v = threadIdx.x;
+  for (; v + (kLoads - 1) * kThreads < vectors; v += kStride) {
+    VectorWords<W, kLoads> batch;
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) batch.vectors[l] = in[v + l * kThreads];
+    count_batch<kDtype, kMode, kFormats>(t, batch, j);
+    if constexpr (kMode == kUnscale) {
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) out[v + l * kThreads] = batch.vectors[l];
+    }
+  }
+  for (; v < vectors; v += kThreads) {  // the last, partial batch: one vector at a time
+    VectorWords<W, 1> one;
+    one.vectors[0] = in[v];
+    count_batch<kDtype, kMode, kFormats>(t, one, j);
+    if constexpr (kMode == kUnscale) out[v] = one.vectors[0];
+  }
+  for (int64_t i = tail_from + threadIdx.x; i < count; i += kThreads) count_one(p + i);
+}
+
+// Counts elements [start, start + count) of a strided view. Each thread walks indices start + tid,
+// start + tid + kThreads, ...: its multi-index is found once by division, then advanced by the digits of
+// kThreads in the view's mixed radix with carries (no division per element).
+template <int kDtype, int kMode, int kFormats>
+__device__ __forceinline__ void count_strided(Tally<kFormats>& t, const TensorView& view, int64_t start, int64_t count,
+                              const Judge<kFormats>& j) {
+  using W = typename Storage<kDtype>::type;
+  W* base = static_cast<W*>(const_cast<void*>(view.data));
+  const int ndim = view.ndim;
+  int64_t index[kMaxDims];
+  int64_t step[kMaxDims];
+  int64_t linear = start + threadIdx.x;
+  int64_t stride_left = kThreads;
+  for (int d = ndim - 1; d >= 0; --d) {
+    const int64_t size = view.sizes[d];
+    index[d] = linear % size;
+    linear /= size;
+    step[d] = stride_left % size;
+    stride_left /= size;
+  }
+  // Beyond the outermost dim the walk has ended, so a carry out of dim 0 is never needed.
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+    int64_t offset = 0;
+    for (int d = 0; d < ndim; ++d) offset += index[d] * view.strides[d];
+    OneWord<W> one{base[offset]};
+    count_batch<kDtype, kMode, kFormats>(t, one, j);
+    if constexpr (kMode == kUnscale) base[offset] = one.word;
+    int64_t carry = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      index[d] += step[d] + carry;
+      carry = 0;
+      while (index[d] >= view.sizes[d]) {  // at most twice: step < size and carry <= 1
+        index[d] -= view.sizes[d];
+        ++carry;
+      }
+    }
+  }
+}
+
+// ---- block-level merge ----
+
+template <typename V>
+__device__ __forceinline__ V warp_sum(V value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_down_sync(0xFFFFFFFFu, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ uint32_t warp_max(uint32_t value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = max(value, __shfl_down_sync(0xFFFFFFFFu, value, offset));
+  }
+  return value;
+}
+
+__device__ __forceinline__ void add_count(int64_t* target, uint64_t value) {
+  if (value != 0) atomicAdd(reinterpret_cast<unsigned long long*>(target), static_cast<unsigned long long>(value));
+}
+
+// Shared scratch of the packed block reduction: per warp, every tally word, the two extremes and sumsq.
+template <int kFormats>
+struct MergeScratch {
+  uint32_t words[kWarps][Tally<kFormats>::kWords + 2];
+  double sumsq[kWarps];
+};
+
+// Merges the block's tallies and warp histograms into the workspace row `row` (one packed reduction: warp
+// shuffles, one shared exchange, then one thread per counter does the global atomic); clears the histograms.
+// Every thread of the block must call it.
+template <int kFormats>
+__device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted, int64_t* row, uint32_t (*hist)[kHistBins],
+                      MergeScratch<kFormats>& scratch, int num_formats) {
+  constexpr int kWords = Tally<kFormats>::kWords;
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  uint32_t words[kWords + 2];
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) words[k] = warp_sum(t.n[k]);
+  words[kWords] = warp_max(t.max_abs);
+  words[kWords + 1] = warp_max(kInfBits32 - t.min_abs_nonzero());  // min of x == max of (inf - x)
+  const double sumsq = warp_sum(t.sumsq);
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < kWords + 2; ++k) scratch.words[warp][k] = words[k];
+    scratch.sumsq[warp] = sumsq;
+  }
+  __syncthreads();  // scratch filled, and every warp's histogram complete
+  const int tid = threadIdx.x;
+  if (tid < kWords) {
+    uint64_t total = 0;
+    for (int w = 0; w < kWarps; ++w) total += scratch.words[w][tid];
+    add_count(row + 1 + tid, total);
+  } else if (tid < kWords + 2) {
+    uint32_t extreme = 0;
+    for (int w = 0; w < kWarps; ++w) extreme = max(extreme, scratch.words[w][tid]);
+    const int half = tid - kWords;  // 0: max |v|, 1: kInfBits32 - min nonzero |v|
+    uint32_t* extremes = reinterpret_cast<uint32_t*>(row + extremes_column(num_formats));
+    if (extreme != 0) atomicMax(extremes + half, extreme);
+  } else if (tid == kWords + 2) {
+    double total = 0.0;
+    for (int w = 0; w < kWarps; ++w) total += scratch.sumsq[w];
+    if (total != 0.0) atomicAdd(reinterpret_cast<double*>(row + sumsq_column(num_formats)), total);
+  } else if (tid == kWords + 3) {
+    add_count(row, static_cast<uint64_t>(counted));
+  }
+  int64_t* hist_row = row + hist_column(num_formats);
+  for (int b = tid; b < kHistBins; b += kThreads) {
+    uint64_t total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      total += hist[w][b];
+      hist[w][b] = 0;
+    }
+    add_count(hist_row + b, total);
+  }
+  __syncthreads();  // scratch read and histograms cleared before anyone counts again
+}
+
+// Counts elements [start, start + count) of one view and merges them into its workspace row. One function
+// per dtype and layout, not inlined: each is register-allocated on its own, so the rare paths (strided
+// views, float64) cannot push the common one into spilling. Every thread of the block must call it.
+template <int kDtype, bool kDense, int kMode, int kFormats>
+__device__ __noinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
+                                         uint32_t (*hist)[kHistBins], MergeScratch<kFormats>& scratch,
+                                         const Judge<kFormats>& j, int num_formats) {
+  Tally<kFormats> tally;
+  tally.clear();
+  if constexpr (kDense) {
+    count_dense<kDtype, kMode>(tally, view, start, count, j);
+  } else {
+    count_strided<kDtype, kMode>(tally, view, start, count, j);
+  }
+  flush(tally, count, row, hist, scratch, num_formats);
+}
+
+template <int kMode, int kFormats>
+__device__ __forceinline__ void count_piece_of(const TensorView& view, int64_t start, int64_t count, int64_t* row,
+                                               uint32_t (*hist)[kHistBins], MergeScratch<kFormats>& scratch,
+                                               const Judge<kFormats>& j, int num_formats) {
+  const bool dense = is_contiguous_view(view);
+  switch (view.dtype) {
+    case kFloat32:
+      return dense ? count_piece<kFloat32, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
+                   : count_piece<kFloat32, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+    case kFloat16:
+      return dense ? count_piece<kFloat16, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
+                   : count_piece<kFloat16, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+    case kBFloat16:
+      return dense ? count_piece<kBFloat16, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
+                   : count_piece<kBFloat16, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+    default:
+      return dense ? count_piece<kFloat64, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
+                   : count_piece<kFloat64, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+  }
+}
+
+// The statistics pass. Block b takes chunks [first_chunk + b * n / grid, first_chunk + (b + 1) * n / grid).
+template <int kMode, int kFormats>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const __grid_constant__ StatsParams p) {
+  static_assert(kThreads <= kHistBins, "each thread clears at most one bin per warp below");
+  static_assert(Tally<kFormats>::kWords + 4 <= kThreads, "one thread per merged counter");
+  __shared__ uint32_t hist[kWarps][kHistBins];
+  __shared__ MergeScratch<kFormats> scratch;
+  const int warp = threadIdx.x / kWarpSize;
+  for (int b = threadIdx.x; b < kHistBins; b += kThreads) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) hist[w][b] = 0;
+  }
+  __syncthreads();
+
+  Judge<kFormats> judge;
+  judge.bounds = p.bounds;
+  judge.warp_hist = hist[warp];
+  judge.scale = 1.0f;
+  if constexpr (kMode == kScaled) judge.scale = p.scale_ptr != nullptr ? *p.scale_ptr : p.scale_value;
+  judge.inv_scale = 1.0f;
+  if constexpr (kMode == kUnscale) judge.inv_scale = *p.inv_scale;
+
+  const int64_t grid = gridDim.x;
+  const int64_t block = blockIdx.x;
+  const int64_t chunk_begin = p.first_chunk + block * p.num_chunks / grid;
+  const int64_t chunk_end = p.first_chunk + (block + 1) * p.num_chunks / grid;
+  if (chunk_begin >= chunk_end) return;  // uniform over the block: no barrier is skipped by part of it
+  const TensorView* views = p.views != nullptr ? p.views : p.inline_views;
+  const int columns = workspace_columns(p.num_formats);
+
+  int64_t v = tensor_of_chunk(views, p.num_views, chunk_begin);
+  int64_t chunk = chunk_begin;
+  while (chunk < chunk_end) {
+    const TensorView& view = views[v];
+    const int64_t view_chunks = (view.numel + p.chunk_elems - 1) / p.chunk_elems;
+    const int64_t view_end = view.first_chunk + view_chunks;
+    const int64_t last = chunk_end < view_end ? chunk_end : view_end;
+    // Elements of this view in chunks [chunk, last).
+    const int64_t begin = (chunk - view.first_chunk) * p.chunk_elems;
+    int64_t end = (last - view.first_chunk) * p.chunk_elems;
+    if (end > view.numel) end = view.numel;
+    int64_t* row = p.workspace + view.out_row * columns;
+    for (int64_t piece = begin; piece < end; piece += kMaxFlushElems) {
+      const int64_t n = end - piece < kMaxFlushElems ? end - piece : kMaxFlushElems;
+      count_piece_of<kMode>(view, piece, n, row, hist, scratch, judge, p.num_formats);
+    }
+    chunk = last;
+    ++v;
+  }
+}
+
+// Turns workspace rows into the op's outputs and sets found_inf. Block b handles rows b, b + grid, ...
+__global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const FinalizeParams p) {
+  const int columns = workspace_columns(p.num_formats);
+  const int count_cols = count_columns(p.num_formats);
+  for (int64_t r = blockIdx.x; r < p.num_tensors; r += gridDim.x) {
+    const int64_t* row = p.workspace + r * columns;
+    for (int b = threadIdx.x; b < kHistBins; b += kFinalizeThreads) {
+      p.hist[r * kHistBins + b] = row[hist_column(p.num_formats) + b];
+    }
+    if (threadIdx.x == 0) {
+      RawCounts raw;
+      clear_counts(raw);
+      raw.numel = row[0];
+      raw.nan = row[1];
+      raw.posinf = row[2];
+      raw.neginf = row[3];
+      raw.zero = row[4];
+      for (int f = 0; f < p.num_formats; ++f) {
+        raw.at_or_above_overflow[f] = row[kFixedCountColumns + f];
+        raw.below_normal[f] = row[kFixedCountColumns + p.num_formats + f];
+        raw.at_or_below_zero[f] = row[kFixedCountColumns + 2 * p.num_formats + f];
+      }
+      finalize_counts(raw, p.num_formats, p.counts + r * count_cols);
+      const uint64_t extremes = static_cast<uint64_t>(row[extremes_column(p.num_formats)]);
+      p.amax[r] = __uint_as_float(static_cast<uint32_t>(extremes));
+      p.amin_nonzero[r] = __uint_as_float(kInfBits32 - static_cast<uint32_t>(extremes >> 32));
+      p.sumsq[r] = __longlong_as_double(row[sumsq_column(p.num_formats)]);
+      // Every writer stores the same value, so the race is benign (as in torch's own unscale kernel).
+      if (p.found_inf != nullptr && raw.nan + raw.posinf + raw.neginf > 0) *p.found_inf = 1.0f;
+    }
+  }
+}
+
+// ---- host side: the launch sequence, for any backend ----
+//
+// A Backend runs the kernels somewhere (the GPU, or the CPU emulation) and provides:
+//   void zero(int64_t* words, int64_t count);                    // before the statistics kernel
+//   template <class K> int64_t stats_blocks(K kernel, int64_t chunks);  // the grid of a statistics launch
+//   template <class K> void launch_stats(K kernel, int64_t blocks, const StatsParams& params);
+//   int64_t finalize_blocks(int64_t rows);
+//   void launch_finalize(int64_t blocks, const FinalizeParams& params);
+
+// Calls fn(stats_kernel<mode, formats>) for the variant a call needs.
+template <class Fn>
+void with_stats_kernel(int mode, int num_formats, Fn&& fn) {
+  switch (mode * kMaxFormats + num_formats - 1) {
+    case 0: return fn(stats_kernel<kPlain, 1>);
+    case 1: return fn(stats_kernel<kPlain, 2>);
+    case 2: return fn(stats_kernel<kPlain, 3>);
+    case 3: return fn(stats_kernel<kPlain, 4>);
+    case 4: return fn(stats_kernel<kScaled, 1>);
+    case 5: return fn(stats_kernel<kScaled, 2>);
+    case 6: return fn(stats_kernel<kScaled, 3>);
+    case 7: return fn(stats_kernel<kScaled, 4>);
+    case 8: return fn(stats_kernel<kUnscale, 1>);
+    case 9: return fn(stats_kernel<kUnscale, 2>);
+    case 10: return fn(stats_kernel<kUnscale, 3>);
+    default: return fn(stats_kernel<kUnscale, 4>);
+  }
+}
+static_assert(kMaxFormats == 4, "with_stats_kernel lists one variant per format count");
+
+// Zeroes the workspace, launches the statistics pass (once with a device table, or once per group of
+// kInlineViews views without one) and the finalize pass. Asynchronous on a GPU backend.
+template <class Backend>
+void run_stats(const LaunchPlan& plan, Backend& backend) {
+  backend.zero(plan.workspace, plan.workspace_words);
+  StatsParams params{};
+  params.chunk_elems = plan.chunk_elems;
+  for (int f = 0; f < plan.num_formats; ++f) params.bounds[f] = plan.bounds[f];
+  params.num_formats = plan.num_formats;
+  params.scale_value = plan.scale_value;
+  params.scale_ptr = plan.scale_ptr;
+  params.inv_scale = plan.inv_scale;
+  params.workspace = plan.workspace;
+  with_stats_kernel(plan.mode, plan.num_formats, [&](auto kernel) {
+    if (plan.num_views == 0) return;
+    if (plan.device_views != nullptr || plan.num_views <= kInlineViews) {
+      params.views = plan.device_views;
+      if (plan.device_views == nullptr) {
+        for (int64_t v = 0; v < plan.num_views; ++v) params.inline_views[v] = plan.host_views[v];
+      }
+      params.num_views = plan.num_views;
+      params.first_chunk = 0;
+      params.num_chunks = plan.total_chunks;
+      backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
+      return;
+    }
+    params.views = nullptr;
+    for (int64_t first = 0; first < plan.num_views; first += kInlineViews) {
+      const int64_t n = plan.num_views - first < kInlineViews ? plan.num_views - first : kInlineViews;
+      for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
+      const TensorView& last = plan.host_views[first + n - 1];
+      params.num_views = n;
+      params.first_chunk = plan.host_views[first].first_chunk;
+      params.num_chunks = last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
+                          params.first_chunk;
+      backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
+    }
+  });
+  if (plan.num_tensors == 0) return;
+  FinalizeParams fin{};
+  fin.workspace = plan.workspace;
+  fin.num_tensors = plan.num_tensors;
+  fin.num_formats = plan.num_formats;
+  fin.found_inf = plan.mode == kUnscale ? plan.found_inf : nullptr;
+  fin.counts = plan.counts;
+  fin.hist = plan.hist;
+  fin.amax = plan.amax;
+  fin.amin_nonzero = plan.amin_nonzero;
+  fin.sumsq = plan.sumsq;
+  backend.launch_finalize(backend.finalize_blocks(plan.num_tensors), fin);
+}
+
+}  // namespace AMPI_KERNELS_NAMESPACE
+}  // namespace kernels
+}  // namespace amp_inspect
