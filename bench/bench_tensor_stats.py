@@ -5,6 +5,8 @@ Every method is timed per call, in this one process, on the same synthetic gradi
 - ``gpt2-style``: the 76 gradients of a 6-layer GPT (d_model 384, vocab 8192, context 256), ~14M elements.
 - ``300x75M``: 300 gradients, 75M elements in all, sizes spread log-uniformly from a few elements to ~3.5M.
 - ``1000x20M`` (CUDA only): 1000 gradients, used to show the fused op's kernel launches do not grow with T.
+- ``300x75M-bf16`` (CUDA only): the 300 gradients stored as bfloat16 (half the bytes, same work per element).
+- ``1000-tiny`` (CUDA only): 1000 gradients of 1000 elements: the cost of a call that is mostly overhead.
 
 Methods: the fused op (fp16; all four formats; with scale), torch._foreach_norm (one read pass: the roofline
 proxy), GradScaler's non-finite check, the pure-torch reference, and per-tensor checks with one op and one
@@ -53,6 +55,9 @@ FUSED = "fused_fp16"
 CPU_MAX_X_ROOFLINE = 2.5
 CPU_MIN_SPEEDUP_VS_PYTHON = 50.0
 CUDA_MAX_X_ROOFLINE = 1.2
+CUDA_MAX_X_ROOFLINE_4FORMATS = 1.5
+CUDA_MAX_X_ROOFLINE_TINY = 2.0
+TINY_SET = "1000-tiny"
 
 # fp16 thresholds on |v| as users write them: casts overflow to Inf from the midpoint 65520 between 65504
 # and 2**16; 2**-25 (half the smallest subnormal) ties to even, i.e. to zero; the midpoint between the
@@ -69,6 +74,7 @@ class GradSet:
     name: str
     shapes: tuple[tuple[int, ...], ...]
     timed: bool = True  # False: only used for launch counts
+    dtype: torch.dtype = torch.float32
 
     @property
     def numel(self) -> int:
@@ -183,6 +189,10 @@ def grad_sets(device: str, quick: bool) -> list[GradSet]:
     if device == "cuda":
         # Many small tensors: the case where per-tensor launches would show; counted, not timed.
         sets.append(GradSet("1000x20M", spread_sizes(1000, 20_000_000, decades=5.0, seed=SEED + 2), timed=False))
+        if not quick:
+            big = spread_sizes(300, 75_000_000, decades=6.0, seed=SEED + 1)
+            sets.append(GradSet("300x75M-bf16", big, dtype=torch.bfloat16))
+            sets.append(GradSet(TINY_SET, ((1000,),) * 1000))
     return sets
 
 
@@ -198,7 +208,7 @@ def make_gradients(grad_set: GradSet, device: str) -> list[torch.Tensor]:
         flat = t.view(-1)
         zeros = max(1, flat.numel() // 1000)
         flat[torch.randint(flat.numel(), (zeros,), generator=g)] = 0.0
-        grads.append(t.to(device))
+        grads.append(t.to(device=device, dtype=grad_set.dtype))
     return grads
 
 
@@ -332,10 +342,15 @@ def check_targets(device: str, result: BenchResult) -> list[TargetCheck]:
                 )
             )
         else:
-            ok = m.x_roofline <= CUDA_MAX_X_ROOFLINE
-            checks.append(
-                TargetCheck(f"{m.set_name}: fused <= {CUDA_MAX_X_ROOFLINE}x foreach_norm", ok, f"{m.x_roofline:.2f}x")
-            )
+            limit = CUDA_MAX_X_ROOFLINE_TINY if m.set_name == TINY_SET else CUDA_MAX_X_ROOFLINE
+            ok = m.x_roofline <= limit
+            checks.append(TargetCheck(f"{m.set_name}: fused <= {limit}x foreach_norm", ok, f"{m.x_roofline:.2f}x"))
+    if device == "cuda":
+        for m in result.measurements:
+            if m.method == "fused_4formats" and m.set_name != TINY_SET and m.x_roofline is not None:
+                ok = m.x_roofline <= CUDA_MAX_X_ROOFLINE_4FORMATS
+                name = f"{m.set_name}: fused, 4 formats <= {CUDA_MAX_X_ROOFLINE_4FORMATS}x foreach_norm"
+                checks.append(TargetCheck(name, ok, f"{m.x_roofline:.2f}x"))
     fused_launches = [c for c in result.launches if c.method == FUSED]
     if fused_launches:
         kernels = {c.kernels for c in fused_launches}
