@@ -91,6 +91,7 @@ class Summary:
     ranks: Counter = field(default_factory=Counter)  # distributed: rank -> skipped steps its gradients held NaN in
     ranks_made_them: bool = False  # the counts came from before DDP's all-reduce: the ranks produced the NaN/Inf
     poisoned: int = 0  # steps with NaN/Inf gradients that no enabled GradScaler skipped: the optimizer applied them
+    poisoned_offenders: Counter = field(default_factory=Counter)  # module -> poisoned steps it had NaN/Inf in
 
     @property
     def ranks_heading(self) -> str:
@@ -177,7 +178,7 @@ def summarize(
     poisoned = [r for r in history if r.poisoned]
     summary.poisoned = len(poisoned)
     if poisoned:
-        where = Counter(m for r in poisoned for m in r.offenders)
+        summary.poisoned_offenders = where = Counter(m for r in poisoned for m in r.offenders)
         named = ", ".join(m for m, _ in where.most_common(3)) or "no module named"
         summary.advice.append(
             f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients ({named}) and no enabled "
