@@ -440,7 +440,8 @@ class StepReport:
         elif self.skips:
             status = "NaN/Inf found: GradScaler skips this step"
         else:
-            status = "NaN/Inf found: no enabled GradScaler skips this step, the optimizer applies them (step poisoned)"
+            status = "NaN/Inf found and no enabled GradScaler: nothing skips this step, the optimizer applies them"
+            status += " (step poisoned)"
         lines = [f"step {self.step}: loss scale {scale}, gradients {status}, total norm {self.total_norm:.4g}"]
         if self.scale_problem is not None:
             lines.append(f"WARNING: {self.scale_problem}")
