@@ -127,6 +127,12 @@ def test_ddp_comm_hook_refuses_sparse_gradients_with_a_clear_error() -> None:
     refuse_sparse_with_comm_hook(TwoLayer())  # dense: fine
 
 
+def test_ddp_with_sparse_gradients_refuses_the_hook_and_inspects_them_without_it(tmp_path) -> None:
+    from tests.test_distributed import run_scenario
+
+    run_scenario("ddp_sparse", 2, tmp_path)
+
+
 # ---------------------------------------------------------------- case 2: no enabled scaler: poisoned steps
 
 
