@@ -71,12 +71,13 @@ def param_entries(model: nn.Module) -> list[ParamEntry]:
 
 def judged_values(grad: torch.Tensor) -> torch.Tensor:
     """The strided tensor whose values stand for ``grad`` in the statistics. A sparse COO gradient
-    (``nn.Embedding(sparse=True)``): its stored values, as GradScaler's unscale reads them (coalesced first for
-    fp16, as GradScaler does; as stored otherwise), so numel counts stored values. A complex gradient: its real
-    and imaginary parts (``torch.view_as_real``: the norm is exact, numel counts both parts). Views where
-    possible: writing them writes the gradient (an fp16 sparse gradient that is not coalesced is the exception)."""
+    (``nn.Embedding(sparse=True)``): the values of the coalesced gradient (a repeated index is one gradient row,
+    as the optimizer and torch's clip_grad_norm_ see it; GradScaler coalesces fp16 ones too, and for the others
+    its NaN/Inf check of the stored values differs only where finite values sum to Inf), so numel counts those
+    stored values. A complex gradient: its real and imaginary parts (``torch.view_as_real``: the norm is exact,
+    numel counts both parts). Read-only: an uncoalesced gradient's values are a copy."""
     if grad.layout == torch.sparse_coo:
-        grad = (grad.coalesce() if grad.dtype == torch.float16 else grad)._values()
+        grad = grad.coalesce()._values()
     if grad.is_complex():
         grad = torch.view_as_real(grad)
     return grad

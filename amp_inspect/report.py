@@ -10,8 +10,8 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
 - **skipped** / **poisoned**: a found_inf step with an enabled GradScaler is skipped (the optimizer does not
   step); without one (no scaler, a disabled one: bf16 runs usually have none) nothing skips it, and the
   optimizer applies the non-finite gradients: the step is **poisoned**.
-- **sparse gradients** (``nn.Embedding(sparse=True)``): their stored values are judged (what GradScaler's
-  unscale reads; coalesced first for fp16, as GradScaler does), so numel counts stored values, not the
+- **sparse gradients** (``nn.Embedding(sparse=True)``): the stored values of the coalesced gradient are judged
+  (a repeated index is one row, as the optimizer sees it), so numel counts those stored values, not the
   parameter's elements; ``sparse_modules`` names them.
 - **offenders**: modules with any NaN/Inf gradient, most non-finite values first.
 - **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.

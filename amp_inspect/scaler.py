@@ -6,7 +6,8 @@ scaled gradients (as fp16 saw them) and writes the unscaled gradients. Skip deci
 state_dict are GradScaler's own, unchanged. It also unscales bf16 gradients on CUDA, which torch's
 unscale kernel rejects. With fused optimizers (``fused=True``), which unscale inside their own step, it
 inspects without writing. Sparse COO gradients (``nn.Embedding(sparse=True)``) go through the same pass: their
-stored values, coalesced first for fp16, exactly as GradScaler unscales them (numel counts stored values).
+stored values, coalesced first for fp16, exactly as GradScaler unscales them; the report judges the coalesced
+values (numel counts those).
 ``last_report`` is the StepReport of the last step (no host sync to make it).
 
     scaler = amp_inspect.InspectingGradScaler("cuda")
@@ -67,11 +68,16 @@ class InspectingGradScaler(torch.amp.GradScaler):
     def formats(self) -> tuple[str, ...]:
         return self._inspector.formats if self._inspector is not None else DEFAULT_FORMATS
 
-    def _dense_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool) -> tuple[list, list, list]:
-        """(grads, their module names, the names of the sparse ones) in the optimizer's parameter order; DTensor
-        gradients (FSDP2) as they are (``_local`` takes their shards); a sparse COO gradient as its stored values
-        (a view: unscaling it unscales the gradient), an fp16 one coalesced first, as GradScaler does."""
-        dense, names, sparse = [], [], []
+    def _dense_grads(
+        self, optimizer: torch.optim.Optimizer, allow_fp16: bool
+    ) -> tuple[list, list, list, dict[int, torch.Tensor]]:
+        """(grads, their module names, the names of the sparse ones, summed) in the optimizer's parameter order;
+        DTensor gradients (FSDP2) as they are (``_local`` takes their shards); a sparse COO gradient as its stored
+        values (a view: unscaling it unscales the gradient, exactly as GradScaler does), an fp16 one coalesced
+        first, as GradScaler does. ``summed``: for an uncoalesced sparse gradient, its row -> the values of its
+        coalesced copy, whose statistics the report takes (a repeated index is one gradient row, as the
+        optimizer and torch's clip_grad_norm_ see it)."""
+        dense, names, sparse, summed = [], [], [], {}
         module_of = self._inspector._module_of_param if self._inspector is not None else {}
         for g_index, group in enumerate(optimizer.param_groups):
             for p_index, param in enumerate(group["params"]):
@@ -90,11 +96,23 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 if grad.layout == torch.sparse_coo:
                     if grad.dtype is torch.float16:
                         param.grad = grad = grad.coalesce()
+                    if not grad.is_coalesced():
+                        summed[len(dense)] = grad.coalesce()._values()  # a copy: unscaling leaves it as it is
                     grad = grad._values()
                     sparse.append(name)
                 dense.append(grad)
                 names.append(name)
-        return dense, names, sparse
+        return dense, names, sparse, summed
+
+    def _summed_rows(self, outputs: tuple[torch.Tensor, ...], summed: dict[int, torch.Tensor]) -> None:
+        """Replaces the rows of uncoalesced sparse gradients by the statistics of their coalesced values."""
+        if not summed:
+            return
+        rows = list(summed)
+        fixed = stats_outputs(tensor_stats([summed[r] for r in rows], formats=self.formats))
+        index = torch.tensor(rows, dtype=torch.int64, device=outputs[0].device)
+        for out, new in zip(outputs, fixed, strict=True):
+            out.index_copy_(0, index, new.to(out.device))
 
     def _local(self, dense: list[torch.Tensor]) -> tuple[list[torch.Tensor], Combiner | None]:
         """FSDP2 / DTensor gradients: this rank's shards (views: unscaling them unscales the DTensors), and
@@ -142,7 +160,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
-        dense, names, sparse = self._dense_grads(optimizer, allow_fp16)
+        dense, names, sparse, summed = self._dense_grads(optimizer, allow_fp16)
         whole = dense  # DTensors keep the whole parameters' shapes for the layout check
         dense, combiner = self._local(dense)
         per_device_found: dict[torch.device, torch.Tensor] = {}
@@ -158,7 +176,11 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 parts.append((rows, outputs))
         self._step_sparse += sparse
         if parts:
-            outputs, origin = self._combine(combiner, merge_rows(parts, len(dense), parts[0][1][0].device), whole)
+            merged = merge_rows(parts, len(dense), parts[0][1][0].device)
+            if summed:
+                merged = tuple(t.clone() for t in merged)  # not the op's own outputs: written below
+                self._summed_rows(merged, summed)
+            outputs, origin = self._combine(combiner, merged, whole)
             if origin is not None:  # any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale
                 anywhere = (origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():
@@ -171,10 +193,11 @@ class InspectingGradScaler(torch.amp.GradScaler):
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # Fused optimizers unscale inside their own step: inspect and flag, write nothing.
         self._check_scale_growth_tracker("_check_inf_per_device")
-        dense, names, sparse = self._dense_grads(optimizer, allow_fp16=True)
+        dense, names, sparse, summed = self._dense_grads(optimizer, allow_fp16=True)
         found: dict[torch.device, torch.Tensor] = {}
         if dense:
             local, combiner = self._local(dense)
+            local = [summed.get(i, g) for i, g in enumerate(local)]  # nothing is written here: judge the sums
             outputs, origin = self._combine(combiner, stats_outputs(tensor_stats(local, formats=self.formats)), dense)
             any_bad = (TensorStats.from_op_outputs(outputs, self.formats).nonfinite.sum() > 0).float()
             for device in {g.device for g in local}:

@@ -43,6 +43,7 @@ class TwoLayer(nn.Module):
 
 
 TOKENS = torch.tensor([1, 2, 1, 5])  # token 1 twice: an uncoalesced sparse gradient with a duplicate index
+STORED = 3 * 4  # values stored by the coalesced gradient: three distinct tokens, four features
 
 
 def _sparse_backward(model: SparseNet, scaler: torch.amp.GradScaler | None, poison: bool) -> None:
@@ -66,8 +67,7 @@ def test_sparse_gradient_nan_is_found_named_and_counted_by_stored_values() -> No
     assert report.found_inf and report.skipped
     assert report.offenders == ["emb"]
     assert report.sparse_modules == ["emb"]
-    stored = model.emb.weight.grad._values().numel()
-    assert report.by_module["emb"]["numel"] == stored == len(TOKENS) * 4
+    assert report.by_module["emb"]["numel"] == model.emb.weight.grad.coalesce()._values().numel() == STORED
     assert report.by_module["emb"]["nan"] == 1
     assert "sparse gradients (numel counts their stored values): emb" in str(report)
     scaler.step(opt)
@@ -92,7 +92,7 @@ def test_sparse_gradient_after_unscale_is_judged_at_the_scale() -> None:
     after = insp.check()
     assert not after.found_inf
     assert after.by_module["emb"]["amax"] == pytest.approx(before_amax, rel=1e-6)
-    assert after.by_module["emb"]["numel"] == len(TOKENS) * 4
+    assert after.by_module["emb"]["numel"] == STORED
 
 
 @pytest.mark.parametrize("poison", [False, True])
@@ -110,7 +110,7 @@ def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poi
     report = scalers[0].last_report
     assert report.found_inf is poison
     assert report.sparse_modules == ["emb"]
-    assert report.by_module["emb"]["numel"] == len(TOKENS) * 4
+    assert report.by_module["emb"]["numel"] == STORED
     assert report.offenders == (["emb"] if poison else [])
     assert insp.summary().skipped == int(poison)
     for a, b in zip(mine.parameters(), theirs.parameters(), strict=True):
@@ -485,3 +485,29 @@ def test_attach_options_are_checked_at_attach(kwargs, error, match, tmp_path) ->
 def test_inspector_only_options_are_checked_too(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"{name} must be a positive int"):
         amp_inspect.Inspector(TwoLayer(), **{name: value})
+
+
+@pytest.mark.parametrize("inspecting", [False, True])
+def test_sparse_gradient_norms_count_a_repeated_index_once_as_torch_does(inspecting: bool) -> None:
+    torch.manual_seed(0)
+    model, twin = SparseNet(), SparseNet()
+    twin.load_state_dict(model.state_dict())
+    scaler = amp_inspect.InspectingGradScaler("cpu") if inspecting else torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler, activations="off")
+    _sparse_backward(model, scaler, poison=False)
+    twin(TOKENS).backward()
+    scaler.unscale_(opt)
+    report = insp.check()
+    emb_norm = twin.emb.weight.grad.coalesce()._values().norm().item()
+    assert emb_norm != pytest.approx(twin.emb.weight.grad._values().norm().item())  # the repeat matters here
+    expected = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5)  # torch coalesces: the true gradient's norm
+    assert report.total_norm == pytest.approx(float(expected), rel=1e-6)
+    assert report.by_module["emb"]["grad_norm"] == pytest.approx(emb_norm, rel=1e-6)
+    if not inspecting:
+        total = insp.clip_grad_norm_(0.5)
+        assert float(total) == pytest.approx(float(expected), rel=1e-6)
+        for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+            ga = a.grad.coalesce().to_dense() if a.grad.is_sparse else a.grad
+            gb = b.grad.coalesce().to_dense() if b.grad.is_sparse else b.grad
+            torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-7)
