@@ -46,8 +46,11 @@ TOKENS = torch.tensor([1, 2, 1, 5])  # token 1 twice: an uncoalesced sparse grad
 STORED = 3 * 4  # values stored by the coalesced gradient: three distinct tokens, four features
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
 def _sparse_backward(model: SparseNet, scaler: torch.amp.GradScaler | None, poison: bool) -> None:
-    loss = model(TOKENS)
+    loss = model(TOKENS.to(model.head.weight.device))
     (scaler.scale(loss) if scaler is not None else loss).backward()
     if poison:
         model.emb.weight.grad._values()[0, 0] = math.nan
@@ -56,10 +59,11 @@ def _sparse_backward(model: SparseNet, scaler: torch.amp.GradScaler | None, pois
 # ---------------------------------------------------------------- case 1: sparse gradients
 
 
-def test_sparse_gradient_nan_is_found_named_and_counted_by_stored_values() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_gradient_nan_is_found_named_and_counted_by_stored_values(device: str) -> None:
     torch.manual_seed(0)
-    model = SparseNet()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    model = SparseNet().to(device)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     insp = amp_inspect.attach(model, scaler)
     _sparse_backward(model, scaler, poison=True)
@@ -95,12 +99,16 @@ def test_sparse_gradient_after_unscale_is_judged_at_the_scale() -> None:
     assert after.by_module["emb"]["numel"] == STORED
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("poison", [False, True])
-def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poison: bool) -> None:
+def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poison: bool, device: str) -> None:
     torch.manual_seed(0)
-    mine, theirs = SparseNet(), SparseNet()
+    mine, theirs = SparseNet().to(device), SparseNet().to(device)
     theirs.load_state_dict(mine.state_dict())
-    scalers = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**8), torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    scalers = (
+        amp_inspect.InspectingGradScaler(device, init_scale=2.0**8),
+        torch.amp.GradScaler(device, init_scale=2.0**8),
+    )
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, theirs)]
     insp = amp_inspect.attach(mine, scalers[0])
     for model, scaler, opt in zip((mine, theirs), scalers, opts, strict=True):
