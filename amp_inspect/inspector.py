@@ -87,7 +87,6 @@ def check_options(
     arm_steps: object,
     collapse_skips: object,
     log: object,
-    group: object,
     flags: dict[str, object],
 ) -> None:
     """attach()'s options, checked at attach (not at the first check() or the first logged step)."""
@@ -97,8 +96,6 @@ def check_options(
     _positive_int("collapse_skips", collapse_skips)
     if log is not None and not isinstance(log, str | os.PathLike):
         raise TypeError(f"log must be a path (str or os.PathLike) or None, got {type(log).__name__}")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -208,9 +205,7 @@ class Inspector:
         if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         flags = {"watch_clipping": watch_clipping, "ddp_hook": ddp_hook, "log_all_ranks": log_all_ranks}
-        check_options(
-            hist_every=hist_every, arm_steps=arm_steps, collapse_skips=collapse_skips, log=log, group=group, flags=flags
-        )
+        check_options(hist_every=hist_every, arm_steps=arm_steps, collapse_skips=collapse_skips, log=log, flags=flags)
         if isinstance(scaler, InspectingGradScaler) and scaler._inspector is not None:
             raise RuntimeError(
                 "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
