@@ -232,6 +232,7 @@ class Inspector:
         self._watch_params = not _fsdp2_modules(model)
         self._param_ids = tuple(map(id, model.parameters())) if self._watch_params else ()
         self._check_lock = threading.Lock()  # check() from a second thread at once is refused
+        self._check_thread: threading.Thread | None = None  # the thread that calls check() (its first caller)
         self._collect_lock = threading.RLock()  # history read from another thread while check() collects
         # torch.compile does not call hooks added after compiling: armed steps run eagerly (force_eager stance).
         self._compiled = activations != "off" and is_compiled(model)
@@ -403,14 +404,23 @@ class Inspector:
         multiplied back by the loss scale after it. Returns None on steps that ``every`` leaves out.
         With an InspectingGradScaler whose unscale already ran this step, returns its report.
         Parameters added or removed since attach are noticed here (a warning names them) and inspected from
-        now on. One thread at a time: a check() while another thread's is running raises RuntimeError.
+        now on. One thread calls check(): the first one to call it, as long as it lives; a call from another
+        thread raises RuntimeError (each call counts a step: two callers would record every step twice).
         """
         if not self._check_lock.acquire(blocking=False):
             raise RuntimeError(
                 "amp_inspect: check() is already running in another thread; call it from the training loop's "
-                "thread, once per optimizer step"
+                "thread only, once per optimizer step"
             )
         try:
+            current, owner = threading.current_thread(), self._check_thread
+            if owner is not None and owner is not current and owner.is_alive():
+                raise RuntimeError(
+                    f"amp_inspect: check() called from thread {current.name!r}, but thread {owner.name!r} calls it "
+                    "for this inspector (each call counts a step: two callers would record every step twice); call "
+                    "it from the training loop's thread only, or attach another inspector"
+                )
+            self._check_thread = current
             return self._check(scaler)
         finally:
             self._check_lock.release()

@@ -355,9 +355,10 @@ def _compiled_run(model: nn.Module, insp, steps: int, bad: set[int], call=None) 
     return reports
 
 
-def test_producer_search_works_on_a_compiled_model(fresh_dynamo) -> None:
+@pytest.mark.parametrize("backend", ["eager", "inductor"])  # inductor: the default, a real compile (seconds)
+def test_producer_search_works_on_a_compiled_model(fresh_dynamo, backend: str) -> None:
     torch.manual_seed(0)
-    compiled = torch.compile(TwoLayer(), backend="eager")
+    compiled = torch.compile(TwoLayer(), backend=backend)
     insp = amp_inspect.attach(compiled, torch.amp.GradScaler("cpu"))
     reports = _compiled_run(compiled, insp, 5, bad={1, 2, 3})
     assert reports[1].found_inf and reports[2].found_inf
@@ -518,3 +519,31 @@ def test_sparse_gradient_norms_count_a_repeated_index_once_as_torch_does(inspect
             ga = a.grad.coalesce().to_dense() if a.grad.is_sparse else a.grad
             gb = b.grad.coalesce().to_dense() if b.grad.is_sparse else b.grad
             torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-7)
+
+
+def test_check_from_a_second_thread_one_after_the_other_is_refused_too() -> None:
+    model = TwoLayer()
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.randn(2, 4)).sum().backward()
+    errors: list[BaseException] = []
+    go, done = threading.Event(), threading.Event()
+
+    def loop() -> None:  # the training loop's thread: checks, then waits while the main thread tries
+        insp.check()
+        go.set()
+        done.wait(timeout=30)
+        insp.check()
+
+    trainer = threading.Thread(target=loop, name="trainer")
+    trainer.start()
+    assert go.wait(timeout=30)
+    try:
+        insp.check()  # a monitor thread's call in between would count the same step twice
+    except RuntimeError as error:
+        errors.append(error)
+    done.set()
+    trainer.join(timeout=30)
+    assert len(errors) == 1 and "thread 'trainer' calls it" in str(errors[0])
+    assert [r.step for r in insp.history] == [0, 1]
+    insp.check()  # the trainer thread has ended: another thread may take over
+    assert [r.step for r in insp.history] == [0, 1, 2]
