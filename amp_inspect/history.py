@@ -140,6 +140,12 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
     if not history:
         return None
     last = history[-1]
+    if last.scale is not None and not (math.isfinite(last.scale) and last.scale > 0):
+        # Not a collapse the scaler recovers from: its state is broken (every later step is judged wrongly).
+        return (
+            f"the loss scale at step {last.step} is {last.scale:g}, not a finite positive number: the scaler's "
+            "state is broken (a bad state_dict or update(new_scale)?); reset it"
+        )
     run = 0
     for i in range(len(history) - 1, -1, -1):
         if not history[i].skipped:

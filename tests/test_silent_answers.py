@@ -144,11 +144,12 @@ def test_ddp_with_sparse_gradients_refuses_the_hook_and_inspects_them_without_it
 # ---------------------------------------------------------------- case 2: no enabled scaler: poisoned steps
 
 
-@pytest.mark.parametrize("scaler", [None, "disabled"])
+@pytest.mark.parametrize("scaler", [None, "disabled", "inspecting-disabled"])
 def test_nan_without_an_enabled_scaler_is_a_poisoned_step_not_a_skip(scaler, tmp_path) -> None:
     torch.manual_seed(0)
     model = TwoLayer()
-    gs = torch.amp.GradScaler("cpu", enabled=False) if scaler == "disabled" else None
+    kinds = {"disabled": torch.amp.GradScaler, "inspecting-disabled": amp_inspect.InspectingGradScaler}
+    gs = kinds[scaler]("cpu", enabled=False) if scaler in kinds else None
     log = tmp_path / "run.jsonl"
     insp = amp_inspect.attach(model, gs, log=log, activations="off")
     for step in range(4):
@@ -442,12 +443,14 @@ def test_a_broken_loss_scale_is_named_not_a_math_error(bad: float, unscaled: boo
     scaler._scale.fill_(bad)
     if unscaled:
         scaler.unscale_(opt)
-    report = insp.check()
+    with pytest.warns(RuntimeWarning, match="not a finite positive number: the scaler's state is broken"):
+        report = insp.check()  # said at once, also to a loop that never prints its reports
     assert report.scale_problem is not None and "not a finite positive number" in report.scale_problem
     assert report.recommended_scale is None
     assert "WARNING: the loss scale is" in str(report)
     assert report.to_record()["scale_problem"] == report.scale_problem
-    str(insp.summary())
+    summary = insp.summary()
+    assert any("not a finite positive number" in w for w in summary.warnings), summary.warnings
 
 
 def test_complex_parameters_are_inspected_and_named() -> None:
