@@ -135,10 +135,11 @@ def _fsdp2_modules(model: nn.Module) -> bool:
     return kind is not None and any(isinstance(m, kind) for m in model.modules())
 
 
+# No commas: the HTML report lists findings up to their first comma.
 NO_FORWARD_SEEN = (
-    "not searched: the armed activation hooks saw no forward pass in this step (a torch.compile wrapper that the "
-    "inspector was not attached to runs compiled code, which does not call hooks added after compiling: attach "
-    "the compiled model itself)"
+    "not searched: the armed activation hooks saw no forward pass in this step (does the loop call a "
+    "torch.compile wrapper that the inspector was not attached to? Compiled code does not call hooks added after "
+    "compiling: attach the compiled model itself)"
 )
 
 
