@@ -111,6 +111,29 @@ if LOAD_ERROR is None:
         return _empty_outputs(tensors, formats)
 
 
+def check_one_device(tensors: list[torch.Tensor], **others: torch.Tensor | None) -> None:
+    """The op's inputs must be real tensors on one device. The dispatcher picks a kernel from all of them
+    together, so a meta tensor among CPU ones (or a meta scale) would run the fake kernel, which returns
+    uninitialised numbers and writes nothing: refuse that, naming the tensors. (Under torch.compile the
+    inputs are fake tensors of their real device: nothing to check.)"""
+    if torch.compiler.is_compiling():
+        return
+    named = [(f"tensor {i}", t) for i, t in enumerate(tensors)]
+    named += [(name, t) for name, t in others.items() if t is not None]
+    meta = [name for name, t in named if t.device.type == "meta"]
+    if meta:
+        raise ValueError(
+            f"amp_inspect: {', '.join(meta[:8])} {'is' if len(meta) == 1 else 'are'} on the meta device, which holds "
+            "no values to inspect (materialise the tensors first, e.g. with to_empty() and an initialisation)"
+        )
+    devices: dict[torch.device, list[str]] = {}
+    for name, t in named:
+        devices.setdefault(t.device, []).append(name)
+    if len(devices) > 1:
+        where = "; ".join(f"{', '.join(names[:4])} on {device}" for device, names in devices.items())
+        raise ValueError(f"amp_inspect: the op's tensors must be on one device, got {where}")
+
+
 def tensor_stats_op(
     tensors: list[torch.Tensor],
     scale: torch.Tensor | None,
@@ -121,6 +144,7 @@ def tensor_stats_op(
     device_type = tensors[0].device.type if tensors else "cpu"
     if not tensors:
         return tensor_stats_reference(tensors, scale, scale_value, formats)
+    check_one_device(tensors, scale=scale)
     if LOAD_ERROR is not None:
         _warn_once(
             "load",
@@ -148,6 +172,8 @@ def unscale_stats_op(
     where any value is NaN/Inf; tensors of one device (checked by the caller). Without the compiled kernel:
     the reference statistics, then torch's own unscale (two passes, same results)."""
     device_type = tensors[0].device.type if tensors else "cpu"
+    if tensors:
+        check_one_device(tensors, inv_scale=inv_scale, found_inf=found_inf)
     if tensors and has_kernel(device_type) and (device_type != "cuda" or _cuda_kernel_usable(tensors[0].device)):
         return torch.ops.amp_inspect.unscale_stats_(tensors, inv_scale, found_inf, formats)
     stats = tensor_stats_op(tensors, None, None, formats)  # warns once when it falls back

@@ -74,6 +74,12 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
             ["module", "skipped steps"],
             [[m, n] for m, n in summary.offenders.most_common(MAX_MODULE_ROWS)],
         )
+    if summary.poisoned_offenders:
+        print_table(
+            "modules behind poisoned steps (NaN/Inf applied by the optimizer: no enabled GradScaler)",
+            ["module", "poisoned steps"],
+            [[m, n] for m, n in summary.poisoned_offenders.most_common(MAX_MODULE_ROWS)],
+        )
     if summary.ranks:
         ranks = [[r, n] for r, n in summary.ranks.most_common()]
         print_table(summary.ranks_heading, ["rank", "skipped steps"], ranks)

@@ -3,6 +3,8 @@
 A **growth** event is a step whose loss scale is larger than at the previous inspected step, a **backoff**
 one whose scale is smaller. The **skip rate** is skipped steps / inspected steps. A **collapse** is a loss
 scale below 1, or ``collapse_skips`` skipped steps in a row: training has stopped making progress.
+A **poisoned** step had NaN/Inf gradients and no enabled GradScaler to skip it: the optimizer applied them.
+It is counted apart from skipped steps (no loss-scale advice fits it).
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ class StepRecord:
     first_nonfinite: str | None = None
     ranks_with_inf: list[int] | None = None  # distributed runs: ranks whose gradients held NaN/Inf
     inf_origin: str | None = None  # which gradients: report.BEFORE_ALLREDUCE (DDP) or report.SHARDS (FSDP2)
+    poisoned: bool = False  # NaN/Inf and no enabled GradScaler: the optimizer applied them (never also skipped)
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
         return cls(
             step=report.step,
             scale=report.scale,
-            skipped=report.found_inf,
+            skipped=report.skipped,
             offenders=list(report.offenders),
             total_norm=report.total_norm,
             headroom=report.headroom,
@@ -40,16 +43,23 @@ class StepRecord:
             first_nonfinite=report.first_nonfinite,
             ranks_with_inf=report.ranks_with_inf,
             inf_origin=report.inf_origin,
+            poisoned=report.poisoned,
         )
 
     @classmethod
     def from_log_record(cls, record: dict) -> StepRecord:
         """The record of a run-log line (amp_inspect.read_log), so logs get the same summary as live runs."""
         room = record.get("headroom") or {}
+        skipped = bool(record.get("skipped", False))
+        if "poisoned" in record:
+            poisoned = bool(record["poisoned"])
+        else:  # logs written before "poisoned" existed called a no-scaler NaN step "skipped"
+            poisoned = skipped and record.get("scale") is None
+            skipped = skipped and not poisoned
         return cls(
             step=int(record["step"]),
             scale=record.get("scale"),
-            skipped=bool(record.get("skipped", False)),
+            skipped=skipped,
             offenders=list(record.get("offenders", [])),
             total_norm=float(record.get("total_norm", float("nan"))),
             headroom=Headroom(room.get("up"), room.get("down")),
@@ -57,6 +67,7 @@ class StepRecord:
             first_nonfinite=record.get("first_nonfinite"),
             ranks_with_inf=[int(r) for r in record["inf_by_rank"]] if "inf_by_rank" in record else None,
             inf_origin=record.get("inf_origin"),
+            poisoned=poisoned,
         )
 
 
@@ -79,6 +90,8 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
     ranks: Counter = field(default_factory=Counter)  # distributed: rank -> skipped steps its gradients held NaN in
     ranks_made_them: bool = False  # the counts came from before DDP's all-reduce: the ranks produced the NaN/Inf
+    poisoned: int = 0  # steps with NaN/Inf gradients that no enabled GradScaler skipped: the optimizer applied them
+    poisoned_offenders: Counter = field(default_factory=Counter)  # module -> poisoned steps it had NaN/Inf in
 
     @property
     def ranks_heading(self) -> str:
@@ -86,6 +99,8 @@ class Summary:
 
     def __str__(self) -> str:
         lines = [f"{self.steps} inspected steps, {self.skipped} skipped ({self.skip_rate:.1%})"]
+        if self.poisoned:
+            lines[0] += f", {self.poisoned} poisoned (NaN/Inf applied by the optimizer: no enabled GradScaler)"
         growth = sum(e.kind == "growth" for e in self.events)
         backoff = len(self.events) - growth
         lines.append(f"loss scale: {growth} growth and {backoff} backoff events")
@@ -125,6 +140,12 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
     if not history:
         return None
     last = history[-1]
+    if last.scale is not None and not (math.isfinite(last.scale) and last.scale > 0):
+        # Not a collapse the scaler recovers from: its state is broken (every later step is judged wrongly).
+        return (
+            f"the loss scale at step {last.step} is {last.scale:g}, not a finite positive number: the scaler's "
+            "state is broken (a bad state_dict or update(new_scale)?); reset it"
+        )
     run = 0
     for i in range(len(history) - 1, -1, -1):
         if not history[i].skipped:
@@ -160,6 +181,17 @@ def summarize(
     summary.ranks_made_them = all(r.inf_origin == BEFORE_ALLREDUCE for r in skipped if r.ranks_with_inf)
     if not history:
         return summary
+    poisoned = [r for r in history if r.poisoned]
+    summary.poisoned = len(poisoned)
+    if poisoned:
+        summary.poisoned_offenders = where = Counter(m for r in poisoned for m in r.offenders)
+        named = ", ".join(m for m, _ in where.most_common(3)) or "no module named"
+        summary.advice.append(
+            f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients ({named}) and no enabled "
+            "GradScaler to skip them: the optimizer applied them, so the weights may be NaN from there on. bf16 needs "
+            "no loss scale, so find the source (the first_nonfinite finding, the data, the learning rate), and guard "
+            "the step: skip it when report.found_inf, or clip with clip_grad_norm_(..., error_if_nonfinite=True)"
+        )
 
     warning = collapse_warning(history, collapse_skips)
     run, _ = longest_skip_run(history)

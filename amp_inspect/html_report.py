@@ -119,12 +119,14 @@ class OffenderRow:
     more_findings: int = 0
 
 
-def offender_rows(series: RunSeries, limit: int = MAX_OFFENDER_ROWS) -> list[OffenderRow]:
+def offender_rows(
+    series: RunSeries, limit: int = MAX_OFFENDER_ROWS, steps: np.ndarray | None = None
+) -> list[OffenderRow]:
     """Offenders by skipped steps caused (most first); each with the distinct ``first_nonfinite`` findings of
     those steps (the finding names the first module whose forward output went non-finite, which may be a parent
-    or a neighbour of the gradient offender)."""
+    or a neighbour of the gradient offender). ``steps``: another bool mask of records (the poisoned ones)."""
     rows: dict[str, OffenderRow] = {}
-    for j in np.flatnonzero(series.skipped):
+    for j in np.flatnonzero(series.skipped if steps is None else steps):
         step = int(series.steps[j])
         finding = series.first_nonfinite[j]
         for module in series.offenders[j]:
@@ -165,6 +167,9 @@ def _facts(series: RunSeries, summary: Summary | None) -> list[tuple[str, str, b
         steps += f"; the step number went back {series.restarts} time(s): records of a resumed run?"
     skipped = int(series.skipped.sum())
     facts = [("run length", steps, False), ("skipped steps", f"{skipped} ({skipped / n:.1%})", skipped > 0)]
+    poisoned = int(series.poisoned.sum())
+    if poisoned:  # NaN/Inf the optimizer applied: no enabled GradScaler skipped those steps
+        facts.append(("poisoned steps (NaN/Inf applied, no GradScaler)", f"{poisoned} ({poisoned / n:.1%})", True))
     final = series.scale[-1]
     facts.append(("final loss scale", _pow2(final) if math.isfinite(final) else "none (no GradScaler)", False))
     if series.has_scale:
@@ -249,6 +254,18 @@ def render_html(
     else:
         out.append('<p class="note">No skipped step had a module with NaN/Inf gradients.</p>')
     out.append("</section>")
+    poisoned = offender_rows(series, steps=series.poisoned)
+    if poisoned:  # no enabled GradScaler: these NaN/Inf went into the weights
+        out.append("<section><h2>Poisoned steps: modules whose NaN/Inf gradients the optimizer applied ")
+        out.append("(no enabled GradScaler skipped them)</h2>")
+        out.append('<table class="offenders"><thead><tr><th>module</th><th>poisoned steps</th>')
+        out.append("<th>first step</th><th>last step</th></tr></thead><tbody>")
+        for r in poisoned:
+            out.append(
+                f'<tr><td class="module">{_e(r.module)}</td><td class="num">{r.skips}</td>'
+                f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td></tr>'
+            )
+        out.append("</tbody></table></section>")
     if summary is not None and summary.ranks:  # distributed runs: where the NaN/Inf was made
         heading = summary.ranks_heading
         out.append(f"<section><h2>{_e(heading[0].upper() + heading[1:])}</h2><ul>")

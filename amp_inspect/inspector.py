@@ -20,8 +20,10 @@ DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import threading
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,11 +42,11 @@ from .distributed import DEFAULT_TIMEOUT_S, Combiners, global_ranks, is_distribu
 from .doctor import ClipWatch, DoctorReport, doctor
 from .formats import check_formats
 from .history import StepRecord, Summary, collapse_warning, summarize
-from .naming import ParamEntry, grads_of, param_entries
+from .naming import ParamEntry, grads_of, module_names, param_entries, sparse_gradient_modules
 from .report import BEFORE_ALLREDUCE, SHARDS, StepReport
 from .runlog import RunLog
 from .scaler import InspectingGradScaler
-from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
+from .stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 
 ACTIVATION_MODES = ("on_skip", "always", "off")
 
@@ -72,6 +74,85 @@ def log_path_of_rank(
     if group is not None and global_ranks(group) != tuple(range(dist.get_world_size())):
         return own_file if dist.get_rank(group) == 0 else None
     return log if rank == 0 else None
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_options(
+    *,
+    hist_every: object,
+    arm_steps: object,
+    collapse_skips: object,
+    log: object,
+    flags: dict[str, object],
+) -> None:
+    """attach()'s options, checked at attach (not at the first check() or the first logged step)."""
+    if isinstance(hist_every, bool) or not isinstance(hist_every, int):
+        raise ValueError(f"hist_every must be an int (steps between histograms; 0 turns them off), got {hist_every!r}")
+    _positive_int("arm_steps", arm_steps)
+    _positive_int("collapse_skips", collapse_skips)
+    if log is not None and not isinstance(log, str | os.PathLike):
+        raise TypeError(f"log must be a path (str or os.PathLike) or None, got {type(log).__name__}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _set_dynamo_stance(stance: object) -> object | None:
+    """Sets torch.compile's stance (a DynamoStance); returns the previous one, None where torch has no stances."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    setter = getattr(eval_frame, "_set_stance", None)
+    return setter(stance) if setter is not None else None
+
+
+def _eager_stance() -> object | None:
+    """torch.compile's "force_eager" stance (compiled code runs its original Python), None where torch has none."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    make = getattr(eval_frame, "DynamoStance", None)
+    current = getattr(eval_frame, "_stance", None)
+    if make is None or current is None:
+        return None
+    return make("force_eager", current.skip_guard_eval_unsafe, current.backend)
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` or a submodule runs through torch.compile (an OptimizedModule, or ``Module.compile()``)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:  # torch.compile never ran: nothing is compiled
+        return False
+    optimized = getattr(eval_frame, "OptimizedModule", ())
+    return any(isinstance(m, optimized) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def _fsdp2_modules(model: nn.Module) -> bool:
+    """Whether ``model`` holds FSDP2 (fully_shard) modules, which swap their registered parameters between
+    sharded and unsharded ones around forward and backward."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kind = getattr(fsdp, "FSDPModule", None)
+    return kind is not None and any(isinstance(m, kind) for m in model.modules())
+
+
+# No commas: the HTML report lists findings up to their first comma.
+NO_FORWARD_SEEN = (
+    "not searched: the armed activation hooks saw no forward pass in this step (does the loop call a "
+    "torch.compile wrapper that the inspector was not attached to? Compiled code does not call hooks added after "
+    "compiling: attach the compiled model itself)"
+)
+
+
+def refuse_sparse_with_comm_hook(model: nn.Module) -> None:
+    """DDP's buckets of sparse gradients hold sparse tensors, which ddp_comm_hook cannot count NaN/Inf in: refuse
+    at attach rather than fail in the first backward or drop those gradients from inf_by_rank."""
+    sparse = sparse_gradient_modules(model)
+    if sparse:
+        raise ValueError(
+            f"amp_inspect's DDP comm hook cannot trace NaN/Inf in sparse gradients ({', '.join(sparse[:5])} "
+            "use sparse=True): attach with ddp_hook=False (reports then cover the averaged gradients, sparse ones "
+            "included, without inf_by_rank)"
+        )
 
 
 def refuse_fsdp1(model: nn.Module) -> None:
@@ -124,8 +205,17 @@ class Inspector:
             raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
         if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        flags = {"watch_clipping": watch_clipping, "ddp_hook": ddp_hook, "log_all_ranks": log_all_ranks}
+        check_options(hist_every=hist_every, arm_steps=arm_steps, collapse_skips=collapse_skips, log=log, flags=flags)
+        if isinstance(scaler, InspectingGradScaler) and scaler._inspector is not None:
+            raise RuntimeError(
+                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
+                "first, or attach this one to a plain GradScaler"
+            )
         refuse_fsdp1(model)
         ddp = ddp_of(model)
+        if ddp is not None and ddp_hook and is_distributed(ddp.process_group):
+            refuse_sparse_with_comm_hook(model)
         if ddp is not None and group is not None and global_ranks(group) != global_ranks(ddp.process_group):
             raise ValueError(
                 "group= differs from the DDP model's process group: the DDP hook reports over the group DDP averages "
@@ -139,6 +229,23 @@ class Inspector:
         self.collapse_skips = collapse_skips
         self.entries: list[ParamEntry] = param_entries(model)
         self._module_of_param = {id(e.param): e.module for e in self.entries}
+        # Parameters added or removed after attach are noticed at check() (FSDP2 swaps its parameters itself).
+        self._watch_params = not _fsdp2_modules(model)
+        self._param_ids = tuple(map(id, model.parameters())) if self._watch_params else ()
+        self._check_lock = threading.Lock()  # check() from a second thread at once is refused
+        self._check_thread: threading.Thread | None = None  # the thread that calls check() (its first caller)
+        self._collect_lock = threading.RLock()  # history read from another thread while check() collects
+        # torch.compile does not call hooks added after compiling: armed steps run eagerly (force_eager stance).
+        self._compiled = activations != "off" and is_compiled(model)
+        self._prior_stance: object | None = None
+        if self._compiled and activations == "always":
+            warnings.warn(
+                "amp_inspect: activations='always' on a torch.compile'd model runs every step eagerly (compiled code "
+                "does not call the activation hooks); use activations='on_skip' to run eagerly only for a few steps "
+                "after a skipped step",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         self.step = 0  # the step the next check() inspects
         self.last_report: StepReport | None = None
         self._pending: deque[StepReport] = deque()
@@ -153,13 +260,14 @@ class Inspector:
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         self._armed_until = -1
         self._findings: dict[int, str] = {}  # activation findings of steps that had no report yet
-        if self._watcher is not None and activations == "always":
-            self._watcher.arm()
-            self._watcher.new_step(self.step)
         self.scaler: torch.amp.GradScaler | None = None
-        self._patched: list[tuple[object, str]] = []
+        self._patched: list[tuple[object, str, Any]] = []
+        if self._watcher is not None and activations == "always":
+            self._arm_watcher()
+            self._watcher.new_step(self.step)
         self._unscaled_params: dict[int, set[int]] = {}  # optimizer id -> parameter ids (see _record_unscales)
         self._warned_local = False
+        self._warned_no_forward = False
         if scaler is not None:
             self._link(scaler)
         # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
@@ -187,6 +295,11 @@ class Inspector:
     def _link(self, scaler: torch.amp.GradScaler) -> None:
         if self.scaler is scaler:
             return
+        if isinstance(scaler, InspectingGradScaler) and scaler._inspector not in (None, self):
+            raise RuntimeError(
+                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
+                "first"
+            )
         self.scaler = scaler
         if isinstance(scaler, InspectingGradScaler):
             scaler._inspector = self
@@ -198,23 +311,51 @@ class Inspector:
     def _record_unscales(self, scaler: torch.amp.GradScaler) -> None:
         """Remembers which parameters each unscale_(optimizer) covers, so that with several optimizers on
         one scaler, a check() between their unscale_ calls judges each gradient in the right picture."""
-        original = scaler.unscale_
 
-        def unscale_(optimizer: torch.optim.Optimizer) -> None:
+        def unscale_(original: Callable[..., Any], optimizer: torch.optim.Optimizer) -> None:
             params = {id(p) for group in optimizer.param_groups for p in group["params"]}
             self._unscaled_params[id(optimizer)] = params
             original(optimizer)
 
-        scaler.unscale_ = unscale_  # instance attribute: detach() deletes it
-        self._patched.append((scaler, "unscale_"))
+        self._patch(scaler, "unscale_", unscale_)
+
+    def _patch(self, obj: object, attr: str, body: Callable[..., Any]) -> None:
+        """Wraps ``obj.attr`` in an instance attribute that calls ``body(original, *args)``. Several inspectors
+        may wrap the same scaler: each owns its own wrapper only (see _unpatch)."""
+        original = getattr(obj, attr)
+
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            if patched.active:  # type: ignore[attr-defined]
+                return body(original, *args, **kwargs)
+            return original(*args, **kwargs)
+
+        patched.active = True  # type: ignore[attr-defined]
+        patched.previous = vars(obj).get(attr)  # type: ignore[attr-defined]  # None: the class's own method
+        setattr(obj, attr, patched)
+        self._patched.append((obj, attr, patched))
+
+    def _unpatch(self) -> None:
+        """Turns this inspector's wrappers into pass-throughs and removes those on top; a wrapper another
+        inspector put on top of ours stays (it calls through ours, which now only passes on)."""
+        for obj, attr, patched in reversed(self._patched):
+            patched.active = False
+            if vars(obj).get(attr) is not patched:
+                continue
+            below = patched.previous
+            while below is not None and getattr(below, "active", True) is False:
+                below = below.previous  # other detached inspectors' pass-throughs go too
+            if below is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, below)
+        self._patched.clear()
 
     def _attribute_skips_between_checks(self, scaler: torch.amp.GradScaler) -> None:
         """With every > 1, a step that GradScaler skips between inspected steps still gets full statistics:
         GradScaler reads its found_inf flags to the host before it decides (one sync it makes anyway); we
         read them at the same point, and only on a skip run the fused pass."""
-        original = scaler._maybe_opt_step
 
-        def maybe_opt_step(optimizer, optimizer_state, *args: Any, **kwargs: Any):
+        def maybe_opt_step(original: Callable[..., Any], optimizer, optimizer_state, *args: Any, **kwargs: Any):
             found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
             last = self.last_report
             if found and (last is None or last.step != self.step - 1):
@@ -222,13 +363,13 @@ class Inspector:
                 self._collect(wait=False)
             return original(optimizer, optimizer_state, *args, **kwargs)
 
-        scaler._maybe_opt_step = maybe_opt_step  # instance attribute: detach() deletes it
-        self._patched.append((scaler, "_maybe_opt_step"))
+        self._patch(scaler, "_maybe_opt_step", maybe_opt_step)
 
     @property
     def comm_hook_state(self) -> HookState:
         """The state to register ``amp_inspect.ddp_comm_hook`` with by hand (after ``attach(ddp_model,
         ddp_hook=False)``): ``ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)``."""
+        refuse_sparse_with_comm_hook(self.model)
         if self._manual_hook is None:
             self._manual_hook = HookState(self._ddp_for_hook(), self)
         return self._manual_hook
@@ -263,7 +404,30 @@ class Inspector:
         first use). Judged as fp16 saw them: scaled gradients as stored before ``scaler.unscale_``, and
         multiplied back by the loss scale after it. Returns None on steps that ``every`` leaves out.
         With an InspectingGradScaler whose unscale already ran this step, returns its report.
+        Parameters added or removed since attach are noticed here (a warning names them) and inspected from
+        now on. One thread calls check(): the first one to call it, as long as it lives; a call from another
+        thread raises RuntimeError (each call counts a step: two callers would record every step twice).
         """
+        if not self._check_lock.acquire(blocking=False):
+            raise RuntimeError(
+                "amp_inspect: check() is already running in another thread; call it from the training loop's "
+                "thread only, once per optimizer step"
+            )
+        try:
+            current, owner = threading.current_thread(), self._check_thread
+            if owner is not None and owner is not current and owner.is_alive():
+                raise RuntimeError(
+                    f"amp_inspect: check() called from thread {current.name!r}, but thread {owner.name!r} calls it "
+                    "for this inspector (each call counts a step: two callers would record every step twice); call "
+                    "it from the training loop's thread only, or attach another inspector"
+                )
+            self._check_thread = current
+            return self._check(scaler)
+        finally:
+            self._check_lock.release()
+
+    def _check(self, scaler: torch.amp.GradScaler | None) -> StepReport | None:
+        self._refresh_params()
         if scaler is not None:
             self._link(scaler)
         scaler = self.scaler
@@ -288,8 +452,67 @@ class Inspector:
         self._after_step()
         return report
 
+    def _refresh_params(self) -> None:
+        """Notices parameters added to or removed from the model since attach (one pass over
+        ``model.parameters()``, no device work) and inspects the current set from now on, with a warning."""
+        if not self._watch_params:
+            return
+        ids = tuple(map(id, self.model.parameters()))
+        if ids == self._param_ids:
+            return
+        old = {id(e.param): e.name for e in self.entries}
+        self.entries = param_entries(self.model)
+        self._module_of_param = {id(e.param): e.module for e in self.entries}
+        self._param_ids = ids
+        added = [e.name for e in self.entries if id(e.param) not in old]
+        kept = {id(e.param) for e in self.entries}
+        removed = [name for key, name in old.items() if key not in kept]
+        if self._watcher is not None:  # modules added with them are watched too
+            was_armed = self._watcher.armed
+            self._disarm_watcher()
+            self._watcher.names = dict(module_names(self.model))
+            if was_armed:
+                self._arm_watcher()
+        if added or removed:
+            parts = [
+                f"{label} {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+                for label, names in (("added", added), ("removed", removed))
+                if names
+            ]
+            warnings.warn(
+                f"amp_inspect: the model's parameters changed since attach ({'; '.join(parts)}): inspecting the "
+                "current ones from now on",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _arm_watcher(self) -> None:
+        """Arms the activation hooks; on a torch.compile'd model, compiled code runs eagerly while they are armed
+        (torch.compile does not call hooks added after compiling, and tracing into them recompiles every step)."""
+        assert self._watcher is not None
+        if self._compiled and self._prior_stance is None:
+            stance = _eager_stance()
+            if stance is not None:
+                self._prior_stance = _set_dynamo_stance(stance)
+        self._watcher.arm()
+
+    def _disarm_watcher(self) -> None:
+        assert self._watcher is not None
+        self._watcher.disarm()
+        if self._prior_stance is not None:
+            _set_dynamo_stance(self._prior_stance)
+            self._prior_stance = None
+
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
         whole, rows = grads_of(self.entries)
+        for grad, row in zip(whole, rows, strict=True):
+            # Named here: tensor_stats would only say "tensor i".
+            if grad.dtype not in SUPPORTED_DTYPES or grad.device.type == "meta":
+                what = "is on the meta device (no values)" if grad.device.type == "meta" else f"is {grad.dtype}"
+                raise TypeError(
+                    f"amp_inspect: the gradient of parameter {self.entries[row].name!r} {what}; amp_inspect inspects "
+                    "float32, float16, bfloat16 and float64 gradients (complex ones as their real and imaginary parts)"
+                )
         # FSDP2 / DTensor gradients: inspect this rank's shards, then combine the shards of all ranks.
         grads, shard_group, local_only = local_shards(whole)
         if local_only and not self._warned_local:
@@ -297,7 +520,8 @@ class Inspector:
             warnings.warn(f"amp_inspect: {local_only}", RuntimeWarning, stacklevel=3)
         scale = None
         unscaled: list[bool] = [False] * len(grads)
-        if scaler is not None and scaler.is_enabled() and getattr(scaler, "_scale", None) is not None:
+        skips = scaler is not None and scaler.is_enabled()
+        if skips and getattr(scaler, "_scale", None) is not None:
             scale = scaler._scale
             done = _unscaled_optimizers(scaler)
             if done:
@@ -307,6 +531,10 @@ class Inspector:
                 else:
                     ids = set().union(*known)
                     unscaled = [id(self.entries[r].param) in ids for r in rows]
+        if any(unscaled) and scale is not None and scale.device.type == "cpu":
+            value = float(scale)  # on the host: no sync. A broken scale cannot be judged at (the report says why)
+            if not (math.isfinite(value) and value > 0):
+                unscaled = [False] * len(grads)
         if all(unscaled) or not any(unscaled):
             judge_at = scale if unscaled and unscaled[0] else None
             stats = tensor_stats(grads, scale=judge_at, formats=self.formats)
@@ -326,7 +554,8 @@ class Inspector:
             merged = combiner.combine(stats, shapes)  # collective: every rank's check() takes part
             stats = merged.stats
         modules = [self.entries[r].module for r in rows]
-        report = StepReport(step, stats, modules, scale)
+        sparse = [self.entries[r].module for r in rows if self.entries[r].param.grad.layout == torch.sparse_coo]
+        report = StepReport(step, stats, modules, scale, skips=skips, sparse_modules=sparse)
         if merged is not None:
             report.set_rank_origin(merged.nonfinite_by_rank, modules, merged.ranks, kind=SHARDS)
         self.receive(report)
@@ -356,8 +585,15 @@ class Inspector:
         watcher = self._watcher
         if watcher is None or not watcher.armed:
             return
-        finding = watcher.first_finding()  # diagnosis mode only: reads the hook statistics (syncs)
+        finding: object = watcher.first_finding()  # diagnosis mode only: reads the hook statistics (syncs)
         step = self.step - 1  # the step whose forward and backward the hooks saw
+        if finding is None and watcher.step == step and watcher.names and not watcher.records:
+            # Armed for a whole step and not one module's forward recorded: the hooks were bypassed. Say so
+            # rather than leave "first non-finite producer" silently empty.
+            finding = NO_FORWARD_SEEN
+            if not self._warned_no_forward:
+                self._warned_no_forward = True
+                warnings.warn(f"amp_inspect: first non-finite producer {NO_FORWARD_SEEN}", RuntimeWarning, stacklevel=4)
         if finding is not None:
             report = self.last_report
             if report is not None and report.step == step:
@@ -367,13 +603,14 @@ class Inspector:
                 self._findings = {s: f for s, f in self._findings.items() if s >= step - self.arm_steps}
                 self._findings[step] = str(finding)
         if self.activations == "on_skip" and self.step > self._armed_until:
-            watcher.disarm()
+            self._disarm_watcher()
         else:
             watcher.new_step(self.step)
 
     def _collect(self, wait: bool) -> None:
-        while self._pending and (wait or self._pending[0].ready()):
-            self._finalize(self._pending.popleft())
+        with self._collect_lock:  # another thread reading history must not finalize the same report twice
+            while self._pending and (wait or self._pending[0].ready()):
+                self._finalize(self._pending.popleft())
 
     def add_listener(self, listener: Callable[[StepReport], None]) -> None:
         """Calls ``listener(report)`` for every report from now on, once its statistics are on the host (reading
@@ -392,11 +629,11 @@ class Inspector:
                 if hardware_note:
                     entry["hardware_note"] = hardware_note
             self._log.write(entry)
-        if record.skipped and self._watcher is not None and self.activations == "on_skip":
+        if (record.skipped or record.poisoned) and self._watcher is not None and self.activations == "on_skip":
             # Armed from the next forward (step self.step) for arm_steps steps.
             self._armed_until = self.step + self.arm_steps - 1
             if not self._watcher.armed:
-                self._watcher.arm()
+                self._arm_watcher()
                 self._watcher.new_step(self.step)
         for listener in self._listeners:
             listener(report)
@@ -446,8 +683,11 @@ class Inspector:
         report = self.last_report
         if report is None or report.step != self.step - 1:
             raise RuntimeError("call check() on this step before clip_grad_norm_ (every= may have skipped it)")
-        grads, _ = grads_of(self.entries)
-        grads = [to_local(g) for g in grads]  # a DTensor's shard is scaled in place, like the whole
+        grads = [e.param.grad for e in self.entries if e.param.grad is not None]
+        # A DTensor's shard is scaled in place, like the whole; a sparse gradient's stored values (coalescing
+        # commutes with scaling), a complex one's real and imaginary parts.
+        grads = [to_local(g._values() if g.layout == torch.sparse_coo else g) for g in grads]
+        grads = [torch.view_as_real(g) if g.is_complex() else g for g in grads]
         total = report.total_norm_tensor
         if not grads:
             return total
@@ -469,11 +709,8 @@ class Inspector:
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
         if self._watcher is not None:
-            self._watcher.disarm()
-        for obj, attr in self._patched:
-            if attr in vars(obj):
-                delattr(obj, attr)
-        self._patched.clear()
+            self._disarm_watcher()
+        self._unpatch()
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None
         ddp = ddp_of(self.model)

@@ -69,12 +69,43 @@ def param_entries(model: nn.Module) -> list[ParamEntry]:
     return entries
 
 
+def judged_values(grad: torch.Tensor) -> torch.Tensor:
+    """The strided tensor whose values stand for ``grad`` in the statistics. A sparse COO gradient
+    (``nn.Embedding(sparse=True)``): the values of the coalesced gradient (a repeated index is one gradient row,
+    as the optimizer and torch's clip_grad_norm_ see it; GradScaler coalesces fp16 ones too, and for the others
+    its NaN/Inf check of the stored values differs only where finite values sum to Inf), so numel counts those
+    stored values. A complex gradient: its real and imaginary parts (``torch.view_as_real``: the norm is exact,
+    numel counts both parts). Read-only: an uncoalesced gradient's values are a copy."""
+    if grad.layout == torch.sparse_coo:
+        grad = grad.coalesce()._values()
+    if grad.is_complex():
+        grad = torch.view_as_real(grad)
+    return grad
+
+
 def grads_of(entries: list[ParamEntry]) -> tuple[list[torch.Tensor], list[int]]:
-    """The dense gradients present, and for each, its index in ``entries`` (parameters without one skipped)."""
+    """The gradients present (sparse and complex ones as ``judged_values``), and for each, its index in
+    ``entries`` (parameters without one skipped). Other layouts (sparse CSR etc.) are an error naming the
+    parameter, never silently left out."""
     grads, rows = [], []
     for i, e in enumerate(entries):
         g = e.param.grad
-        if g is not None and g.layout == torch.strided:
-            grads.append(g)
-            rows.append(i)
+        if g is None:
+            continue
+        if g.layout not in (torch.strided, torch.sparse_coo):
+            raise TypeError(
+                f"amp_inspect: parameter {e.name!r} has a gradient of layout {g.layout}; only dense and sparse COO "
+                "gradients can be inspected"
+            )
+        grads.append(judged_values(g))
+        rows.append(i)
     return grads, rows
+
+
+def sparse_gradient_modules(model: nn.Module) -> list[str]:
+    """Names of the modules that produce sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True)."""
+    return [
+        name or ROOT_NAME
+        for module, name in _clean_names(model)
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse
+    ]

@@ -172,6 +172,8 @@ class RunSeries:
     hardware: dict[str, np.ndarray]  # key -> float64 [R], NaN where missing; only keys present somewhere
     hardware_notes: list[str] = field(default_factory=list)  # distinct notes, in order of first appearance
     times: np.ndarray | None = None  # float64 [R] wall-clock seconds, when the records have them
+    # bool [R]: NaN/Inf applied by the optimizer (no enabled GradScaler to skip the step); see history.py
+    poisoned: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @classmethod
     def from_records(cls, records: Sequence[Mapping[str, Any]]) -> RunSeries:
@@ -211,10 +213,19 @@ class RunSeries:
             if r.get("hardware_note"):
                 notes.setdefault(str(r["hardware_note"]))
         times = np.array([_float(r.get("time")) for r in records])
+        # Logs from before "poisoned" existed called a no-scaler NaN/Inf step "skipped" (as history.py reads them).
+        poisoned = np.array(
+            [
+                bool(r["poisoned"]) if "poisoned" in r else bool(r.get("skipped")) and r.get("scale") is None
+                for r in records
+            ],
+            dtype=bool,
+        )
+        skipped = np.array([bool(r.get("skipped", False)) for r in records], dtype=bool) & ~poisoned
         return cls(
             steps=np.array([int(r.get("step", j)) for j, r in enumerate(records)], dtype=np.int64),
             scale=np.array([_float(r.get("scale")) for r in records]),
-            skipped=np.array([bool(r.get("skipped", False)) for r in records], dtype=bool),
+            skipped=skipped,
             total_norm=np.array([_float(r.get("total_norm")) for r in records]),
             offenders=[[str(m) for m in r.get("offenders") or []] for r in records],
             first_nonfinite=[None if r.get("first_nonfinite") is None else str(r["first_nonfinite"]) for r in records],
@@ -225,6 +236,7 @@ class RunSeries:
             hardware=hardware,
             hardware_notes=list(notes),
             times=times if np.isfinite(times).any() else None,
+            poisoned=poisoned,
         )
 
     def __len__(self) -> int:
@@ -406,7 +418,7 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
     s = series_of(records)
     if not len(s):
         return _message_figure("Loss scale", "The log has no records.")
-    if not s.has_scale and not s.skipped.any():
+    if not s.has_scale and not s.skipped.any() and not s.poisoned.any():
         return _message_figure(
             "Loss scale",
             f"No loss scale in this log (a run without GradScaler) and no skipped step in {len(s)} records.",
@@ -431,6 +443,10 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
     skipped = np.flatnonzero(s.skipped)
     if skipped.size:
         ax.plot(s.steps[skipped], y[skipped], "v", color=SKIP_COLOR, ms=8, label=f"skipped step ({skipped.size})")
+    poisoned = np.flatnonzero(s.poisoned)
+    if poisoned.size:
+        label = f"poisoned step ({poisoned.size}): NaN/Inf applied, no GradScaler skipped it"
+        ax.plot(s.steps[poisoned], y[poisoned], "X", color="#5a0000", ms=8, label=label)
     notes = []
     for number, j in enumerate(chosen, start=1):
         ax.annotate(
@@ -458,6 +474,8 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
         ax.set_xlabel("step")
     rate = skipped.size / len(s)
     title += f": {skipped.size} of {len(s)} inspected steps skipped ({rate:.1%})"
+    if poisoned.size:
+        title += f", {poisoned.size} poisoned"
     ax.set_title(title, loc="left", fontsize=12)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

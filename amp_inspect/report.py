@@ -7,6 +7,12 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
   Before ``scaler.unscale_`` the stored gradients are that picture; after it they are multiplied back by the
   current scale first. Without a scaler, the gradients as stored.
 - **found_inf**: some gradient holds NaN or Inf, the condition under which GradScaler skips the step.
+- **skipped** / **poisoned**: a found_inf step with an enabled GradScaler is skipped (the optimizer does not
+  step); without one (no scaler, a disabled one: bf16 runs usually have none) nothing skips it, and the
+  optimizer applies the non-finite gradients: the step is **poisoned**.
+- **sparse gradients** (``nn.Embedding(sparse=True)``): the stored values of the coalesced gradient are judged
+  (a repeated index is one row, as the optimizer sees it), so numel counts those stored values, not the
+  parameter's elements; ``sparse_modules`` names them.
 - **offenders**: modules with any NaN/Inf gradient, most non-finite values first.
 - **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.
   total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_.
@@ -155,6 +161,9 @@ class StepReport:
         stats: TensorStats,
         module_of_row: Sequence[str],
         scale: torch.Tensor | None,
+        *,
+        skips: bool | None = None,
+        sparse_modules: Sequence[str] = (),
     ) -> None:
         if len(module_of_row) != len(stats):
             raise ValueError(f"{len(module_of_row)} module names for {len(stats)} statistics rows")
@@ -163,6 +172,10 @@ class StepReport:
         self.formats = stats.formats
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
+        # Whether an enabled GradScaler skips this step on NaN/Inf (default: a loss scale is there). Without one
+        # the optimizer applies them: ``poisoned``, not ``skipped``.
+        self.skips = scale is not None if skips is None else bool(skips)
+        self.sparse_modules = list(dict.fromkeys(sparse_modules))  # rows judged on stored values (numel too)
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
@@ -308,6 +321,28 @@ class StepReport:
         return self._get()["found_inf"]
 
     @property
+    def skipped(self) -> bool:
+        """NaN/Inf found and an enabled GradScaler skips the optimizer step."""
+        return self.skips and self.found_inf
+
+    @property
+    def poisoned(self) -> bool:
+        """NaN/Inf found and no enabled GradScaler to skip the step: the optimizer applies them."""
+        return not self.skips and self.found_inf
+
+    @property
+    def scale_problem(self) -> str | None:
+        """What is wrong with the loss scale when it is not a finite positive number (None when it is fine)."""
+        scale = self.scale
+        if scale is None or (math.isfinite(scale) and scale > 0):
+            return None
+        return (
+            f"the loss scale is {scale:g}, not a finite positive number: the scaler's state is broken (a bad "
+            "state_dict or update(new_scale)?); every step's gradients are non-finite or wrongly unscaled, so reset "
+            "it (e.g. a new GradScaler)"
+        )
+
+    @property
     def offenders(self) -> list[str]:
         return self._get()["offenders"]
 
@@ -352,7 +387,7 @@ class StepReport:
     def recommended_scale(self) -> float | None:
         """The power of two that gives overflow and underflow equal margins (None without data)."""
         room = self.headroom
-        if room.up is None or room.down is None:
+        if room.up is None or room.down is None or self.scale_problem is not None:
             return None
         current = self.scale or 1.0
         # Share the margins equally, but never at a scale where the largest gradient overflows: when the
@@ -372,7 +407,8 @@ class StepReport:
         record: dict[str, Any] = {
             "step": self.step,
             "scale": self.scale,
-            "skipped": self.found_inf,
+            "skipped": self.skipped,
+            "poisoned": self.poisoned,
             "total_norm": self.total_norm,
             "offenders": self.offenders,
             "headroom": {"up": room.up, "down": room.down},
@@ -382,6 +418,10 @@ class StepReport:
         }
         if self.first_nonfinite is not None:
             record["first_nonfinite"] = self.first_nonfinite
+        if self.sparse_modules:
+            record["sparse_modules"] = self.sparse_modules
+        if self.scale_problem is not None:
+            record["scale_problem"] = self.scale_problem
         origin = self.inf_by_rank
         if origin is not None:
             record["inf_by_rank"] = {str(rank): modules for rank, modules in origin.items()}
@@ -395,8 +435,19 @@ class StepReport:
     def __str__(self) -> str:
         fmt = self.formats[0]
         scale = "none" if self.scale is None else f"{self.scale:g}"
-        status = "NaN/Inf found: GradScaler skips this step" if self.found_inf else "finite"
+        if not self.found_inf:
+            status = "finite"
+        elif self.skips:
+            status = "NaN/Inf found: GradScaler skips this step"
+        else:
+            status = "NaN/Inf found and no enabled GradScaler: nothing skips this step, the optimizer applies them"
+            status += " (step poisoned)"
         lines = [f"step {self.step}: loss scale {scale}, gradients {status}, total norm {self.total_norm:.4g}"]
+        if self.scale_problem is not None:
+            lines.append(f"WARNING: {self.scale_problem}")
+        if self.sparse_modules:
+            shown_sparse = ", ".join(self.sparse_modules[:MAX_TABLE_ROWS])
+            lines.append(f"sparse gradients (numel counts their stored values): {shown_sparse}")
         rec = self.recommended_scale
         advice = "" if rec is None else f"; recommended scale 2^{round(math.log2(rec))}"
         lines.append(f"headroom ({fmt}): {self.headroom}{advice}")

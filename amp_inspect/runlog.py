@@ -4,13 +4,17 @@ Record schema, as the Inspector writes it (one line per inspected step)::
 
     {"schema": 1, "time": float, "step": int,
      "scale": float | null,            # GradScaler scale, null without a scaler
-     "skipped": bool,                  # the optimizer step was skipped (non-finite gradients)
+     "skipped": bool,                  # an enabled GradScaler skipped the step (non-finite gradients)
+     "poisoned": bool,                 # non-finite gradients and no enabled GradScaler: the optimizer applied them
+                                       # (absent in older logs, whose "skipped" with a null scale means this)
      "total_norm": float,              # gradient norm over all inspected modules
      "offenders": [module names],      # modules with NaN/Inf gradients, most first
      "headroom": {"up": int, "down": int},
      "modules": {name: {"numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow",
                         "amax", "grad_norm"}},
      "first_nonfinite": str,           # optional: the first module whose activations went non-finite
+     "sparse_modules": [module names], # optional: modules with sparse gradients (numel counts stored values)
+     "scale_problem": str,             # optional: the loss scale is not a finite positive number
      "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf per rank and module
      "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``

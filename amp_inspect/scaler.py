@@ -5,7 +5,10 @@ amp_inspect's fused ``unscale_stats_``: one pass that checks for NaN/Inf, gather
 scaled gradients (as fp16 saw them) and writes the unscaled gradients. Skip decisions, scale updates and
 state_dict are GradScaler's own, unchanged. It also unscales bf16 gradients on CUDA, which torch's
 unscale kernel rejects. With fused optimizers (``fused=True``), which unscale inside their own step, it
-inspects without writing. ``last_report`` is the StepReport of the last step (no host sync to make it).
+inspects without writing. Sparse COO gradients (``nn.Embedding(sparse=True)``) go through the same pass: their
+stored values, coalesced first for fp16, exactly as GradScaler unscales them; the report judges the coalesced
+values (numel counts those).
+``last_report`` is the StepReport of the last step (no host sync to make it).
 
     scaler = amp_inspect.InspectingGradScaler("cuda")
     insp = amp_inspect.attach(model, scaler)   # optional: module names, history, log, activation hooks
@@ -58,16 +61,23 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._checked_this_step = False  # an attached Inspector's check() already inspected this step
         # This step's unscale passes: (statistics outputs, module names, per-rank NaN/Inf counts or None).
         self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], GlobalStats | None]] = []
+        self._step_sparse: list[str] = []  # this step's modules with sparse gradients
         self._combiners = Combiners()  # FSDP2: gradients combined across ranks
 
     @property
     def formats(self) -> tuple[str, ...]:
         return self._inspector.formats if self._inspector is not None else DEFAULT_FORMATS
 
-    def _dense_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool) -> tuple[list, list, list]:
-        """(dense grads, their module names, sparse grads) in the optimizer's parameter order; DTensor
-        gradients (FSDP2) as they are: ``_local`` takes their shards."""
-        dense, names, sparse = [], [], []
+    def _dense_grads(
+        self, optimizer: torch.optim.Optimizer, allow_fp16: bool
+    ) -> tuple[list, list, list, dict[int, torch.Tensor]]:
+        """(grads, their module names, the names of the sparse ones, summed) in the optimizer's parameter order;
+        DTensor gradients (FSDP2) as they are (``_local`` takes their shards); a sparse COO gradient as its stored
+        values (a view: unscaling it unscales the gradient, exactly as GradScaler does), an fp16 one coalesced
+        first, as GradScaler does. ``summed``: for an uncoalesced sparse gradient, its row -> the values of its
+        coalesced copy, whose statistics the report takes (a repeated index is one gradient row, as the
+        optimizer and torch's clip_grad_norm_ see it)."""
+        dense, names, sparse, summed = [], [], [], {}
         module_of = self._inspector._module_of_param if self._inspector is not None else {}
         for g_index, group in enumerate(optimizer.param_groups):
             for p_index, param in enumerate(group["params"]):
@@ -76,12 +86,33 @@ class InspectingGradScaler(torch.amp.GradScaler):
                     continue
                 if not allow_fp16 and grad.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
-                if grad.is_sparse:
-                    sparse.append(param)
-                    continue
+                name = module_of.get(id(param), f"param_groups[{g_index}].params[{p_index}]")
+                if grad.is_complex() or grad.layout not in (torch.strided, torch.sparse_coo):
+                    what = grad.dtype if grad.is_complex() else grad.layout
+                    raise TypeError(
+                        f"InspectingGradScaler: the gradient of {name} is {what}, which GradScaler cannot unscale "
+                        "either (its unscale takes real dense or sparse COO gradients)"
+                    )
+                if grad.layout == torch.sparse_coo:
+                    if grad.dtype is torch.float16:
+                        param.grad = grad = grad.coalesce()
+                    if not grad.is_coalesced():
+                        summed[len(dense)] = grad.coalesce()._values()  # a copy: unscaling leaves it as it is
+                    grad = grad._values()
+                    sparse.append(name)
                 dense.append(grad)
-                names.append(module_of.get(id(param), f"param_groups[{g_index}].params[{p_index}]"))
-        return dense, names, sparse
+                names.append(name)
+        return dense, names, sparse, summed
+
+    def _summed_rows(self, outputs: tuple[torch.Tensor, ...], summed: dict[int, torch.Tensor]) -> None:
+        """Replaces the rows of uncoalesced sparse gradients by the statistics of their coalesced values."""
+        if not summed:
+            return
+        rows = list(summed)
+        fixed = stats_outputs(tensor_stats([summed[r] for r in rows], formats=self.formats))
+        index = torch.tensor(rows, dtype=torch.int64, device=outputs[0].device)
+        for out, new in zip(outputs, fixed, strict=True):
+            out.index_copy_(0, index, new.to(out.device))
 
     def _local(self, dense: list[torch.Tensor]) -> tuple[list[torch.Tensor], Combiner | None]:
         """FSDP2 / DTensor gradients: this rank's shards (views: unscaling them unscales the DTensors), and
@@ -115,7 +146,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             )
         all_names = [n for _, part_names, _ in self._step_parts for n in part_names]
         stats = TensorStats.from_op_outputs(merged, self.formats)
-        self.last_report = StepReport(self._steps, stats, all_names, self._scale)
+        self.last_report = StepReport(self._steps, stats, all_names, self._scale, sparse_modules=self._step_sparse)
         origins = [part_origin for _, _, part_origin in self._step_parts]
         if all(o is not None and o.ranks == origins[0].ranks for o in origins):
             counts = torch.cat([o.nonfinite_by_rank.to(home) for o in origins], dim=1)
@@ -129,7 +160,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
-        dense, names, sparse = self._dense_grads(optimizer, allow_fp16)
+        dense, names, sparse, summed = self._dense_grads(optimizer, allow_fp16)
         whole = dense  # DTensors keep the whole parameters' shapes for the layout check
         dense, combiner = self._local(dense)
         per_device_found: dict[torch.device, torch.Tensor] = {}
@@ -143,14 +174,13 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 inv = inv_scale.to(device)
                 outputs = unscale_stats_op([dense[i] for i in rows], inv, found, list(self.formats))
                 parts.append((rows, outputs))
-            for param in sparse:  # not inspected: sparse gradients go through torch's own unscale
-                if param.grad.dtype is torch.float16:
-                    param.grad = param.grad.coalesce()
-                values = param.grad._values()
-                found = per_device_found.setdefault(values.device, found_inf.to(values.device, copy=True))
-                torch._amp_foreach_non_finite_check_and_unscale_([values], found, inv_scale.to(values.device))
+        self._step_sparse += sparse
         if parts:
-            outputs, origin = self._combine(combiner, merge_rows(parts, len(dense), parts[0][1][0].device), whole)
+            merged = merge_rows(parts, len(dense), parts[0][1][0].device)
+            if summed:
+                merged = tuple(t.clone() for t in merged)  # not the op's own outputs: written below
+                self._summed_rows(merged, summed)
+            outputs, origin = self._combine(combiner, merged, whole)
             if origin is not None:  # any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale
                 anywhere = (origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():
@@ -163,21 +193,19 @@ class InspectingGradScaler(torch.amp.GradScaler):
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # Fused optimizers unscale inside their own step: inspect and flag, write nothing.
         self._check_scale_growth_tracker("_check_inf_per_device")
-        dense, names, sparse = self._dense_grads(optimizer, allow_fp16=True)
+        dense, names, sparse, summed = self._dense_grads(optimizer, allow_fp16=True)
         found: dict[torch.device, torch.Tensor] = {}
         if dense:
             local, combiner = self._local(dense)
+            local = [summed.get(i, g) for i, g in enumerate(local)]  # nothing is written here: judge the sums
             outputs, origin = self._combine(combiner, stats_outputs(tensor_stats(local, formats=self.formats)), dense)
             any_bad = (TensorStats.from_op_outputs(outputs, self.formats).nonfinite.sum() > 0).float()
             for device in {g.device for g in local}:
                 found[device] = any_bad.to(device, non_blocking=True)
             if origin is None:
                 agree_on_found_inf(found.values(), dense)
+            self._step_sparse += sparse
             self._publish(outputs, names, origin)
-        for param in sparse:
-            values = param.grad._values()
-            flag = found.setdefault(values.device, torch.zeros((), device=values.device))
-            torch._amp_foreach_non_finite_check_and_unscale_([values], flag, torch.ones((), device=values.device))
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
         return found
 
@@ -185,13 +213,14 @@ class InspectingGradScaler(torch.amp.GradScaler):
         # Pickle what GradScaler pickles; the inspection state (reports with device tensors and CUDA events,
         # the link to an Inspector) belongs to the running process.
         state = super().__getstate__()
-        for key in ("last_report", "_inspector", "_step_parts", "_combiners"):
+        for key in ("last_report", "_inspector", "_step_parts", "_step_sparse", "_combiners"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.last_report, self._inspector, self._step_parts, self._combiners = None, None, [], Combiners()
+        self._step_sparse = []
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:
@@ -201,5 +230,6 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._unscaled_this_step = False
         self._checked_this_step = False
         self._step_parts = []
+        self._step_sparse = []
         if self._inspector is not None:
             self._inspector._after_step()

@@ -116,6 +116,8 @@ def _check_scale(scale: object) -> tuple[torch.Tensor | None, float | None]:
     if scale is None:
         return None, None
     if isinstance(scale, torch.Tensor):
+        if scale.device.type == "meta" and not torch.compiler.is_compiling():
+            raise ValueError("the scale tensor is on the meta device, which holds no value")
         if scale.dtype != torch.float32 or scale.numel() != 1:
             raise TypeError(
                 f"a scale tensor must be a float32 tensor of one element, got {scale.dtype} with "
@@ -154,6 +156,13 @@ def _check_tensors(tensors: object) -> list[torch.Tensor]:
             raise TypeError(f"tensor {i} has layout {t.layout}; only dense tensors are supported")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"tensor {i} has dtype {t.dtype}; expected float32, float16, bfloat16 or float64")
+    # Fake tensors under torch.compile report their real device; a real meta tensor holds no values.
+    meta = [str(i) for i, t in enumerate(items) if t.device.type == "meta"]
+    if meta and not torch.compiler.is_compiling():
+        raise ValueError(
+            f"tensor {', '.join(meta[:8])} {'is' if len(meta) == 1 else 'are'} on the meta device, which holds no "
+            "values to inspect (materialise it first, e.g. with to_empty() and an initialisation)"
+        )
     return items
 
 

@@ -481,8 +481,38 @@ def absent(world: int, out: Path) -> None:
     _fails_within(7.0)
 
 
+def ddp_sparse(world: int, out: Path) -> None:
+    """DDP with a sparse embedding (nn.Embedding(sparse=True)): attach with the comm hook is refused with a clear
+    error (the hook cannot count sparse buckets); with ddp_hook=False, a NaN made on rank 1 in the sparse gradient
+    reaches every rank's report through DDP's all-reduce, named, and GradScaler's skip agrees."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(16, 4, sparse=True), nn.Linear(4, 1))
+    model = nn.parallel.DistributedDataParallel(net)
+    try:
+        amp_inspect.attach(model)
+    except ValueError as error:
+        assert "attach with ddp_hook=False" in str(error), error
+    else:
+        raise AssertionError("attach(ddp_model) with a sparse embedding was not refused")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler, ddp_hook=False, activations="off")
+    if dist.get_rank() == 1:
+        net[0].weight.register_hook(lambda g: g.coalesce() * float("nan"))
+    tokens = torch.tensor([1, 2, 3]) + dist.get_rank()
+    scaler.scale(model(tokens).sum()).backward()
+    report = insp.check()
+    assert report.found_inf and report.offenders == ["0"], (report.found_inf, report.offenders)
+    assert report.sparse_modules == ["0"]
+    scaler.step(opt)
+    found = sum(v.item() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
+    assert found == 1
+    scaler.update()
+    insp.detach()
+
+
 ALL = (shards, ddp, ddp_views, ddp_more, ddp_teardown, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead)
-ALL += (absent,)
+ALL += (absent, ddp_sparse)
 SCENARIOS = {f.__name__: f for f in ALL}
 
 

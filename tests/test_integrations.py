@@ -296,13 +296,13 @@ def test_wandb_offline_keeps_nonfinite_counts(tmp_path) -> None:
     assert [step for _, step in logged] == [0, 1, 2]
     payload = logged[2][0]
     assert payload["amp_inspect/nonfinite"] == 4 and payload["amp_inspect/nonfinite/hidden"] == 4
-    assert payload["amp_inspect/skipped"] == 1.0
+    assert payload["amp_inspect/skipped"] == 0.0 and payload["amp_inspect/poisoned"] == 1.0  # no scaler: applied
     assert "amp_inspect/exponent/hidden" in payload and "amp_inspect/exponent/hidden" not in logged[1][0]
 
     rows = {row["_step"]: row for row in read_wandb_history(os.path.dirname(run.dir))}
     assert sorted(rows) == [0, 1, 2]
     row = rows[2]
-    assert row["amp_inspect/skipped"] == 1 and row["amp_inspect/nonfinite"] == 4
+    assert row["amp_inspect/poisoned"] == 1 and row["amp_inspect/nonfinite"] == 4
     assert row["amp_inspect/nonfinite/hidden"] == 4 and row["amp_inspect/nonfinite/(all)"] == 4
     hist = reports[2].module_hist("hidden")
     first, last = exponent_span(hist)
@@ -311,7 +311,7 @@ def test_wandb_offline_keeps_nonfinite_counts(tmp_path) -> None:
     assert row["amp_inspect/exponent/hidden/bins"] == exponent_edges(first, last).tolist()
     assert row["amp_inspect/exponent/hidden/values"][-1] == 4  # NaN/Inf: the last bin, [128, 129)
     assert row["amp_inspect/exponent/hidden/bins"][-2:] == [128, 129]
-    assert rows[1]["amp_inspect/skipped"] == 0 and "amp_inspect/exponent/hidden/values" not in rows[1]
+    assert rows[1]["amp_inspect/poisoned"] == 0 and "amp_inspect/exponent/hidden/values" not in rows[1]
 
 
 # ---- Lightning ----
@@ -385,11 +385,14 @@ def test_lightning_bf16_mixed_cpu(lightning, tmp_path) -> None:
     assert [r.step for r in history] == list(range(10)) == collect.steps
     assert cb.inspector.scaler is None  # bf16-mixed: no GradScaler
     assert set(cb.inspector.last_report.by_module) == {"net.embed", "net.hidden", "net.head"}
-    assert not any(r.skipped for r in history[:POISON_AT])
-    assert history[POISON_AT].skipped and history[POISON_AT].offenders == ["net.head"]
+    assert not any(r.poisoned or r.skipped for r in history[:POISON_AT])
+    # bf16 without a GradScaler: nothing skips the NaN step, the optimizer applies it (poisoned, not skipped)
+    assert history[POISON_AT].poisoned and history[POISON_AT].offenders == ["net.head"]
+    assert not any(r.skipped for r in history)
     assert history[POISON_AT].scale is None
-    skipped = logged_column(rows, "amp_inspect/skipped")  # one per step: the newest finalized report
-    assert len(skipped) == 10 and skipped[:POISON_AT] == [0.0] * POISON_AT and skipped[POISON_AT] == 1.0
+    poisoned = logged_column(rows, "amp_inspect/poisoned")  # one per step: the newest finalized report
+    assert len(poisoned) == 10 and poisoned[:POISON_AT] == [0.0] * POISON_AT and poisoned[POISON_AT] == 1.0
+    assert logged_column(rows, "amp_inspect/skipped") == [0.0] * 10
     assert "amp_inspect/loss_scale" not in rows[0]
     assert "_finalize" not in vars(cb.inspector)  # detached at fit end
 
@@ -490,13 +493,15 @@ def test_hf_trainer_callback_history_and_logs(hf, tmp_path) -> None:
     assert [e["step"] for e in entries] == [2, 4, 6, 8]
     for entry in entries:  # on CPU the newest finalized report is the current step's: global step k, report k - 1
         record = history[entry["step"] - 1]
-        assert entry["amp_inspect/skipped"] == float(record.skipped)
+        assert entry["amp_inspect/skipped"] == 0.0  # bf16, no GradScaler: nothing is skipped
+        assert entry["amp_inspect/poisoned"] == float(record.poisoned)
         assert entry["amp_inspect/total_norm"] == pytest.approx(record.total_norm, nan_ok=True)
-        assert "amp_inspect/headroom_up" in entry or record.skipped
+        assert "amp_inspect/headroom_up" in entry or record.poisoned
     # Trainer(callbacks=[cb]) checks in on_pre_optimizer_step: after the Trainer's clip_grad_norm_, which
     # multiplied every gradient by NaN: the NaN of one module shows up in all of them.
-    assert history[POISON_AT].skipped and set(history[POISON_AT].offenders) == MODULES
-    assert [e["amp_inspect/skipped_steps"] for e in entries] == [0, 0, 2, 2]  # NaN weights after the poisoned step
+    assert history[POISON_AT].poisoned and set(history[POISON_AT].offenders) == MODULES
+    assert [e["amp_inspect/skipped_steps"] for e in entries] == [0, 0, 0, 0]
+    assert [e["amp_inspect/poisoned_steps"] for e in entries] == [0, 0, 2, 2]  # NaN weights after the poisoned step
     assert entries[0]["grad_norm"] > 1.0 and entries[0]["amp_inspect/total_norm"] == pytest.approx(1.0)  # clipped
     assert "_finalize" not in vars(cb.inspector)  # detached at train end
 

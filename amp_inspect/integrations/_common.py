@@ -4,8 +4,9 @@ Inspector's finalized reports. Imports no optional package.
 Terms (report terms as in amp_inspect/report.py; "the first format" is the inspector's first format, fp16 by
 default):
 
-- **Step scalars**: ``loss_scale`` (only with a scaler), ``skipped`` (1.0 when a gradient holds NaN/Inf:
-  GradScaler skips such a step; without a scaler nothing is skipped, but the step is marked the same way),
+- **Step scalars**: ``loss_scale`` (only with a scaler), ``skipped`` (1.0 when a gradient holds NaN/Inf and an
+  enabled GradScaler skips the step), ``poisoned`` (only without an enabled scaler, e.g. bf16 runs: 1.0 when a
+  gradient holds NaN/Inf, which nothing skips: the optimizer applies them),
   ``total_norm`` (unscaled), ``headroom_up`` / ``headroom_down`` and ``recommended_scale_log2`` (when
   defined, i.e. some gradient is finite and nonzero).
 - **Module scalars**: ``overflow_frac`` / ``underflow_frac`` / ``subnormal_frac`` (counts of the first
@@ -76,7 +77,9 @@ def step_scalars(report: StepReport) -> dict[str, float]:
     out: dict[str, float] = {}
     if report.scale is not None:
         out["loss_scale"] = float(report.scale)
-    out["skipped"] = float(report.found_inf)
+    out["skipped"] = float(report.skipped)
+    if not report.skips:  # no enabled GradScaler: a NaN/Inf step is applied, not skipped
+        out["poisoned"] = float(report.poisoned)
     out["total_norm"] = float(report.total_norm)
     room = report.headroom
     if room.up is not None and room.down is not None:
@@ -166,7 +169,7 @@ def exponent_edges(first: int, last: int) -> np.ndarray:
 class ReportFollower:
     """Follows an Inspector's finalized reports without waiting on the device: ``take()`` gives the newest
     one not taken yet (None when there is none) and the number of skipped steps among the reports finalized
-    since the previous take.
+    since the previous take (``poisoned_taken``: the poisoned ones, see amp_inspect/report.py).
 
     Example::
 
@@ -179,16 +182,20 @@ class ReportFollower:
         self.latest: StepReport | None = None
         self._fresh = False
         self._skipped = 0
+        self._poisoned = 0
+        self.poisoned_taken = 0  # poisoned steps among the reports of the last take()
         on_finalized(inspector, self._receive)
 
     def _receive(self, report: StepReport) -> None:
         self.latest = report
         self._fresh = True
-        self._skipped += int(report.found_inf)
+        self._skipped += int(report.skipped)
+        self._poisoned += int(report.poisoned)
 
     def take(self) -> tuple[StepReport | None, int]:
         report = self.latest if self._fresh else None
         skipped, self._fresh, self._skipped = self._skipped, False, 0
+        self.poisoned_taken, self._poisoned = self._poisoned, 0
         return report, skipped
 
 

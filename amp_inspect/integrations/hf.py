@@ -32,7 +32,9 @@ multiplies the gradients by the clip coefficient), then ``on_pre_optimizer_step`
 Logs (``on_log``, one step behind): the keys ``amp_inspect/skipped``, ``loss_scale``, ``total_norm``,
 ``headroom_up``, ``headroom_down``, ``recommended_scale_log2`` of the newest report the Inspector has
 finalized (no host sync: on CUDA normally the previous optimizer step's, on CPU the current one) and
-``amp_inspect/skipped_steps``, the skipped steps among the reports finalized since the previous log. They are
+``amp_inspect/skipped_steps``, the skipped steps among the reports finalized since the previous log (without an
+enabled GradScaler, as in bf16 runs, nothing is skipped: ``amp_inspect/poisoned`` and ``poisoned_steps`` count
+the steps whose NaN/Inf the optimizer applied). They are
 added to the ``logs`` dict (seen by the callbacks after this one) and to the entry the Trainer just appended
 to ``state.log_history`` (it appends a copy of the logs before calling ``on_log``).
 
@@ -166,6 +168,8 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
             return
         added = {PREFIX + k: v for k, v in step_scalars(report).items()}
         added[PREFIX + "skipped_steps"] = skipped_steps
+        if not report.skips:
+            added[PREFIX + "poisoned_steps"] = self._follower.poisoned_taken
         history = state.log_history
         # The Trainer appended {**logs, "step": global_step} just before calling on_log: that entry is this log.
         if history and history[-1].get("step") == state.global_step and all(k in history[-1] for k in logs):

@@ -22,7 +22,8 @@ step, are judged scaled (the check comes before their step). One check per ``on_
 with several optimizers (manual optimization) each of their steps counts as an inspected step.
 
 Logged with ``pl_module.log`` (on_step only, so the Trainer's loggers get them at ``log_every_n_steps``):
-``amp_inspect/skipped``, ``amp_inspect/total_norm``, ``amp_inspect/loss_scale`` (with a scaler),
+``amp_inspect/skipped``, ``amp_inspect/poisoned`` (without a scaler, e.g. bf16: NaN/Inf applied),
+``amp_inspect/total_norm``, ``amp_inspect/loss_scale`` (with a scaler),
 ``amp_inspect/headroom_up`` / ``headroom_down`` (when defined), from the newest report the Inspector has
 finalized: no host sync, so on CUDA normally the previous step's report, on CPU the current one.
 
@@ -53,7 +54,7 @@ def _import_lightning() -> Any:
 
 pl = _import_lightning()
 
-LOGGED_KEYS = ("skipped", "total_norm", "loss_scale", "headroom_up", "headroom_down")
+LOGGED_KEYS = ("skipped", "poisoned", "total_norm", "loss_scale", "headroom_up", "headroom_down")
 
 
 def precision_scaler(trainer: Any) -> torch.amp.GradScaler | None:
