@@ -72,7 +72,7 @@ def test_unaligned_starts_and_ends(dtype, rng):
     check(tensors, 3.0, blocks=2)
 
 
-@pytest.mark.parametrize("blocks", [1, 2, 5, 1000])
+@pytest.mark.parametrize("blocks", [1, 2, 5, 40])
 def test_grid_smaller_and_larger_than_chunk_count(blocks, rng):
     tensors = [random_tensor(rng, n, DTYPES[i % 4]) for i, n in enumerate((700, 64, 1, 129))]
     check(tensors, None, blocks=blocks)
