@@ -115,11 +115,16 @@ struct Tally {
   }
 };
 
+// The block's exponent histograms, one per warp so that same-bin atomics contend only within a warp. At file
+// scope, so every function addresses shared memory directly and its atomics are shared-memory atomics (a
+// pointer passed to a function would be generic: slower global-scope atomics).
+__shared__ uint32_t warp_histograms[kWarps][kHistBins];
+
 // What the counting functions need besides the tally, fixed for a launch.
 template <int kFormats>
 struct Judge {
   const FormatBounds* bounds;
-  uint32_t* warp_hist;  // this warp's 256 bins in shared memory
+  int warp;  // this thread's warp: its row of warp_histograms
   float scale;
   float inv_scale;
 };
@@ -137,7 +142,7 @@ __device__ __forceinline__ uint32_t count_common32(Tally<kFormats>& t, uint32_t 
     t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto;
   }
   t.min_abs_minus_one = min(t.min_abs_minus_one, a - 1u);
-  atomicAdd(&j.warp_hist[hist_bin(bits)], 1u);
+  atomicAdd(&warp_histograms[j.warp][hist_bin(bits)], 1u);
   return a;
 }
 
@@ -239,7 +244,7 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       const double x = __longlong_as_double(static_cast<long long>(raw.get(k)));
       const uint32_t bits32 = __float_as_uint(__double2float_rn(x));
       const uint32_t a32 = bits32 & kAbsMask32;
-      atomicAdd(&j.warp_hist[hist_bin(bits32)], 1u);
+      atomicAdd(&warp_histograms[j.warp][hist_bin(bits32)], 1u);
       if (finite) {
         t.max_abs = max(t.max_abs, a32);
         if (a != 0) {
@@ -458,8 +463,8 @@ struct MergeScratch {
 // shuffles, one shared exchange, then one thread per counter does the global atomic); clears the histograms.
 // Every thread of the block must call it.
 template <int kFormats>
-__device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted, int64_t* row, uint32_t (*hist)[kHistBins],
-                      MergeScratch<kFormats>& scratch, int num_formats) {
+__device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted, int64_t* row,
+                                      MergeScratch<kFormats>& scratch, int num_formats) {
   constexpr int kWords = Tally<kFormats>::kWords;
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -498,8 +503,8 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
     uint64_t total = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      total += hist[w][b];
-      hist[w][b] = 0;
+      total += warp_histograms[w][b];
+      warp_histograms[w][b] = 0;
     }
     add_count(hist_row + b, total);
   }
@@ -511,8 +516,7 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
 // views, float64) cannot push the common one into spilling. Every thread of the block must call it.
 template <int kDtype, bool kDense, int kMode, int kFormats>
 __device__ __noinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                         uint32_t (*hist)[kHistBins], MergeScratch<kFormats>& scratch,
-                                         const Judge<kFormats>& j, int num_formats) {
+                                         MergeScratch<kFormats>& scratch, const Judge<kFormats>& j, int num_formats) {
   Tally<kFormats> tally;
   tally.clear();
   if constexpr (kDense) {
@@ -520,27 +524,27 @@ __device__ __noinline__ void count_piece(const TensorView& view, int64_t start, 
   } else {
     count_strided<kDtype, kMode>(tally, view, start, count, j);
   }
-  flush(tally, count, row, hist, scratch, num_formats);
+  flush(tally, count, row, scratch, num_formats);
 }
 
 template <int kMode, int kFormats>
 __device__ __forceinline__ void count_piece_of(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                               uint32_t (*hist)[kHistBins], MergeScratch<kFormats>& scratch,
-                                               const Judge<kFormats>& j, int num_formats) {
+                                               MergeScratch<kFormats>& scratch, const Judge<kFormats>& j,
+                                               int num_formats) {
   const bool dense = is_contiguous_view(view);
   switch (view.dtype) {
     case kFloat32:
-      return dense ? count_piece<kFloat32, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
-                   : count_piece<kFloat32, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+      return dense ? count_piece<kFloat32, true, kMode>(view, start, count, row, scratch, j, num_formats)
+                   : count_piece<kFloat32, false, kMode>(view, start, count, row, scratch, j, num_formats);
     case kFloat16:
-      return dense ? count_piece<kFloat16, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
-                   : count_piece<kFloat16, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+      return dense ? count_piece<kFloat16, true, kMode>(view, start, count, row, scratch, j, num_formats)
+                   : count_piece<kFloat16, false, kMode>(view, start, count, row, scratch, j, num_formats);
     case kBFloat16:
-      return dense ? count_piece<kBFloat16, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
-                   : count_piece<kBFloat16, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+      return dense ? count_piece<kBFloat16, true, kMode>(view, start, count, row, scratch, j, num_formats)
+                   : count_piece<kBFloat16, false, kMode>(view, start, count, row, scratch, j, num_formats);
     default:
-      return dense ? count_piece<kFloat64, true, kMode>(view, start, count, row, hist, scratch, j, num_formats)
-                   : count_piece<kFloat64, false, kMode>(view, start, count, row, hist, scratch, j, num_formats);
+      return dense ? count_piece<kFloat64, true, kMode>(view, start, count, row, scratch, j, num_formats)
+                   : count_piece<kFloat64, false, kMode>(view, start, count, row, scratch, j, num_formats);
   }
 }
 
@@ -549,18 +553,17 @@ template <int kMode, int kFormats>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const __grid_constant__ StatsParams p) {
   static_assert(kThreads <= kHistBins, "each thread clears at most one bin per warp below");
   static_assert(Tally<kFormats>::kWords + 4 <= kThreads, "one thread per merged counter");
-  __shared__ uint32_t hist[kWarps][kHistBins];
   __shared__ MergeScratch<kFormats> scratch;
   const int warp = threadIdx.x / kWarpSize;
   for (int b = threadIdx.x; b < kHistBins; b += kThreads) {
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) hist[w][b] = 0;
+    for (int w = 0; w < kWarps; ++w) warp_histograms[w][b] = 0;
   }
   __syncthreads();
 
   Judge<kFormats> judge;
   judge.bounds = p.bounds;
-  judge.warp_hist = hist[warp];
+  judge.warp = warp;
   judge.scale = 1.0f;
   if constexpr (kMode == kScaled) judge.scale = p.scale_ptr != nullptr ? *p.scale_ptr : p.scale_value;
   judge.inv_scale = 1.0f;
@@ -588,7 +591,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
     int64_t* row = p.workspace + view.out_row * columns;
     for (int64_t piece = begin; piece < end; piece += kMaxFlushElems) {
       const int64_t n = end - piece < kMaxFlushElems ? end - piece : kMaxFlushElems;
-      count_piece_of<kMode>(view, piece, n, row, hist, scratch, judge, p.num_formats);
+      count_piece_of<kMode>(view, piece, n, row, scratch, judge, p.num_formats);
     }
     chunk = last;
     ++v;
