@@ -42,6 +42,7 @@ from torch import nn
 from torch.amp.grad_scaler import OptState
 
 from . import _ops, hardware
+from .argtypes import count as count_arg
 from .history import StepRecord, collapse_warning, longest_skip_run, summarize
 from .runlog import read_log
 
@@ -927,7 +928,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--log", metavar="RUN.jsonl", help="a run log written by attach(..., log=...)")
     parser.add_argument(
         "--collapse-skips",
-        type=int,
+        type=count_arg(1),
         default=DEFAULT_COLLAPSE_SKIPS,
         metavar="N",
         help=f"skipped steps in a row that count as a loss-scale collapse (default {DEFAULT_COLLAPSE_SKIPS})",
