@@ -469,7 +469,7 @@ class Inspector:
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
         if self._watcher is not None:
-            self._watcher.disarm()
+            self._watcher.close()  # for good: a later check() does not re-arm, hooks on model copies go quiet
         for obj, attr in self._patched:
             if attr in vars(obj):
                 delattr(obj, attr)
