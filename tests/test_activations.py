@@ -515,10 +515,7 @@ def test_a_copy_of_an_armed_model_feeds_no_inspector(how: str) -> None:
     model = Spiky()
     insp = amp_inspect.attach(model, activations="always")
     watcher = insp._watcher
-    if how == "deepcopy":
-        ema = copy.deepcopy(model)
-    else:
-        ema = torch.optim.swa_utils.AveragedModel(model)
+    ema = copy.deepcopy(model) if how == "deepcopy" else torch.optim.swa_utils.AveragedModel(model)
     x = torch.randn(2, 4)
     watcher.new_step(0)
     for _ in range(20):
