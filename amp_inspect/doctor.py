@@ -44,6 +44,7 @@ from torch.amp.grad_scaler import OptState
 from . import _ops, hardware
 from .argtypes import count as count_arg
 from .history import StepRecord, collapse_warning, longest_skip_run, summarize
+from .naming import clean_module_names, param_entries
 from .runlog import read_log
 
 SEVERITIES = ("error", "warning", "info")
@@ -145,7 +146,7 @@ class Setup:
     def _param_names(self) -> dict[int, str]:
         if self.model is None:
             return {}
-        return {id(p): name for name, p in self.model.named_parameters()}
+        return {id(e.param): e.name for e in param_entries(self.model)}  # wrappers (DDP, peft) looked through
 
     def param_name(self, param: torch.Tensor, fallback: str) -> str:
         return self._param_names.get(id(param), fallback)
@@ -161,7 +162,7 @@ class Setup:
             ]
         if self.model is None:
             return []
-        return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        return [(e.name, e.param) for e in param_entries(self.model) if e.param.requires_grad]
 
     @property
     def scaler_enabled(self) -> bool:
@@ -277,8 +278,19 @@ def clipping_scaled_gradients(setup: Setup) -> Iterator[Finding]:
         yield from setup.clip_watch.findings
 
 
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (checked without importing transformers: a model holding one imported it)."""
+    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
+    conv1d = getattr(pytorch_utils, "Conv1D", None)
+    if conv1d is not None and isinstance(module, conv1d):
+        return True
+    # The same layer copied elsewhere (older transformers, nanoGPT ports): named Conv1D with int nx / nf.
+    return type(module).__name__ == "Conv1D" and all(isinstance(getattr(module, a, None), int) for a in ("nx", "nf"))
+
+
 def _odd_dims(module: nn.Module) -> list[tuple[str, int]]:
-    """The GEMM dimensions of a Linear, Conv or Embedding that are not multiples of TENSOR_CORE_MULTIPLE.
+    """The GEMM dimensions of a Linear (transformers' Conv1D too), Conv or Embedding that are not multiples of
+    TENSOR_CORE_MULTIPLE.
 
     Grouped convolutions (groups > 1) are not plain GEMMs and are left out; so are a Conv's image-input channels
     (in_channels <= IMAGE_CHANNELS_MAX, which cuDNN pads) and sizes of 0 (lazy modules not yet initialised)."""
@@ -292,6 +304,8 @@ def _odd_dims(module: nn.Module) -> list[tuple[str, int]]:
             dims.insert(0, ("in_channels", module.in_channels))
     elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
         dims = [("num_embeddings", module.num_embeddings), ("embedding_dim", module.embedding_dim)]
+    elif _is_hf_conv1d(module):  # transformers' Conv1D: GPT-2's c_attn / c_proj / c_fc, a Linear with weight [nx, nf]
+        dims = [("nx", module.nx), ("nf", module.nf)]
     else:
         return []
     return [(name, size) for name, size in dims if size > 0 and size % TENSOR_CORE_MULTIPLE]
@@ -303,7 +317,7 @@ def tensor_core_sizes(setup: Setup) -> Iterator[Finding]:
     if setup.model is None or setup.autocast_dtype == torch.float32:
         return
     entries, example = [], None
-    for name, module in setup.model.named_modules():
+    for module, name in clean_module_names(setup.model):  # as the user wrote them: wrappers looked through
         dims = _odd_dims(module)
         if dims:
             sizes = ", ".join(f"{k}={v}" for k, v in dims)
