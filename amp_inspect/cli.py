@@ -30,7 +30,9 @@ def _error_text(error: BaseException, path: Path | None) -> str:
     if isinstance(error, OSError) and error.strerror:
         return f"{error.filename or path}: {error.strerror}"
     text = " ".join(str(error).split()) or type(error).__name__  # one line, whatever the message held
-    return text if path is None or str(path) in text else f"{path}: {text}"
+    if path is None or str(path) in text or isinstance(error, FileExistsError):  # the latter names its outputs
+        return text
+    return f"{path}: {text}"
 
 
 @contextlib.contextmanager

@@ -50,6 +50,7 @@ from .runlog import read_log
 SEVERITIES = ("error", "warning", "info")
 TENSOR_CORE_MULTIPLE = 8  # fp16/bf16 GEMMs use tensor cores fully when every dimension is a multiple of this
 IMAGE_CHANNELS_MAX = 4  # a Conv's in_channels up to this are image inputs (RGB, RGBA); cuDNN pads them itself
+MAX_HEADROOM = 1024  # doublings: float64's exponent range; a larger headroom in a log is not one
 MAX_LISTED = 10  # modules or parameters named in one finding before "and N more"
 DEFAULT_COLLAPSE_SKIPS = 5
 _WRAP_WIDTH = 110
@@ -396,6 +397,11 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
         yield Finding("scaler-advice", "info", seen or action, action if seen else "")
 
 
+def _usable_scale(scale: Any) -> bool:
+    """A loss scale worth computing with: positive and finite (a log from elsewhere may hold anything)."""
+    return isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0
+
+
 @check
 def init_scale_too_high(setup: Setup) -> Iterator[Finding]:
     """init_scale above the largest scale at which the recent gradients still fit the format (the first steps
@@ -404,11 +410,15 @@ def init_scale_too_high(setup: Setup) -> Iterator[Finding]:
     if not history:
         return
     init = getattr(setup.scaler, "_init_scale", None) if setup.scaler_enabled else history[0].scale
-    if not init:
+    if not _usable_scale(init):
         return
     recent = history[-10:]
-    ceilings = [r.scale * 2.0**r.headroom.up for r in recent if r.scale and r.headroom.up is not None]
-    recommended = sorted(r.recommended_scale for r in recent if r.recommended_scale)
+    ceilings = [
+        r.scale * 2.0**r.headroom.up
+        for r in recent
+        if _usable_scale(r.scale) and r.headroom.up is not None and abs(r.headroom.up) < MAX_HEADROOM
+    ]
+    recommended = sorted(r.recommended_scale for r in recent if _usable_scale(r.recommended_scale))
     if not ceilings or not recommended or init <= min(ceilings):
         return
     target = round(math.log2(recommended[len(recommended) // 2]))
@@ -890,8 +900,14 @@ def log_hardware_findings(records: Sequence[dict[str, Any]]) -> list[Finding]:
     ]
     readings = [(r.get("step"), r["hardware"]) for r in records if isinstance(r.get("hardware"), dict)]
 
+    def reading(h: dict[str, Any], key: str) -> float | None:
+        """A reading as a number, None where absent or not one a machine reports (a log from elsewhere)."""
+        value = h.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+        return float(value) if ok else None
+
     def peak(key: str) -> float | None:
-        values = [h[key] for _, h in readings if isinstance(h.get(key), (int, float))]
+        values = [v for _, h in readings if (v := reading(h, key)) is not None]
         return max(values) if values else None
 
     parts = []
@@ -908,9 +924,9 @@ def log_hardware_findings(records: Sequence[dict[str, Any]]) -> list[Finding]:
     if parts:
         findings.append(Finding("hardware", "info", "peaks over the run: " + ", ".join(parts)))
     full = [
-        (h["gpu_mem_used"] / h["gpu_mem_total"], step)
+        (used / total, step)
         for step, h in readings
-        if isinstance(h.get("gpu_mem_used"), (int, float)) and h.get("gpu_mem_total")
+        if (used := reading(h, "gpu_mem_used")) is not None and (total := reading(h, "gpu_mem_total"))
     ]
     if full and max(full)[0] >= GPU_MEMORY_FULL:
         share, step = max(full)

@@ -39,6 +39,7 @@ from .runlog import HIST_BINS, dense_hist
 
 EXPONENT_BIAS = 127  # float32: bin 127 is [1, 2)
 FLOAT32_LIMIT = 2.0**128  # above float32's largest finite value
+HARDWARE_LIMIT = 2.0**62  # bytes, percent, degrees: no machine reports more (matplotlib's ticks fail near 1e308)
 ZERO_BIN = 0  # zeros and float32 subnormals
 NONFINITE_BIN = HIST_BINS - 1  # Inf and NaN
 DEFAULT_FORMAT = "fp16"
@@ -215,9 +216,11 @@ class RunSeries:
                 hists[j] = {name: np.asarray(dense_hist(h), dtype=np.int64) for name, h in r["hist"].items()}
             for key, value in (r.get("hardware") or {}).items():
                 if key in hardware_keys and value is not None:
-                    hardware.setdefault(key, np.full(n, np.nan))[j] = _float(value)
+                    x = _float(value)  # NaN for what no machine reports (a log from elsewhere may hold it)
+                    hardware.setdefault(key, np.full(n, np.nan))[j] = x if 0 <= x < HARDWARE_LIMIT else np.nan
             if r.get("hardware_note"):
                 notes.setdefault(str(r["hardware_note"]))
+        hardware = {key: values for key, values in hardware.items() if np.isfinite(values).any()}
         times = np.array([_float(r.get("time")) for r in records])
         return cls(
             steps=np.array([int(r.get("step", j)) for j, r in enumerate(records)], dtype=np.int64),

@@ -69,6 +69,8 @@ _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last
 _LINE_START = b'{"schema":'
 _HEAD_BYTES = 4096  # bytes read from the start of an existing file to recognise it
 _MAX_INT = 2**63  # counts and steps are int64 wherever they are used (numpy, torch)
+_MAX_STEP = 2**53  # steps are exact in float64 (plots, JSON readers in other languages)
+_MAX_HEADROOM = 1024  # doublings or halvings: beyond float64's exponent range a headroom means nothing
 _COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _GLUED = "torn, followed by a whole record"  # read_log: a line whose torn start was skipped, its record read
 _LISTED_BAD_LINES = 5  # invalid lines named one by one in read_log's warning
@@ -149,8 +151,8 @@ def _check_record(record: Mapping[str, Any]) -> None:
     schema with fields of their own pass. Float fields hold numbers after ``_decode`` (non-finite allowed:
     a NaN gradient has a NaN norm); counts and steps are ints in int64's range.
     """
-    if not _is_int(record.get("step")):
-        raise ValueError(f'"step" must be an integer, got {record.get("step")!r:.40}')
+    if not _is_int(record.get("step"), -_MAX_STEP) or record["step"] >= _MAX_STEP:
+        raise ValueError(f'"step" must be an integer below 2^53 in size, got {record.get("step")!r:.40}')
     checks: dict[str, Any] = {
         "time": _is_number,
         "scale": lambda v: v is None or _is_number(v),

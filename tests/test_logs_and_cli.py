@@ -262,6 +262,8 @@ def _hostile(tmp_path: Path) -> dict[str, Path]:
         "step_str": {"step": "3"},
         "step_float": {"step": 1.5},
         "step_huge": {"step": 10**30},
+        "step_past_2_53": {"step": 2**60},
+        "headroom_huge": {"step": 0, "scale": 1024.0, "headroom": {"up": 2**62, "down": 0}},
         "step_bool": {"step": True},
         "offenders_int": {"step": 0, "offenders": 5},
         "offenders_list_of_int": {"step": 0, "offenders": [1, 2]},
@@ -320,10 +322,12 @@ _EXTREME = [
     {"total_norm": math.inf},
     {"time": 1e308},
     {"time": -1e308},
-    {"step": 2**62},
-    {"step": -(2**62)},
-    {"headroom": {"up": 2**62, "down": -(2**62)}},
+    {"step": 2**53 - 1},
+    {"step": -(2**53) + 1},
+    {"headroom": {"up": 1023, "down": -1023}},
     {"hardware": {"rss_bytes": 1e308, "torch_allocated": -1.0, "gpu_util": math.inf}},
+    {"hardware": {"gpu_mem_used": math.inf, "gpu_mem_total": math.inf, "gpu_temp": 1e308}},
+    {"hardware": {"gpu_mem_used": 7, "gpu_mem_total": "lots", "rss_bytes": [1]}},
 ]
 
 
@@ -339,6 +343,7 @@ def test_huge_and_nonfinite_values_summarise_and_render(
     path = _write_log(tmp_path / "run.jsonl", records)
     assert cli.main(["summary", str(path)]) == 0, capsys.readouterr().err
     assert "Traceback" not in capsys.readouterr().err
+    assert cli.main(["doctor", "--log", str(path)]) in (0, 1), capsys.readouterr().err
     if HAVE_MPL:
         assert cli.main(["report", str(path)]) == 0, capsys.readouterr().err
 
