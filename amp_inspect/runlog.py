@@ -136,6 +136,10 @@ def _is_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _is_headroom(value: Any) -> bool:
+    return value is None or (_is_int(value) and abs(value) < _MAX_HEADROOM)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -165,9 +169,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
         "inf_origin": lambda v: v is None or isinstance(v, str),
         "hardware_note": lambda v: v is None or isinstance(v, str),
         "hardware": lambda v: v is None or isinstance(v, dict),  # read with plots._float: anything else is NaN
-        "headroom": lambda v: (
-            v is None or (isinstance(v, dict) and all(x is None or _is_int(x) for x in (v.get("up"), v.get("down"))))
-        ),
+        "headroom": lambda v: v is None or (isinstance(v, dict) and all(_is_headroom(v.get(k)) for k in ("up", "down"))),
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(
