@@ -71,6 +71,7 @@ _HEAD_BYTES = 4096  # bytes read from the start of an existing file to recognise
 _MAX_INT = 2**63  # counts and steps are int64 wherever they are used (numpy, torch)
 _MAX_STEP = 2**53  # steps are exact in float64 (plots, JSON readers in other languages)
 _MAX_HEADROOM = 1024  # doublings or halvings: beyond float64's exponent range a headroom means nothing
+_UP_DOWN = ("up", "down")  # the keys of "headroom"
 _COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _GLUED = "torn, followed by a whole record"  # read_log: a line whose torn start was skipped, its record read
 _LISTED_BAD_LINES = 5  # invalid lines named one by one in read_log's warning
@@ -169,7 +170,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
         "inf_origin": lambda v: v is None or isinstance(v, str),
         "hardware_note": lambda v: v is None or isinstance(v, str),
         "hardware": lambda v: v is None or isinstance(v, dict),  # read with plots._float: anything else is NaN
-        "headroom": lambda v: v is None or (isinstance(v, dict) and all(_is_headroom(v.get(k)) for k in ("up", "down"))),
+        "headroom": lambda v: v is None or (isinstance(v, dict) and all(_is_headroom(v.get(k)) for k in _UP_DOWN)),
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(
