@@ -110,6 +110,36 @@ def _float_tensors(output: object) -> list[torch.Tensor]:
     return found
 
 
+class _InertHook:
+    """What a watcher's forward hook becomes in a copy or a pickle of the model: a hook that does nothing."""
+
+    def __call__(self, *args: object) -> None:
+        return None
+
+
+class _ForwardHook:
+    """A watcher's forward hook on one module. It acts only for that module object and only while the watcher
+    is open, holds both weakly, and copies or pickles as an ``_InertHook``: ``copy.deepcopy(model)`` (EMA,
+    ``AveragedModel``) and ``torch.save(model)`` work while armed and take nothing of the watcher along."""
+
+    __slots__ = ("_watcher", "_module", "name")
+
+    def __init__(self, watcher: ActivationWatcher, module: nn.Module, name: str) -> None:
+        self._watcher = weakref.ref(watcher)
+        self._module = weakref.ref(module)
+        self.name = name
+
+    def __call__(self, called: nn.Module, args: object, output: object) -> None:
+        watcher = self._watcher()
+        if watcher is None or watcher._closed or called is not self._module():
+            return None
+        watcher._record_forward(self.name, output)
+        return None
+
+    def __reduce__(self) -> tuple[type[_InertHook], tuple[()]]:
+        return (_InertHook, ())
+
+
 class ActivationWatcher:
     """Records forward-output and output-gradient statistics of every named submodule while armed.
 
@@ -216,18 +246,8 @@ class ActivationWatcher:
 
     # -- hooks ------------------------------------------------------------------------------------------
 
-    def _forward_hook(self, module: nn.Module, name: str):
-        watcher_ref, module_ref = weakref.ref(self), weakref.ref(module)
-
-        def hook(called: nn.Module, args: object, output: object) -> None:
-            watcher = watcher_ref()
-            # A deep copy of the model (EMA, AveragedModel) carries this function on its own modules: not ours.
-            if watcher is None or watcher._closed or called is not module_ref():
-                return None
-            watcher._record_forward(name, output)
-            return None
-
-        return hook
+    def _forward_hook(self, module: nn.Module, name: str) -> _ForwardHook:
+        return _ForwardHook(self, module, name)
 
     def _record_forward(self, name: str, output: object) -> None:
         tensors = _float_tensors(output)

@@ -560,3 +560,17 @@ def test_check_after_detach_does_not_rearm_hooks_on_a_skipped_step() -> None:
     assert report.found_inf
     insp.history  # noqa: B018  # finalizes the report: a skip arms the hooks of an attached inspector
     assert _watch_hooks(model) == 0
+
+
+def test_an_armed_model_can_be_saved_whole_and_the_copy_feeds_nobody(tmp_path) -> None:
+    # torch.save(model) pickles the forward hooks: while armed (after a skip) that failed on the local closure.
+    import amp_inspect
+
+    model = Spiky()
+    insp = amp_inspect.attach(model, activations="always")
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    insp._watcher.new_step(0)
+    loaded(torch.randn(2, 4))
+    assert insp._watcher.records == []
+    insp.detach()
