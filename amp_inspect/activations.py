@@ -25,9 +25,9 @@ loops, long accumulation), they are folded (one host sync): only the first findi
 a direction has a finding it records nothing more (only the first one is ever reported).
 
 Copies and detached watchers: the hooks act only for the module object they were registered on and only while
-their watcher is open. A deep copy of an armed model (an EMA or ``AveragedModel``) copies the hook functions
-along with the modules; there they do nothing, and ``close()`` (the Inspector's ``detach()``) silences every
-hook left anywhere. The hooks hold their watcher and module weakly, so such a copy keeps neither alive.
+their watcher is open (``close()``, the Inspector's ``detach()``, silences every one left anywhere). A deep copy
+or a pickle of an armed model (an EMA, ``AveragedModel``, ``torch.save(model)``) gets hooks that do nothing in
+their place, so it neither feeds the watcher nor keeps it alive.
 """
 
 from __future__ import annotations
