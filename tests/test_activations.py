@@ -532,11 +532,14 @@ def test_a_copy_of_an_armed_model_feeds_no_inspector(how: str) -> None:
     assert len(watcher.records) == before  # hooks of a detached inspector do nothing, wherever they are
 
 
-def test_records_while_armed_are_bounded_and_keep_the_first_finding(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = Spiky()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_records_while_armed_are_bounded_and_keep_the_first_finding(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    model = Spiky().to(device)
     watcher = ActivationWatcher(model)
     monkeypatch.setattr(watcher, "max_records", 16, raising=False)
-    x = torch.randn(2, 4)
+    x = torch.randn(2, 4, device=device)
     with watcher.armed_for_step(0), torch.no_grad():
         for i in range(500):  # evaluation forwards while armed
             model.spike = i == 100
