@@ -274,6 +274,8 @@ def _hostile(tmp_path: Path) -> dict[str, Path]:
         "hist_bad_bin": {"step": 0, "hist": {"m": {"999": 1}}},
         "hist_str": {"step": 0, "hist": "x"},
         "skipped_str": {"step": 0, "skipped": "yes"},
+        "poisoned_int": {"step": 0, "poisoned": 1},
+        "sparse_modules_str": {"step": 0, "sparse_modules": "emb"},
         "scale_str": {"step": 0, "scale": "big"},
         "total_norm_none": {"step": 0, "total_norm": None},
         "inf_by_rank_bad": {"step": 0, "inf_by_rank": {"x": 1}},
