@@ -2,6 +2,7 @@
 
 amp-inspect demo                 train a small GPT into trouble and watch amp_inspect find it
 amp-inspect report LOG -o FILE   one self-contained HTML report (with PNG plots) from a run log
+                                 (existing outputs only with --force; a run log never)
 amp-inspect summary LOG          skip rate, scale events, offenders and advice from a run log
 amp-inspect doctor [--log LOG]   check the environment (and a run) for classic AMP mistakes
 amp-inspect bench                the fused pass against one read of the gradients and Python checks
