@@ -39,8 +39,7 @@ def _error_text(error: BaseException, path: Path | None) -> str:
 @contextlib.contextmanager
 def _one_line_warnings(command: str) -> Iterator[None]:
     """Warnings (a log's skipped lines, say) printed as one line each on stderr, without Python's source line."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide what is shown
         try:
             yield
         finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -853,9 +854,12 @@ def save_all(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, plot in PLOTTERS.items():
-        fig = plot(s)
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=dpi, facecolor="white")
-        paths[name] = path
+    # NaN marks what a log lacks and the figures draw around it: numpy's notes about it are noise here.
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="All-NaN slice", category=RuntimeWarning)
+        for name, plot in PLOTTERS.items():
+            fig = plot(s)
+            path = out / f"{name}.png"
+            fig.savefig(path, dpi=dpi, facecolor="white")
+            paths[name] = path
     return paths
