@@ -19,11 +19,21 @@ Terms:
 Cost: nothing is registered while disarmed, so a disarmed watcher costs nothing. Armed, each module call
 adds one ``tensor_stats`` pass over its output (a container re-reads its children's outputs), and each
 output gradient one pass over that gradient; neither syncs the host. Reading findings syncs once.
+
+Memory is bounded: once ``max_records`` records of one direction are held (many forwards while armed: evaluation
+loops, long accumulation), they are folded (one host sync): only the first finding among them is kept, and once
+a direction has a finding it records nothing more (only the first one is ever reported).
+
+Copies and detached watchers: the hooks act only for the module object they were registered on and only while
+their watcher is open (``close()``, the Inspector's ``detach()``, silences every one left anywhere). A deep copy
+or a pickle of an armed model (an EMA, ``AveragedModel``, ``torch.save(model)``) gets hooks that do nothing in
+their place, so it neither feeds the watcher nor keeps it alive.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +48,7 @@ from .stats import SUPPORTED_DTYPES, TensorStats, tensor_stats
 FORWARD_OUTPUT = "forward output"
 OUTPUT_GRADIENT = "output gradient"
 NONFINITE = "non-finite"
+MAX_RECORDS = 4096  # records held per direction before they are folded into their first finding (one sync)
 
 # Path components that wrappers insert into named_modules() names. "_orig_mod" is torch.compile's
 # OptimizedModule; the FSDP and activation-checkpoint wrappers use the other two. "module" is only a wrapper
@@ -99,6 +110,36 @@ def _float_tensors(output: object) -> list[torch.Tensor]:
     return found
 
 
+class _InertHook:
+    """What a watcher's forward hook becomes in a copy or a pickle of the model: a hook that does nothing."""
+
+    def __call__(self, *args: object) -> None:
+        return None
+
+
+class _ForwardHook:
+    """A watcher's forward hook on one module. It acts only for that module object and only while the watcher
+    is open, holds both weakly, and copies or pickles as an ``_InertHook``: ``copy.deepcopy(model)`` (EMA,
+    ``AveragedModel``) and ``torch.save(model)`` work while armed and take nothing of the watcher along."""
+
+    __slots__ = ("_watcher", "_module", "name")
+
+    def __init__(self, watcher: ActivationWatcher, module: nn.Module, name: str) -> None:
+        self._watcher = weakref.ref(watcher)
+        self._module = weakref.ref(module)
+        self.name = name
+
+    def __call__(self, called: nn.Module, args: object, output: object) -> None:
+        watcher = self._watcher()
+        if watcher is None or watcher._closed or called is not self._module():
+            return None
+        watcher._record_forward(self.name, output)
+        return None
+
+    def __reduce__(self) -> tuple[type[_InertHook], tuple[()]]:
+        return (_InertHook, ())
+
+
 class ActivationWatcher:
     """Records forward-output and output-gradient statistics of every named submodule while armed.
 
@@ -121,6 +162,8 @@ class ActivationWatcher:
         formats: formats to count overflow etc. against; the first is the one findings judge.
     """
 
+    max_records = MAX_RECORDS
+
     def __init__(
         self,
         model: nn.Module,
@@ -134,10 +177,13 @@ class ActivationWatcher:
         self.step: int | None = None
         self._forward: list[ActivationRecord] = []
         self._backward: list[ActivationRecord] = []
+        self._seq = {FORWARD_OUTPUT: 0, OUTPUT_GRADIENT: 0}  # records made this step, folded ones included
+        self._folded: dict[str, ActivationFinding | None] = {}  # direction -> first finding among folded records
         self._module_handles: list[RemovableHandle] = []
         self._tensor_handles: list[RemovableHandle] = []
         # Bumped by new_step and disarm: a tensor hook from an older forward then records nothing.
         self._epoch = 0
+        self._closed = False
 
     # -- arming -----------------------------------------------------------------------------------------
 
@@ -145,13 +191,23 @@ class ActivationWatcher:
     def armed(self) -> bool:
         return bool(self._module_handles)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def arm(self) -> None:
-        """Registers one forward hook per watched module (no-op when already armed). Costs Python work per
-        module, no device work."""
-        if self.armed:
+        """Registers one forward hook per watched module (no-op when already armed, or closed). Costs Python
+        work per module, no device work."""
+        if self.armed or self._closed:
             return
         for module, name in self.names.items():
-            self._module_handles.append(module.register_forward_hook(self._forward_hook(name)))
+            self._module_handles.append(module.register_forward_hook(self._forward_hook(module, name)))
+
+    def close(self) -> None:
+        """Disarms for good: ``arm`` does nothing from now on, and hooks left on copies of the model record
+        nothing. Records are kept."""
+        self._closed = True
+        self.disarm()
 
     def disarm(self) -> None:
         """Removes every forward hook and every output-gradient hook not yet run; records are kept."""
@@ -165,6 +221,8 @@ class ActivationWatcher:
         self.step = step
         self._forward = []
         self._backward = []
+        self._seq = {FORWARD_OUTPUT: 0, OUTPUT_GRADIENT: 0}
+        self._folded = {}
         self._drop_tensor_hooks()
 
     @contextlib.contextmanager
@@ -188,47 +246,81 @@ class ActivationWatcher:
 
     # -- hooks ------------------------------------------------------------------------------------------
 
-    def _forward_hook(self, name: str):
-        def hook(module: nn.Module, args: object, output: object) -> None:
-            tensors = _float_tensors(output)
-            if not tensors:
-                return None
-            with torch.no_grad():
-                stats = tensor_stats([t.detach() for t in tensors], formats=self.formats)
-            self._forward.append(ActivationRecord(len(self._forward), name, FORWARD_OUTPUT, stats, self.step))
-            epoch = self._epoch
-            for t in tensors:
-                # A leaf (a parameter returned as is) would keep the hook across steps; its .grad is the
-                # gradient statistics' business, not this watcher's.
-                if t.requires_grad and t.grad_fn is not None:
-                    self._tensor_handles.append(t.register_hook(self._gradient_hook(name, epoch)))
-            return None
+    def _forward_hook(self, module: nn.Module, name: str) -> _ForwardHook:
+        return _ForwardHook(self, module, name)
 
-        return hook
+    def _record_forward(self, name: str, output: object) -> None:
+        tensors = _float_tensors(output)
+        if not tensors or self._folded.get(FORWARD_OUTPUT) is not None:
+            return  # nothing to judge, or the first forward finding of this step is known already
+        with torch.no_grad():
+            stats = tensor_stats([t.detach() for t in tensors], formats=self.formats)
+        self._add(
+            self._forward, ActivationRecord(self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step)
+        )
+        epoch = self._epoch
+        for t in tensors:
+            # A leaf (a parameter returned as is) would keep the hook across steps; its .grad is the
+            # gradient statistics' business, not this watcher's.
+            if t.requires_grad and t.grad_fn is not None:
+                self._tensor_handles.append(t.register_hook(self._gradient_hook(name, epoch)))
 
     def _gradient_hook(self, name: str, epoch: int):
+        watcher_ref = weakref.ref(self)
+
         def hook(grad: torch.Tensor) -> None:
-            if epoch != self._epoch or grad.dtype not in SUPPORTED_DTYPES or grad.layout != torch.strided:
+            watcher = watcher_ref()
+            if watcher is None or watcher._closed or epoch != watcher._epoch:
                 return None
-            with torch.no_grad():
-                stats = tensor_stats([grad.detach()], formats=self.formats)
-            self._backward.append(ActivationRecord(len(self._backward), name, OUTPUT_GRADIENT, stats, self.step))
+            watcher._record_gradient(name, grad)
             return None
 
         return hook
+
+    def _record_gradient(self, name: str, grad: torch.Tensor) -> None:
+        if grad.dtype not in SUPPORTED_DTYPES or grad.layout != torch.strided:
+            return
+        if self._folded.get(OUTPUT_GRADIENT) is not None:
+            return  # the first output-gradient finding of this step is known already
+        with torch.no_grad():
+            stats = tensor_stats([grad.detach()], formats=self.formats)
+        record = ActivationRecord(self._next_seq(OUTPUT_GRADIENT), name, OUTPUT_GRADIENT, stats, self.step)
+        self._add(self._backward, record)
+
+    def _next_seq(self, direction: str) -> int:
+        seq = self._seq[direction]
+        self._seq[direction] = seq + 1
+        return seq
+
+    def _add(self, records: list[ActivationRecord], record: ActivationRecord) -> None:
+        """Appends; at ``max_records`` folds the list into its first finding (reads the statistics: one sync)."""
+        records.append(record)
+        if len(records) < self.max_records:
+            return
+        found = self._findings_of(records)
+        if self._folded.get(record.direction) is None:
+            self._folded[record.direction] = found[0] if found else None
+        records.clear()
 
     # -- reading ----------------------------------------------------------------------------------------
 
     @property
     def records(self) -> list[ActivationRecord]:
-        """This step's records: forward outputs in execution order, then output gradients in backward order.
-        Their statistics stay on the device (no sync)."""
+        """This step's records not yet folded (see ``max_records``): forward outputs in execution order, then
+        output gradients in backward order. Their statistics stay on the device (no sync)."""
         return self._forward + self._backward
 
     def findings(self) -> list[ActivationFinding]:
         """Every record whose values are non-finite or overflow ``formats[0]``, forward ones first, each
-        direction in execution order. Reads the statistics to the host: on CUDA this syncs once."""
-        records = self.records
+        direction in execution order; of records already folded, only the first finding. Reads the statistics
+        to the host: on CUDA this syncs once."""
+        found = []
+        for direction, records in ((FORWARD_OUTPUT, self._forward), (OUTPUT_GRADIENT, self._backward)):
+            first = self._folded.get(direction)
+            found += ([first] if first is not None else []) + self._findings_of(records)
+        return found
+
+    def _findings_of(self, records: Sequence[ActivationRecord]) -> list[ActivationFinding]:
         summaries = _summarize(records, self.formats[0])
         found = []
         for record, (nonfinite, overflow, amax) in zip(records, summaries, strict=True):

@@ -2,6 +2,7 @@
 
 amp-inspect demo                 train a small GPT into trouble and watch amp_inspect find it
 amp-inspect report LOG -o FILE   one self-contained HTML report (with PNG plots) from a run log
+                                 (existing outputs only with --force; a run log never)
 amp-inspect summary LOG          skip rate, scale events, offenders and advice from a run log
 amp-inspect doctor [--log LOG]   check the environment (and a run) for classic AMP mistakes
 amp-inspect bench                the fused pass against one read of the gradients and Python checks
@@ -11,12 +12,57 @@ amp-inspect info                 what was built and whether a GPU is visible
 from __future__ import annotations
 
 import argparse
+import contextlib
 import runpy
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 SOURCE_BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_tensor_stats.py"
+
+
+def _error_text(error: BaseException, path: Path | None) -> str:
+    """One line for an error about a file: what went wrong, naming the file."""
+    if isinstance(error, IsADirectoryError):
+        return f"{error.filename or path}: is a directory, not a file"
+    if isinstance(error, FileNotFoundError):
+        return f"{error.filename or path}: no such file"
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename or path}: {error.strerror}"
+    text = " ".join(str(error).split()) or type(error).__name__  # one line, whatever the message held
+    if path is None or str(path) in text or isinstance(error, FileExistsError):  # the latter names its outputs
+        return text
+    return f"{path}: {text}"
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str) -> Iterator[None]:
+    """Warnings (a log's skipped lines, say) printed as one line each on stderr, without Python's source line."""
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force decide what is shown
+        try:
+            yield
+        finally:
+            for w in caught:
+                print(f"amp-inspect {command}: warning: {' '.join(str(w.message).split())}", file=sys.stderr)
+
+
+def _file_command(command: str, path_of: Callable[[argparse.Namespace], Path | None]):
+    """Wraps a command that reads a run log: unreadable, invalid or refused files end in one line on stderr
+    naming the file, and exit code 2 (no traceback)."""
+
+    def wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        def run(args: argparse.Namespace) -> int:
+            with _one_line_warnings(command):
+                try:
+                    return func(args)
+                except (OSError, ValueError) as error:  # UnicodeError, json's errors and ours are ValueErrors
+                    print(f"amp-inspect {command}: {_error_text(error, path_of(args))}", file=sys.stderr)
+                    return 2
+
+        return run
+
+    return wrap
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -26,6 +72,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+@_file_command("report", lambda args: args.log)
 def _report(args: argparse.Namespace) -> int:
     try:
         from .html_report import write_report
@@ -33,10 +80,11 @@ def _report(args: argparse.Namespace) -> int:
         print(f"amp-inspect report needs matplotlib: pip install amp_inspect[report] ({error})", file=sys.stderr)
         return 2
     out = args.output or Path(args.log).with_name("report.html")
-    print(f"wrote {write_report(args.log, out)}")
+    print(f"wrote {write_report(args.log, out, force=args.force)}")
     return 0
 
 
+@_file_command("summary", lambda args: args.log)
 def _summary(args: argparse.Namespace) -> int:
     from .console import print_summary
     from .history import StepRecord, summarize
@@ -90,14 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="train a small GPT into trouble and watch amp_inspect find it")
-    demo.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    demo.add_argument("--out", type=Path, default=Path("amp_inspect_demo"), help="output folder")
-    demo.add_argument("--trouble-from", type=int, default=80, help="first step that may spike (default 80)")
+    from .argtypes import count
+
+    demo.add_argument("--steps", type=count(1), default=200, help="training steps (default 200)")
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("amp_inspect_demo"),
+        help="output folder (one that holds files is kept: then <out>-2, <out>-3, ... is used)",
+    )
+    demo.add_argument("--trouble-from", type=count(0), default=80, help="first step that may spike (default 80)")
     demo.set_defaults(func=_demo)
 
     report = sub.add_parser("report", help="HTML report with plots from a run log")
     report.add_argument("log", type=Path, help="a run log written with attach(..., log=PATH)")
     report.add_argument("-o", "--output", type=Path, help="HTML file (default: report.html beside the log)")
+    report.add_argument(
+        "--force", action="store_true", help="overwrite an existing report and PNGs (a run log never is)"
+    )
     report.set_defaults(func=_report)
 
     summary = sub.add_parser("summary", help="skip rate, scale events, offenders and advice from a run log")
@@ -110,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes")
     doctor.description = DESCRIPTION
     add_arguments(doctor)
-    doctor.set_defaults(func=run)
+    doctor.set_defaults(func=_file_command("doctor", lambda args: args.log)(run))
 
     bench = sub.add_parser("bench", help="time the fused pass against one read of the gradients and Python checks")
     bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

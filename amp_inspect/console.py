@@ -1,6 +1,9 @@
 """Readable terminal output for the demo and ``amp-inspect summary``: rich tables sized to the terminal when
 rich is installed (``pip install amp_inspect[report]``), plain fixed-width text otherwise. Everything here
-reads host values, so call it when you want to look, not every step."""
+reads host values, so call it when you want to look, not every step.
+
+Names come from users' models and logs, so nothing here is rich markup: every title and cell is a literal
+``Text`` (a module called ``[/bold]`` or ``[red]x[/red]`` prints as it is named)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from .table import fixed_width
 try:  # optional: the core install stays small
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     HAVE_RICH = True
 except ImportError:  # pragma: no cover - exercised where rich is absent
@@ -41,11 +45,11 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
     if not HAVE_RICH:
         print(_plain_table(title, headers, rows))
         return
-    table = Table(title=title, title_justify="left", expand=False)
+    table = Table(title=Text(title), title_justify="left", expand=False)
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        table.add_column(Text(h), justify="left" if i == 0 else "right", overflow="fold")
     for r in rows:
-        table.add_row(*(_fmt(c) for c in r))
+        table.add_row(*(Text(_fmt(c)) for c in r))
     Console(width=shutil.get_terminal_size((120, 40)).columns).print(table)
 
 

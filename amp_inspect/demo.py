@@ -12,7 +12,8 @@ On a GPU it runs fp16 autocast. On a CPU it runs bf16 autocast and judges everyt
 fp16's trouble there, the spiking logits are stored in fp16 and the gradients are rounded through fp16
 after backward, as fp16 autocast would have them pass through it (so the loss scale also meets its ceiling:
 scaled gradients past 65504 overflow, GradScaler skips and backs off). It prints a live summary and writes
-./amp_inspect_demo/ (run.jsonl, report.html and the PNG plots).
+./amp_inspect_demo/ (run.jsonl, report.html and the PNG plots). A folder that already holds files (an earlier
+run) is left alone: the demo writes into the next free ``<folder>-2``, ``<folder>-3``, ... and says so.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .argtypes import count
 from .baselines import compare
 from .console import print_summary
 from .inspector import attach
@@ -141,7 +143,7 @@ def _progress(total: int):
                 progress.update(task, advance=1, description=text)
 
             def log(self, text: str) -> None:
-                progress.console.print(text)
+                progress.console.print(text, markup=False, emoji=False)  # module names are printed literally
 
         return Bar()
     except ImportError:
@@ -165,8 +167,27 @@ def _progress(total: int):
         return Plain()
 
 
+def fresh_folder(out_dir: Path) -> Path:
+    """``out_dir`` if it is absent or empty, else the first absent or empty ``<out_dir>-N`` (N = 2, 3, ...): an
+    earlier run's log, report and plots are never overwritten."""
+    candidate, n = Path(out_dir), 1
+    while candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
+        n += 1
+        candidate = out_dir.with_name(f"{out_dir.name}-{n}")
+    return candidate
+
+
 def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from: int = 80, seed: int = 0) -> Path:
-    """Trains the demo model and returns the path of its run log."""
+    """Trains the demo model and returns the path of its run log (in ``fresh_folder(out_dir)``)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if isinstance(trouble_from, bool) or not isinstance(trouble_from, int) or trouble_from < 0:
+        raise ValueError(f"trouble_from must be an int >= 0, got {trouble_from!r}")
+    out_dir = Path(out_dir)
+    chosen = fresh_folder(out_dir)
+    if chosen != out_dir:
+        print(f"{out_dir} holds an earlier run (kept as it is); writing to {chosen}")
+        out_dir = chosen
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
@@ -179,8 +200,7 @@ def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     scaler = torch.amp.GradScaler(device, growth_interval=10)
     out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / "run.jsonl"
-    log_path.unlink(missing_ok=True)
+    log_path = out_dir / "run.jsonl"  # out_dir is new or empty: nothing to overwrite
     insp = attach(model, scaler, log=log_path, hist_every=5)
 
     numel = sum(p.numel() for p in model.parameters())
@@ -250,11 +270,21 @@ def _compare_with_python_checks(model: nn.Module) -> None:
     )
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options (its own parser, or ``amp-inspect demo``)."""
+    parser.add_argument("--steps", type=count(1), default=200, help="training steps (default 200)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("amp_inspect_demo"),
+        help="output folder (one holding files is kept: then <out>-2, <out>-3, ... is used)",
+    )
+    parser.add_argument("--trouble-from", type=count(0), default=80, help="first step that may spike (default 80)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="amp-inspect demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    parser.add_argument("--out", type=Path, default=Path("amp_inspect_demo"), help="output folder")
-    parser.add_argument("--trouble-from", type=int, default=80, help="first step that may spike (default 80)")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     run(args.steps, args.out, args.trouble_from)
     return 0

@@ -42,12 +42,15 @@ from torch import nn
 from torch.amp.grad_scaler import OptState
 
 from . import _ops, hardware
+from .argtypes import count as count_arg
 from .history import StepRecord, collapse_warning, longest_skip_run, summarize
+from .naming import clean_module_names, param_entries
 from .runlog import read_log
 
 SEVERITIES = ("error", "warning", "info")
 TENSOR_CORE_MULTIPLE = 8  # fp16/bf16 GEMMs use tensor cores fully when every dimension is a multiple of this
 IMAGE_CHANNELS_MAX = 4  # a Conv's in_channels up to this are image inputs (RGB, RGBA); cuDNN pads them itself
+MAX_HEADROOM = 1024  # doublings: float64's exponent range; a larger headroom in a log is not one
 MAX_LISTED = 10  # modules or parameters named in one finding before "and N more"
 DEFAULT_COLLAPSE_SKIPS = 5
 _WRAP_WIDTH = 110
@@ -144,7 +147,7 @@ class Setup:
     def _param_names(self) -> dict[int, str]:
         if self.model is None:
             return {}
-        return {id(p): name for name, p in self.model.named_parameters()}
+        return {id(e.param): e.name for e in param_entries(self.model)}  # wrappers (DDP, peft) looked through
 
     def param_name(self, param: torch.Tensor, fallback: str) -> str:
         return self._param_names.get(id(param), fallback)
@@ -160,7 +163,7 @@ class Setup:
             ]
         if self.model is None:
             return []
-        return [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        return [(e.name, e.param) for e in param_entries(self.model) if e.param.requires_grad]
 
     @property
     def scaler_enabled(self) -> bool:
@@ -276,8 +279,19 @@ def clipping_scaled_gradients(setup: Setup) -> Iterator[Finding]:
         yield from setup.clip_watch.findings
 
 
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (checked without importing transformers: a model holding one imported it)."""
+    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
+    conv1d = getattr(pytorch_utils, "Conv1D", None)
+    if conv1d is not None and isinstance(module, conv1d):
+        return True
+    # The same layer copied elsewhere (older transformers, nanoGPT ports): named Conv1D with int nx / nf.
+    return type(module).__name__ == "Conv1D" and all(isinstance(getattr(module, a, None), int) for a in ("nx", "nf"))
+
+
 def _odd_dims(module: nn.Module) -> list[tuple[str, int]]:
-    """The GEMM dimensions of a Linear, Conv or Embedding that are not multiples of TENSOR_CORE_MULTIPLE.
+    """The GEMM dimensions of a Linear (transformers' Conv1D too), Conv or Embedding that are not multiples of
+    TENSOR_CORE_MULTIPLE.
 
     Grouped convolutions (groups > 1) are not plain GEMMs and are left out; so are a Conv's image-input channels
     (in_channels <= IMAGE_CHANNELS_MAX, which cuDNN pads) and sizes of 0 (lazy modules not yet initialised)."""
@@ -291,6 +305,8 @@ def _odd_dims(module: nn.Module) -> list[tuple[str, int]]:
             dims.insert(0, ("in_channels", module.in_channels))
     elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
         dims = [("num_embeddings", module.num_embeddings), ("embedding_dim", module.embedding_dim)]
+    elif _is_hf_conv1d(module):  # transformers' Conv1D: GPT-2's c_attn / c_proj / c_fc, a Linear with weight [nx, nf]
+        dims = [("nx", module.nx), ("nf", module.nf)]
     else:
         return []
     return [(name, size) for name, size in dims if size > 0 and size % TENSOR_CORE_MULTIPLE]
@@ -302,7 +318,7 @@ def tensor_core_sizes(setup: Setup) -> Iterator[Finding]:
     if setup.model is None or setup.autocast_dtype == torch.float32:
         return
     entries, example = [], None
-    for name, module in setup.model.named_modules():
+    for module, name in clean_module_names(setup.model):  # as the user wrote them: wrappers looked through
         dims = _odd_dims(module)
         if dims:
             sizes = ", ".join(f"{k}={v}" for k, v in dims)
@@ -381,6 +397,11 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
         yield Finding("scaler-advice", "info", seen or action, action if seen else "")
 
 
+def _usable_scale(scale: Any) -> bool:
+    """A loss scale worth computing with: positive and finite (a log from elsewhere may hold anything)."""
+    return isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0
+
+
 @check
 def init_scale_too_high(setup: Setup) -> Iterator[Finding]:
     """init_scale above the largest scale at which the recent gradients still fit the format (the first steps
@@ -389,11 +410,15 @@ def init_scale_too_high(setup: Setup) -> Iterator[Finding]:
     if not history:
         return
     init = getattr(setup.scaler, "_init_scale", None) if setup.scaler_enabled else history[0].scale
-    if not init:
+    if not _usable_scale(init):
         return
     recent = history[-10:]
-    ceilings = [r.scale * 2.0**r.headroom.up for r in recent if r.scale and r.headroom.up is not None]
-    recommended = sorted(r.recommended_scale for r in recent if r.recommended_scale)
+    ceilings = [
+        r.scale * 2.0**r.headroom.up
+        for r in recent
+        if _usable_scale(r.scale) and r.headroom.up is not None and abs(r.headroom.up) < MAX_HEADROOM
+    ]
+    recommended = sorted(r.recommended_scale for r in recent if _usable_scale(r.recommended_scale))
     if not ceilings or not recommended or init <= min(ceilings):
         return
     target = round(math.log2(recommended[len(recommended) // 2]))
@@ -875,8 +900,14 @@ def log_hardware_findings(records: Sequence[dict[str, Any]]) -> list[Finding]:
     ]
     readings = [(r.get("step"), r["hardware"]) for r in records if isinstance(r.get("hardware"), dict)]
 
+    def reading(h: dict[str, Any], key: str) -> float | None:
+        """A reading as a number, None where absent or not one a machine reports (a log from elsewhere)."""
+        value = h.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+        return float(value) if ok else None
+
     def peak(key: str) -> float | None:
-        values = [h[key] for _, h in readings if isinstance(h.get(key), (int, float))]
+        values = [v for _, h in readings if (v := reading(h, key)) is not None]
         return max(values) if values else None
 
     parts = []
@@ -893,9 +924,9 @@ def log_hardware_findings(records: Sequence[dict[str, Any]]) -> list[Finding]:
     if parts:
         findings.append(Finding("hardware", "info", "peaks over the run: " + ", ".join(parts)))
     full = [
-        (h["gpu_mem_used"] / h["gpu_mem_total"], step)
+        (used / total, step)
         for step, h in readings
-        if isinstance(h.get("gpu_mem_used"), (int, float)) and h.get("gpu_mem_total")
+        if (used := reading(h, "gpu_mem_used")) is not None and (total := reading(h, "gpu_mem_total"))
     ]
     if full and max(full)[0] >= GPU_MEMORY_FULL:
         share, step = max(full)
@@ -927,7 +958,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--log", metavar="RUN.jsonl", help="a run log written by attach(..., log=...)")
     parser.add_argument(
         "--collapse-skips",
-        type=int,
+        type=count_arg(1),
         default=DEFAULT_COLLAPSE_SKIPS,
         metavar="N",
         help=f"skipped steps in a row that count as a loss-scale collapse (default {DEFAULT_COLLAPSE_SKIPS})",

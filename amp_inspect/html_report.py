@@ -26,7 +26,7 @@ import numpy as np
 from . import __version__
 from .history import StepRecord, Summary, summarize
 from .plots import FIGURES, RunSeries, save_all
-from .runlog import read_log
+from .runlog import is_run_log, read_log
 
 MAX_OFFENDER_ROWS = 8
 MAX_FINDINGS_PER_MODULE = 3
@@ -291,20 +291,52 @@ def render_html(
     return "\n".join(out) + "\n"
 
 
+def output_paths(out_html: str | os.PathLike[str], png_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Every file ``write_report`` writes: the page, then one PNG per figure."""
+    out_html = Path(out_html)
+    folder = Path(png_dir) if png_dir is not None else out_html.parent
+    return [out_html, *(folder / f"{name}.png" for name in FIGURES)]
+
+
+def check_outputs(log_path: str | os.PathLike[str], targets: Sequence[Path], *, force: bool = False) -> None:
+    """ValueError if a target is the run log or any run log (never overwritten, not even with ``force``);
+    FileExistsError if a target exists and ``force`` is off. Checked before anything is written."""
+    log_path = Path(log_path)
+    existing = [t for t in targets if t.exists()]
+    for target in existing:
+        if target.is_dir():
+            raise ValueError(f"{target} is a directory; give a file name for the report")
+        if (log_path.exists() and target.samefile(log_path)) or is_run_log(target):
+            raise ValueError(f"refusing to overwrite the run log {target} with report output; choose another name")
+    if existing and not force:
+        names = ", ".join(str(t) for t in existing[:3])
+        names += f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        raise FileExistsError(
+            f"{names} already exist{'s' if len(existing) == 1 else ''}; overwrite with --force (force=True), "
+            "or write elsewhere with -o NEW.html"
+        )
+
+
 def write_report(
     log_path: str | os.PathLike[str],
     out_html: str | os.PathLike[str],
     *,
     png_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
 ) -> Path:
     """Reads the run log, writes the figures as PNG into ``png_dir`` (default: the HTML's folder) and the
-    self-contained page to ``out_html``; returns the page's path."""
+    self-contained page to ``out_html``; returns the page's path.
+
+    Existing outputs are overwritten only with ``force=True`` (FileExistsError otherwise); a run log is never
+    overwritten (ValueError), so ``-o run.jsonl`` cannot destroy the run. Both are checked before writing."""
     log_path, out_html = Path(log_path), Path(out_html)
+    targets = output_paths(out_html, png_dir)
+    check_outputs(log_path, targets, force=force)
     records = read_log(log_path)
     series = RunSeries.from_records(records)
     summary, error = _summary(records)
     out_html.parent.mkdir(parents=True, exist_ok=True)
-    paths = save_all(series, png_dir if png_dir is not None else out_html.parent)
+    paths = save_all(series, targets[1].parent)
     pngs = {name: path.read_bytes() for name, path in paths.items()}
     page = render_html(series, summary, pngs, source=str(log_path), summary_error=error)
     out_html.write_text(page, encoding="utf-8")

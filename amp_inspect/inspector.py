@@ -710,6 +710,7 @@ class Inspector:
         """Removes every hook and patch this inspector registered and closes its log."""
         if self._watcher is not None:
             self._disarm_watcher()
+            self._watcher.close()  # for good: a later check() does not re-arm, hooks on model copies go quiet
         self._unpatch()
         if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
             self.scaler._inspector = None

@@ -2,9 +2,11 @@
 
 "blocks.1.mlp.fc2.weight" belongs to "blocks.1.mlp.fc2". Wrappers are looked through: DDP's and
 DataParallel's "module." (only where the parent really is such a wrapper, so a user's own submodule named
-"module" keeps its name), and torch.compile's "_orig_mod.", FSDP1's and activation checkpointing's wrapper
-components anywhere, so names match the unwrapped model. A tied parameter (one tensor reachable under two
-names) is counted once, under the first name ``named_parameters`` gives.
+"module" keeps its name), peft's "base_model.model." and a LoRA layer's "base_layer." (only below peft's own
+classes), and torch.compile's "_orig_mod.", FSDP1's and activation checkpointing's wrapper components
+anywhere, so names match the unwrapped model: a LoRA-wrapped GPT-2 reports "transformer.h.0.attn.c_attn" for
+the frozen weight and "transformer.h.0.attn.c_attn.lora_A.default" for the adapter. A tied parameter (one
+tensor reachable under two names) is counted once, under the first name ``named_parameters`` gives.
 """
 
 from __future__ import annotations
@@ -17,19 +19,34 @@ from torch import nn
 ROOT_NAME = "(model)"  # parameters registered directly on the model itself
 _WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 _DATA_PARALLEL_TYPES = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+# peft (not imported here): PeftModel.base_model -> LoraModel (a BaseTuner).model -> the user's model, and a
+# LoRA layer's base_layer -> the original Linear / Conv1D / Embedding. Only below a class defined in peft.
+_PEFT_WRAPPER_COMPONENTS = frozenset({"base_model", "model", "base_layer"})
 
 
-def _clean_names(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(module, clean name) for every module of ``model`` in ``named_modules`` order, the root as ""."""
+def _is_peft(module: nn.Module) -> bool:
+    return type(module).__module__.partition(".")[0] == "peft"
+
+
+def _is_wrapper_part(parent: nn.Module, component: str) -> bool:
+    """Whether ``component`` under ``parent`` is a wrapper's link to the wrapped module (left out of names)."""
+    if component in _WRAPPER_COMPONENTS:
+        return True
+    if component == "module":
+        return isinstance(parent, _DATA_PARALLEL_TYPES)
+    return component in _PEFT_WRAPPER_COMPONENTS and _is_peft(parent)
+
+
+def clean_module_names(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, clean name) for every module of ``model`` in ``named_modules`` order, the root as "". A wrapper
+    and the module it wraps share one name (both are listed)."""
     out: list[tuple[nn.Module, str]] = []
     clean_of: dict[str, str] = {"": ""}
     for name, module in model.named_modules():
         if name:
             parent_name, _, component = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            is_wrapper_part = component in _WRAPPER_COMPONENTS or (
-                component == "module" and isinstance(parent, _DATA_PARALLEL_TYPES)
-            )
+            is_wrapper_part = _is_wrapper_part(parent, component)
             parent_clean = clean_of[parent_name]
             joined = f"{parent_clean}.{component}" if parent_clean else component
             clean_of[name] = parent_clean if is_wrapper_part else joined
@@ -42,7 +59,7 @@ def module_names(model: nn.Module) -> dict[nn.Module, str]:
     are left out; where a wrapper and its inner module share a name, the outer one wins."""
     names: dict[nn.Module, str] = {}
     taken: set[str] = set()
-    for module, clean in _clean_names(model):
+    for module, clean in clean_module_names(model):
         if clean and clean not in taken:
             taken.add(clean)
             names[module] = clean
@@ -60,7 +77,7 @@ def param_entries(model: nn.Module) -> list[ParamEntry]:
     """Every distinct parameter of ``model`` with its owning module's clean name, in registration order."""
     entries = []
     seen: set[int] = set()
-    for module, clean in _clean_names(model):
+    for module, clean in clean_module_names(model):
         for local, param in module.named_parameters(recurse=False):
             if id(param) in seen:  # tied: keep the first name
                 continue

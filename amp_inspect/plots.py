@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from .formats import FORMAT_BOUNDS
 from .runlog import HIST_BINS, dense_hist
 
 EXPONENT_BIAS = 127  # float32: bin 127 is [1, 2)
+FLOAT32_LIMIT = 2.0**128  # above float32's largest finite value
+HARDWARE_LIMIT = 2.0**62  # bytes, percent, degrees: no machine reports more (matplotlib's ticks fail near 1e308)
 ZERO_BIN = 0  # zeros and float32 subnormals
 NONFINITE_BIN = HIST_BINS - 1  # Inf and NaN
 DEFAULT_FORMAT = "fp16"
@@ -145,6 +148,13 @@ def _float(value: Any) -> float:
         return math.nan
 
 
+def _scale(value: Any) -> float:
+    """A loss scale as a float: NaN (no usable scale) unless positive and finite in float32, as GradScaler's
+    float32 scale always is (a log of another writer may hold anything; matplotlib's log axis fails near 1e308)."""
+    x = _float(value)
+    return x if 0 < x < FLOAT32_LIMIT else math.nan
+
+
 def _log2_scale(scale: float) -> int:
     """The histogram shift of a loss scale: round(log2(scale)), 0 without a (usable) scale."""
     return round(math.log2(scale)) if math.isfinite(scale) and scale > 0 else 0
@@ -160,7 +170,7 @@ class RunSeries:
     """
 
     steps: np.ndarray  # int64 [R]
-    scale: np.ndarray  # float64 [R], NaN without a scaler
+    scale: np.ndarray  # float64 [R], NaN without a scaler (and for a non-finite or non-positive scale)
     skipped: np.ndarray  # bool [R]
     total_norm: np.ndarray  # float64 [R]
     offenders: list[list[str]]
@@ -209,9 +219,11 @@ class RunSeries:
                 hists[j] = {name: np.asarray(dense_hist(h), dtype=np.int64) for name, h in r["hist"].items()}
             for key, value in (r.get("hardware") or {}).items():
                 if key in hardware_keys and value is not None:
-                    hardware.setdefault(key, np.full(n, np.nan))[j] = _float(value)
+                    x = _float(value)  # NaN for what no machine reports (a log from elsewhere may hold it)
+                    hardware.setdefault(key, np.full(n, np.nan))[j] = x if 0 <= x < HARDWARE_LIMIT else np.nan
             if r.get("hardware_note"):
                 notes.setdefault(str(r["hardware_note"]))
+        hardware = {key: values for key, values in hardware.items() if np.isfinite(values).any()}
         times = np.array([_float(r.get("time")) for r in records])
         # Logs from before "poisoned" existed called a no-scaler NaN/Inf step "skipped" (as history.py reads them).
         poisoned = np.array(
@@ -224,7 +236,7 @@ class RunSeries:
         skipped = np.array([bool(r.get("skipped", False)) for r in records], dtype=bool) & ~poisoned
         return cls(
             steps=np.array([int(r.get("step", j)) for j, r in enumerate(records)], dtype=np.int64),
-            scale=np.array([_float(r.get("scale")) for r in records]),
+            scale=np.array([_scale(r.get("scale")) for r in records]),
             skipped=skipped,
             total_norm=np.array([_float(r.get("total_norm")) for r in records]),
             offenders=[[str(m) for m in r.get("offenders") or []] for r in records],
@@ -434,7 +446,7 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
         y = np.where(np.isfinite(s.scale), s.scale, np.nanmin(s.scale))
         ax.set_ylabel("loss scale (log2)")
         lo, hi = np.nanmin(s.scale), np.nanmax(s.scale)
-        ax.set_ylim(lo / 2.8, hi * 2.8)
+        ax.set_ylim(lo / 2.8 if lo / 2.8 > 0 else lo, hi * 2.8)
     else:
         y = np.ones(len(s))
         ax.set_yticks([])
@@ -640,6 +652,10 @@ def heatmap_over_time(records: Sequence[Mapping[str, Any]] | RunSeries, module: 
         x_edges = np.concatenate([[steps[0] - (mids[0] - steps[0])], mids, [steps[-1] + (steps[-1] - mids[-1])]])
     else:
         x_edges = np.array([steps[0] - 0.5, steps[0] + 0.5])
+    # Each column is centred on its step; the outer halves stop half a step beyond the log's first and last
+    # steps (with histograms every 5 steps from step 0, the axis would otherwise start at step -2.5).
+    x_edges[0] = max(x_edges[0], float(s.steps.min()) - 0.5)
+    x_edges[-1] = min(x_edges[-1], float(s.steps.max()) + 0.5)
 
     fig = _figure(6.0)
     gs = fig.add_gridspec(3, 2, height_ratios=[0.6, 14, 0.6], width_ratios=[40, 0.6], hspace=0.02)
@@ -856,9 +872,12 @@ def save_all(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, plot in PLOTTERS.items():
-        fig = plot(s)
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=dpi, facecolor="white")
-        paths[name] = path
+    # NaN marks what a log lacks and the figures draw around it: numpy's notes about it are noise here.
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="All-NaN slice", category=RuntimeWarning)
+        for name, plot in PLOTTERS.items():
+            fig = plot(s)
+            path = out / f"{name}.png"
+            fig.savefig(path, dpi=dpi, facecolor="white")
+            paths[name] = path
     return paths

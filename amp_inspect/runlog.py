@@ -33,9 +33,17 @@ a module named ``"inf"`` in ``"offenders"`` stays a name.
 
 Durability: each record reaches the operating system with one ``write`` call of the whole line, so a run
 killed at any moment leaves at most one torn line, at the end. ``read_log`` skips such a tail with a
-warning, and a new ``RunLog`` on the same file (a resumed run) removes it before appending. One process
-writes one file: in a distributed run the Inspector logs on rank 0 only (every rank holds the same
-report), or to one file per rank with ``log_all_ranks=True``.
+warning, and a new ``RunLog`` on the same file (a resumed run) removes it before appending. A write that
+fails part-way (disk full) and a loop that goes on leave a torn line in the middle: the writer starts its
+next line on a fresh line, and ``read_log`` skips any invalid line (torn, garbage, fields of the wrong type)
+with one warning naming the line numbers, and returns every valid record. One process writes one file: in a
+distributed run the Inspector logs on rank 0 only (every rank holds the same report), or to one file per rank
+with ``log_all_ranks=True``.
+
+Other people's files: a ``RunLog`` only appends to a file that is empty or recognisably a run log (its first
+line starts as this writer starts every line, ``{"schema":``). Anything else (a checkpoint, a text file, a
+directory) is refused with a ValueError before anything is written or cut, so ``log=`` pointed at the wrong
+path never modifies that file.
 
 This module imports neither torch nor the rest of the package, so reading a log is cheap.
 """
@@ -60,6 +68,17 @@ FLOAT_FIELDS = frozenset({"scale", "total_norm", "amax", "grad_norm", "amin_nonz
 _MODULES_KEY = "modules"
 _STR_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last newline of an existing log
+# Every line RunLog writes starts with these bytes (json.dumps keeps "schema" first, compact separators): how an
+# existing file is recognised as a run log before anything is appended to it or cut from it.
+_LINE_START = b'{"schema":'
+_HEAD_BYTES = 4096  # bytes read from the start of an existing file to recognise it
+_MAX_INT = 2**63  # counts and steps are int64 wherever they are used (numpy, torch)
+_MAX_STEP = 2**53  # steps are exact in float64 (plots, JSON readers in other languages)
+_MAX_HEADROOM = 1024  # doublings or halvings: beyond float64's exponent range a headroom means nothing
+_UP_DOWN = ("up", "down")  # the keys of "headroom"
+_COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
+_GLUED = "torn, followed by a whole record"  # read_log: a line whose torn start was skipped, its record read
+_LISTED_BAD_LINES = 5  # invalid lines named one by one in read_log's warning
 
 
 def _nonfinite_str(x: float) -> str:
@@ -109,10 +128,135 @@ def _dumps(record: Mapping[str, Any]) -> bytes:
 
 def _parse_line(raw: bytes) -> dict[str, Any]:
     """One record from one line; ValueError (json's or ours) when it is not a JSON object."""
-    record = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError too
+    try:
+        record = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError too
+    except RecursionError:  # deeply nested arrays or objects: not a record of ours, and no crash
+        raise ValueError("nested too deeply") from None
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     return record
+
+
+def _is_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _is_headroom(value: Any) -> bool:
+    return value is None or (_is_int(value) and abs(value) < _MAX_HEADROOM)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any, low: int = -_MAX_INT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < _MAX_INT
+
+
+def _check_record(record: Mapping[str, Any]) -> None:
+    """ValueError naming the first field whose type is not the schema's (see the module docstring).
+
+    Only the fields this package reads are checked, and each only when present, so records of a newer
+    schema with fields of their own pass. Float fields hold numbers after ``_decode`` (non-finite allowed:
+    a NaN gradient has a NaN norm); counts and steps are ints in int64's range.
+    """
+    if not _is_int(record.get("step"), -_MAX_STEP) or record["step"] >= _MAX_STEP:
+        raise ValueError(f'"step" must be an integer below 2^53 in size, got {record.get("step")!r:.40}')
+    checks: dict[str, Any] = {
+        "time": _is_number,
+        "scale": lambda v: v is None or _is_number(v),
+        "skipped": lambda v: isinstance(v, bool),
+        "poisoned": lambda v: isinstance(v, bool),
+        "sparse_modules": lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v),
+        "scale_problem": lambda v: v is None or isinstance(v, str),
+        "total_norm": _is_number,
+        "recommended_scale": lambda v: v is None or _is_number(v),
+        "offenders": lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v),
+        "formats": lambda v: isinstance(v, list) and all(isinstance(f, str) for f in v),
+        "first_nonfinite": lambda v: v is None or isinstance(v, str),
+        "inf_origin": lambda v: v is None or isinstance(v, str),
+        "hardware_note": lambda v: v is None or isinstance(v, str),
+        "hardware": lambda v: v is None or isinstance(v, dict),  # read with plots._float: anything else is NaN
+        "headroom": lambda v: v is None or (isinstance(v, dict) and all(_is_headroom(v.get(k)) for k in _UP_DOWN)),
+        "inf_by_rank": lambda v: (
+            isinstance(v, dict)
+            and all(
+                _is_digits(str(r).removeprefix("-")) and isinstance(m, dict) and all(_is_int(c, 0) for c in m.values())
+                for r, m in v.items()
+            )
+        ),
+        "hist": lambda v: (
+            isinstance(v, dict)
+            and all(
+                isinstance(h, dict)
+                and all(_is_digits(k) and int(k) < HIST_BINS and _is_int(c, 0) for k, c in h.items())
+                for h in v.values()
+            )
+        ),
+    }
+    for key, ok in checks.items():
+        if key in record and not ok(record[key]):
+            raise ValueError(f'"{key}" has the wrong type or value ({record[key]!r:.60})')
+    modules = record.get(_MODULES_KEY)
+    if modules is None:
+        return
+    if not isinstance(modules, dict):
+        raise ValueError(f'"{_MODULES_KEY}" must be an object, got {type(modules).__name__}')
+    for name, m in modules.items():
+        if not isinstance(m, dict):
+            raise ValueError(f'"{_MODULES_KEY}" entry {name!r:.60} must be an object')
+        for key, value in m.items():
+            if key in _COUNT_FIELDS and not _is_int(value, 0):
+                raise ValueError(f"module {name!r:.60}: {key!r} must be a count, got {value!r:.40}")
+            if key in FLOAT_FIELDS and not _is_number(value):
+                raise ValueError(f"module {name!r:.60}: {key!r} must be a number, got {value!r:.40}")
+
+
+def _read_record(raw: bytes) -> dict[str, Any]:
+    """The decoded, checked record of one line; ValueError saying what is wrong with it."""
+    record = _decode(_parse_line(raw))
+    _check_record(record)
+    return record
+
+
+def _recover_glued(raw: bytes) -> dict[str, Any] | None:
+    """A whole record that follows a torn one on the same line (written before the writer could end the torn
+    line, e.g. by an older version after a failed write), or None."""
+    start = raw.rfind(_LINE_START)
+    if start <= 0:
+        return None
+    try:
+        return _read_record(raw[start:])
+    except ValueError:
+        return None
+
+
+def is_run_log(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file whose first non-blank line starts as RunLog starts every line (also when torn)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head = f.read(_HEAD_BYTES)
+    return head.lstrip().startswith(_LINE_START)
+
+
+def _refuse_foreign(path: Path) -> None:
+    """ValueError unless ``path`` is absent, empty (blank) or recognisably a run log: never write to another
+    file (a checkpoint, a text file) that ``log=`` was pointed at by mistake."""
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise ValueError(f"log={str(path)!r} is a directory; give a file path such as {str(path / 'run.jsonl')!r}")
+    if is_run_log(path):
+        return
+    with open(path, "rb") as f:
+        blank = not f.read(_HEAD_BYTES).strip() and f.read(1) == b""
+    if not blank:
+        raise ValueError(
+            f"log={str(path)!r} exists and is not an amp_inspect run log (its first line is not a run-log "
+            "record); refusing to write to it. Give a new file name, or an earlier run log to append to."
+        )
 
 
 def _tail_start(path: Path) -> int:
@@ -145,6 +289,10 @@ def _repair_tail(path: Path) -> None:
     with open(path, "rb") as f:
         f.seek(start)
         tail = f.read()
+    if not tail.strip():  # blank tail: nothing to cut, only the line to end
+        with open(path, "ab") as f:
+            f.write(b"\n")
+        return
     try:
         _parse_line(tail)
     except ValueError:
@@ -168,14 +316,20 @@ class RunLog:
     waits for the disk, which survives a machine crash as well as a killed process, at milliseconds a record.
 
     ``hist_every``: steps between exponent histograms (``wants_hist``); 0 or less turns them off.
+
+    An existing ``path`` must be empty or a run log (ValueError otherwise, before anything is written).
+    A write that raises part-way (OSError: disk full) leaves a torn line; the next write starts on a new line,
+    so the records after it stay readable.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, hist_every: int = 100, fsync: bool = False) -> None:
         self.path = Path(path)
         self.hist_every = hist_every
         self.fsync = fsync
+        _refuse_foreign(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _repair_tail(self.path)
+        self._torn = False  # the last write failed part-way: the next line starts with a newline
         # Unbuffered: FileIO.write is one write(2), and O_APPEND puts each line at the end as a whole.
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
 
@@ -192,7 +346,11 @@ class RunLog:
         if self.closed:
             raise ValueError(f"write to a closed RunLog ({self.path})")
         line = _dumps({"schema": SCHEMA_VERSION, "time": time.time(), **record})
+        if self._torn:
+            line = b"\n" + line
+        self._torn = True  # until the whole line is written
         self._write_all(line)
+        self._torn = False
         self._file.flush()  # a no-op for unbuffered files; kept so a buffered file would still be flushed
         if self.fsync:
             os.fsync(self._file.fileno())
@@ -241,36 +399,53 @@ def dense_hist(sparse: Mapping[str, int]) -> list[int]:
 
 
 def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every record of a run log, in order, with ``"nan"``/``"inf"``/``"-inf"`` decoded in the float fields.
+    """Every valid record of a run log, in order, with ``"nan"``/``"inf"``/``"-inf"`` decoded in the float fields.
 
-    An invalid last line (a run killed mid-write) is skipped with one RuntimeWarning naming the file and line.
-    An invalid line before the last is corruption, not a torn tail: ValueError with its line number. Blank
-    lines are skipped. Records from a newer schema are returned as they are, with one RuntimeWarning.
+    An invalid line (a torn last line of a killed run, a line torn by a failed write in the middle, garbage,
+    fields of the wrong type) is skipped, and one RuntimeWarning names the file and the lines skipped; every
+    valid record is returned. A file with lines but not one valid record is not a run log: ValueError naming
+    the file and its first line's problem. Missing files and directories raise OSError. Blank lines are
+    skipped. Records from a newer schema are returned as they are, with one RuntimeWarning.
     """
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
     if lines[-1] == b"":  # the file ends with a newline (or is empty): nothing follows the last line
         lines.pop()
     records: list[dict[str, Any]] = []
+    bad: list[tuple[int, str]] = []  # (line number, why)
     newest = SCHEMA_VERSION
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            record = _parse_line(raw)
+            record = _read_record(raw)
         except ValueError as err:
-            if number < len(lines):
-                raise ValueError(f"{path}: line {number} is not a valid record ({err})") from err
-            warnings.warn(
-                f"{path}: line {number} is incomplete or invalid (a run killed mid-write?); skipped",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            continue
+            record = _recover_glued(raw)
+            bad.append((number, _GLUED if record is not None else str(err)[:120]))
+            if record is None:
+                continue
         schema = record.get("schema")
         if isinstance(schema, int) and schema > newest:
             newest = schema
-        records.append(_decode(record))
+        records.append(record)
+    if bad and not records:
+        number, why = bad[0]
+        raise ValueError(f"{path}: not an amp_inspect run log (no valid record; line {number}: {why})")
+    if len(bad) == 1 and bad[0][0] == len(lines) and bad[0][1] != _GLUED:
+        warnings.warn(
+            f"{path}: line {bad[0][0]} is incomplete or invalid (a run killed mid-write?); skipped",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    elif bad:
+        listed = "; ".join(f"line {n} ({why})" for n, why in bad[:_LISTED_BAD_LINES])
+        more = f"; and {len(bad) - _LISTED_BAD_LINES} more" if len(bad) > _LISTED_BAD_LINES else ""
+        warnings.warn(
+            f"{path}: skipped {len(bad)} invalid line{'s' if len(bad) > 1 else ''} of {len(lines)}, read "
+            f"{len(records)} records: {listed}{more}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if newest > SCHEMA_VERSION:
         warnings.warn(
             f"{path}: records of schema {newest}, newer than this reader's {SCHEMA_VERSION}; read as they are",

@@ -485,3 +485,95 @@ def test_new_step_clears_records():
 def test_unknown_format_is_rejected():
     with pytest.raises(ValueError, match="unknown format"):
         ActivationWatcher(nn.Linear(2, 2), formats=("fp12",))
+
+
+# ---- issue 10, cases 12 and 13: model copies, bounded records, check() after detach() ----
+
+
+def _watch_hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) for m in model.modules())
+
+
+class Spiky(nn.Module):
+    """Linear whose output overflows fp16 while ``spike`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 1)
+        self.spike = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return self.out(h * 1e6 if self.spike else h)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "averaged_model"])
+def test_a_copy_of_an_armed_model_feeds_no_inspector(how: str) -> None:
+    import amp_inspect
+
+    model = Spiky()
+    insp = amp_inspect.attach(model, activations="always")
+    watcher = insp._watcher
+    ema = copy.deepcopy(model) if how == "deepcopy" else torch.optim.swa_utils.AveragedModel(model)
+    x = torch.randn(2, 4)
+    watcher.new_step(0)
+    for _ in range(20):
+        ema(x)  # EMA / evaluation forwards of the copy: not the watched model
+    assert watcher.records == []
+    model(x)
+    assert {r.module for r in watcher.records} == {"lin", "out"}
+    insp.detach()
+    assert _watch_hooks(model) == 0
+    before = len(watcher.records)
+    for _ in range(20):
+        ema(x)
+        model(x)
+    assert len(watcher.records) == before  # hooks of a detached inspector do nothing, wherever they are
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_records_while_armed_are_bounded_and_keep_the_first_finding(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    model = Spiky().to(device)
+    watcher = ActivationWatcher(model)
+    monkeypatch.setattr(watcher, "max_records", 16, raising=False)
+    x = torch.randn(2, 4, device=device)
+    with watcher.armed_for_step(0), torch.no_grad():
+        for i in range(500):  # evaluation forwards while armed
+            model.spike = i == 100
+            model(x)
+            assert len(watcher.records) < 16 * 2
+    finding = watcher.first_finding()
+    assert finding is not None and finding.module == "out" and finding.problem == "overflowed fp16"
+    assert finding.direction == FORWARD_OUTPUT
+
+
+def test_check_after_detach_does_not_rearm_hooks_on_a_skipped_step() -> None:
+    import amp_inspect
+
+    model = Spiky()
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    insp = amp_inspect.attach(model, scaler)
+    insp.detach()
+    model(torch.randn(2, 4)).sum().backward()
+    model.out.weight.grad[0, 0] = math.nan
+    report = insp.check()
+    assert report.found_inf
+    insp.history  # noqa: B018  # finalizes the report: a skip arms the hooks of an attached inspector
+    assert _watch_hooks(model) == 0
+
+
+def test_an_armed_model_can_be_saved_whole_and_the_copy_feeds_nobody(tmp_path) -> None:
+    # torch.save(model) pickles the forward hooks: while armed (after a skip) that failed on the local closure.
+    import amp_inspect
+
+    model = Spiky()
+    insp = amp_inspect.attach(model, activations="always")
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    insp._watcher.new_step(0)
+    loaded(torch.randn(2, 4))
+    assert insp._watcher.records == []
+    insp.detach()

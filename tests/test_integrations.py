@@ -540,3 +540,18 @@ def test_hf_trainer_fp16_cuda_finds_the_scaler(hf, tmp_path) -> None:
     history = cb.inspector.history
     assert len(history) == 8 and history[0].scale is not None
     assert any("amp_inspect/loss_scale" in e for e in trainer.state.log_history)
+
+
+def test_lightning_16_mixed_cpu_inspecting_grad_scaler_logs_the_current_step(lightning, tmp_path) -> None:
+    # The scaler's report reaches the history at scaler.update(), after on_before_optimizer_step: on CPU the
+    # callback still logs each step's own values, the last step included.
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**8)
+    trainer, cb, rows, module = fit_lightning(lightning, tmp_path, plugins=[MixedPrecision("16-mixed", "cpu", scaler)])
+    history = cb.inspector.history
+    assert [r.skipped for r in history] == [step == POISON_AT for step in range(10)]
+    skipped = logged_column(rows, "amp_inspect/skipped")
+    assert skipped == [float(step == POISON_AT) for step in range(10)]
+    scales = logged_column(rows, "amp_inspect/loss_scale")
+    assert scales == [r.scale for r in history]

@@ -24,8 +24,11 @@ with several optimizers (manual optimization) each of their steps counts as an i
 Logged with ``pl_module.log`` (on_step only, so the Trainer's loggers get them at ``log_every_n_steps``):
 ``amp_inspect/skipped``, ``amp_inspect/poisoned`` (without a scaler, e.g. bf16: NaN/Inf applied),
 ``amp_inspect/total_norm``, ``amp_inspect/loss_scale`` (with a scaler),
-``amp_inspect/headroom_up`` / ``headroom_down`` (when defined), from the newest report the Inspector has
-finalized: no host sync, so on CUDA normally the previous step's report, on CPU the current one.
+``amp_inspect/headroom_up`` / ``headroom_down`` (when defined), from the newest report whose values are on the
+host: no host sync. On CPU that is the current step's report (also with an ``InspectingGradScaler``, whose
+report reaches the Inspector's history only at ``scaler.update()``, after this hook: it is logged from the
+scaler's report directly). On CUDA it is normally the previous step's report, so each logged value is one
+step late and the last step's values are not logged (``cb.inspector.history`` and the run log have them).
 
 ``cb.inspector`` is the Inspector of the last fit; it is detached at the end of fit (hooks removed) and
 keeps its history. Subclass of ``lightning.pytorch.Callback``, or of ``pytorch_lightning.Callback`` when
@@ -109,10 +112,12 @@ class AmpInspectCallback(pl.Callback):
         self.inspector: Inspector | None = None
         self._follower: ReportFollower | None = None
         self._attached = False
+        self._logged_step: int | None = None  # the step whose report was logged last (each is logged once)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.inspector = Inspector(pl_module, precision_scaler(trainer), **self.inspector_kwargs)
         self._follower = ReportFollower(self.inspector)
+        self._logged_step = None
         for logger in self.loggers:
             logger.attach(self.inspector)
         self._attached = True
@@ -120,9 +125,16 @@ class AmpInspectCallback(pl.Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: torch.optim.Optimizer) -> None:
         if not self._attached or self.inspector is None or self._follower is None:
             return
-        self.inspector.check()
+        returned = self.inspector.check()
         report, _ = self._follower.take()
-        if report is None or self.log_every == 0 or report.step % self.log_every:
+        # An InspectingGradScaler's report of this step is finalized at scaler.update(), after this hook: log it
+        # now when its values are already on the host (CPU), rather than one step late (and the last never).
+        if returned is not None and returned.ready() and (report is None or returned.step > report.step):
+            report = returned
+        if report is None or report.step == self._logged_step:
+            return
+        self._logged_step = report.step
+        if self.log_every == 0 or report.step % self.log_every:
             return
         scalars = step_scalars(report)
         metrics = {PREFIX + k: scalars[k] for k in LOGGED_KEYS if k in scalars}
