@@ -123,6 +123,6 @@ def sparse_gradient_modules(model: nn.Module) -> list[str]:
     """Names of the modules that produce sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True)."""
     return [
         name or ROOT_NAME
-        for module, name in _clean_names(model)
+        for module, name in clean_module_names(model)
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse
     ]
