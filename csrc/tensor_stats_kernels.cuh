@@ -121,9 +121,11 @@ struct Tally {
 __shared__ uint32_t warp_histograms[kWarps][kHistBins];
 
 // What the counting functions need besides the tally, fixed for a launch.
+// Held by value and copied into each counting function, so the bounds live in registers (read through a
+// pointer, they were reloaded for every element: the loop's stores and atomics might alias them).
 template <int kFormats>
 struct Judge {
-  const FormatBounds* bounds;
+  FormatBounds bounds[kFormats];
   int warp;  // this thread's warp: its row of warp_histograms
   float scale;
   float inv_scale;
@@ -516,7 +518,9 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
 // views, float64) cannot push the common one into spilling. Every thread of the block must call it.
 template <int kDtype, bool kDense, int kMode, int kFormats>
 __device__ __noinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                         MergeScratch<kFormats>& scratch, const Judge<kFormats>& j, int num_formats) {
+                                         MergeScratch<kFormats>& scratch, const Judge<kFormats>& judge,
+                                         int num_formats) {
+  const Judge<kFormats> j = judge;  // into registers, once
   Tally<kFormats> tally;
   tally.clear();
   if constexpr (kDense) {
@@ -562,7 +566,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
   __syncthreads();
 
   Judge<kFormats> judge;
-  judge.bounds = p.bounds;
+#pragma unroll
+  for (int f = 0; f < kFormats; ++f) judge.bounds[f] = p.bounds[f];
   judge.warp = warp;
   judge.scale = 1.0f;
   if constexpr (kMode == kScaled) judge.scale = p.scale_ptr != nullptr ? *p.scale_ptr : p.scale_value;
