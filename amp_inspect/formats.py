@@ -7,7 +7,7 @@ For a value v and a format f, "cast" means what ``v.to(dtype)`` does: round to n
 - **subnormal**: v is finite, nonzero, and its cast is a nonzero subnormal of f (precision is being lost).
 - **underflow**: v is finite, nonzero, and its cast is zero (the value is lost).
 
-The thresholds are exact float32 bit patterns of |v| (../shared/NUMERICS.md, checked against torch's casts
+The thresholds are exact float32 bit patterns of |v| (docs/numerics.md, checked against torch's casts
 by the tests); the kernels compare bits as integers, so flush-to-zero modes cannot change a count.
 """
 

@@ -6,7 +6,7 @@
 // exercise the very comparisons the GPU runs.
 //
 // Definitions (for a value v and a target format f, "cast" meaning round-to-nearest-even, what
-// torch's `v.to(dtype)` does; ../shared/NUMERICS.md lists the boundaries and how they were checked):
+// torch's `v.to(dtype)` does; docs/numerics.md lists the boundaries and how they were checked):
 //   overflow[f]  : v is finite and its cast to f is +-Inf (e4m3fn has no Inf: |v| > 464 counts).
 //   subnormal[f] : v is finite, nonzero, and its cast is a nonzero subnormal of f.
 //   underflow[f] : v is finite, nonzero, and its cast is zero.
@@ -27,7 +27,7 @@
 
 namespace amp_inspect {
 
-// Formats, in the order of kFormatNames in formats.cpp and FORMATS in amp_inspect/formats.py.
+// Formats, in the order of kFormatNames in tensor_stats.cpp and FORMATS in amp_inspect/formats.py.
 enum FormatId : int32_t { kFp16 = 0, kBf16 = 1, kFp8E4M3 = 2, kFp8E5M2 = 3, kNumFormats = 4 };
 constexpr int kMaxFormats = kNumFormats;  // a call may ask for each format at most once
 
@@ -60,7 +60,7 @@ struct FormatBounds {
   uint64_t zero_upto64;
 };
 
-// Indexed by FormatId. Each value is in ../shared/NUMERICS.md and pinned by tests against torch's casts.
+// Indexed by FormatId. Each value is in docs/numerics.md and pinned by tests against torch's casts.
 // Host only: the host code copies the bounds a call needs into the kernel's arguments.
 constexpr FormatBounds kFormatBounds[kNumFormats] = {
     // fp16: overflow at 65520 (65504 < v < 65520 rounds down to 65504); subnormal below 2^-14 - 2^-25,

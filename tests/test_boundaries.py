@@ -1,4 +1,4 @@
-"""Every format boundary of ../shared/NUMERICS.md, with its nextafter neighbours on both sides and both signs,
+"""Every format boundary of docs/numerics.md, with its nextafter neighbours on both sides and both signs,
 judged element by element (each value in its own tensor) against the oracles of tests/oracles.py."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def boundaries(fmt: str) -> dict[str, float]:
     return b
 
 
-# The table of ../shared/NUMERICS.md, float32 bits of |x|: (max finite, overflows from, min normal,
+# The table of docs/numerics.md, float32 bits of |x|: (max finite, overflows from, min normal,
 # subnormal below, zero at and below). e4m3's "overflows" is "> 464", so the first float32 above 464.
 NUMERICS_MD = {
     "fp16": (0x477FE000, 0x477FF000, 0x38800000, 0x387FE000, 0x33000000),
