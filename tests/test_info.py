@@ -43,3 +43,32 @@ def test_the_built_binary_holds_the_default_images_and_info_lists_them():
     assert images, "a CUDA build must name its images"
     info = collect()
     assert info["GPU images built"] == " ".join(images)
+
+
+def test_the_images_info_names_are_the_ones_in_the_binary():
+    """What info says was built is what the library holds (read back with cuobjdump, where one is at hand)."""
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import amp_inspect._C as extension
+
+    if _ops.build_info().get("cuda") != "1":
+        pytest.skip("built without CUDA kernels")
+    tool = shutil.which("cuobjdump")
+    try:
+        import triton
+
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        tool = str(bundled) if bundled.exists() else tool
+    except ImportError:
+        pass
+    if tool is None:
+        pytest.skip("no cuobjdump to read the binary with")
+    listing = subprocess.run(
+        [tool, "--list-elf", "--list-ptx", extension.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    held = {f"sm_{n}" for n in re.findall(r"ELF file.*\.sm_(\d+)\.cubin", listing)}
+    held |= {f"compute_{n}" for n in re.findall(r"PTX file.*\.sm_(\d+)\.ptx", listing)}
+    assert held == set(built_images())
