@@ -101,7 +101,7 @@ class HeadroomPolicy:
         margin: int = 2,
         max_margin: int = 10,
         far_binades: int = 8,
-        nonfinite_backoff_binades: int = 2,
+        nonfinite_backoff_binades: int = 1,
         patience: int = 8,
         probe_scale: float = 1.0,
         min_scale: float = 2.0**-24,
