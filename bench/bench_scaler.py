@@ -21,6 +21,7 @@ steps to recover within 2x of the scale used just before the event (counted from
 when the scale never fell below half), the final loss (mean of the last 10 losses). Seeds 0..SEEDS-1.
 
 Run:  python bench/bench_scaler.py [--steps 200] [--seeds 3] [--models gpt,gpt2,cnn] [--out bench/results]
+      python bench/bench_scaler.py --table bench/results/scaler_cpu.json   # the table of a results file
 Writes bench/results/scaler_cpu.json and prints a table.
 """
 
@@ -179,7 +180,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--models", default="gpt,gpt2,cnn")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--table", type=Path, help="print the table of a results file and exit")
     args = parser.parse_args()
+    if args.table is not None:
+        print_table(json.loads(args.table.read_text())["runs"])
+        return
     torch.set_num_threads(1)
     results = []
     start = time.perf_counter()
@@ -222,7 +227,7 @@ def print_table(results: list[dict]) -> None:
         losses = [r["final_loss"] for r in runs]
         spread = statistics.pstdev(losses)
         lost = "-" if scenario == "clean" else f"{max(r['lost_factor'] for r in runs):g}x"
-        recovered = [r["steps_to_recover"] for r in runs]
+        recovered = [r.get("steps_to_recover") for r in runs]
         rec = "-" if scenario == "clean" else "never" if None in recovered else str(max(recovered))
         print(
             f"{model:5} {scenario:8} {scaler:10} {skips:>14} {under:10.2e} {under1:10.2e} {lost:>6} {rec:>7} "

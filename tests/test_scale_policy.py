@@ -301,3 +301,14 @@ def test_fsdp2_ranks_agree_on_every_decision(tmp_path) -> None:
 
 def test_ranks_whose_statistics_stay_per_rank_decide_from_the_largest(tmp_path) -> None:
     run_scale_scenario("mesh_2d_headroom", 4, tmp_path)
+
+
+def test_headroom_scaler_pickles_with_its_policy_state() -> None:
+    import pickle
+
+    model, opt, scaler = make("headroom")
+    train(model, opt, scaler, range(3))
+    scaler._policy.margin = 4
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert copy.policy == "headroom" and copy.get_scale() == scaler.get_scale()
+    assert copy._policy.state_dict() == scaler._policy.state_dict()
