@@ -312,3 +312,24 @@ def test_headroom_scaler_pickles_with_its_policy_state() -> None:
     copy = pickle.loads(pickle.dumps(scaler))
     assert copy.policy == "headroom" and copy.get_scale() == scaler.get_scale()
     assert copy._policy.state_dict() == scaler._policy.state_dict()
+
+
+def test_explicit_torch_policy_is_gradscaler_bit_for_bit() -> None:
+    poison = {2: math.inf, 5: math.nan, 9: -math.inf}
+    runs = []
+    for scaler_kind in ("gradscaler", "torch"):
+        model, opt, scaler = make(scaler_kind, init_scale=2.0**10)
+        scaler.set_growth_interval(3)
+        for step in range(14):
+            models.backward(model, scaler, step)
+            if step in poison:
+                models.poison_(model, "blocks.1.mlp.fc2", poison[step])
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        runs.append((model, scaler))
+    (model_t, torch_scaler), (model_i, ours) = runs
+    assert ours.policy == "torch" and ours.state_dict() == torch_scaler.state_dict()
+    assert ours.last_decision is None
+    for p, q in zip(model_t.parameters(), model_i.parameters(), strict=True):
+        assert torch.equal(p, q)
