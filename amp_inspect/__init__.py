@@ -19,6 +19,7 @@ from .history import StepRecord, Summary
 from .inspector import Inspector, attach
 from .report import Headroom, StepReport
 from .runlog import read_log
+from .scale_policy import HeadroomPolicy, ScaleDecision
 from .scaler import InspectingGradScaler
 from .stats import TensorStats, tensor_stats
 
@@ -26,10 +27,12 @@ __all__ = [
     "FORMATS",
     "DistributedInspectionError",
     "Headroom",
+    "HeadroomPolicy",
     "InspectingGradScaler",
     "Inspector",
     "StepRecord",
     "StepReport",
+    "ScaleDecision",
     "Summary",
     "TensorStats",
     "attach",

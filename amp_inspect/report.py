@@ -183,6 +183,8 @@ class StepReport:
         self._origin_ranks: list[int] = []
         self._inf_by_rank: dict[int, dict[str, int]] | None = None  # made from _origin on first use
         self.inf_origin: str | None = None  # BEFORE_ALLREDUCE or SHARDS once set_rank_origin ran
+        # InspectingGradScaler(policy="headroom"): its ScaleDecision after this step (scale_policy.py).
+        self.scale_decision: Any = None
         # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._snapshot = StatsSnapshot(stats, self._scale_tensor)
@@ -422,6 +424,8 @@ class StepReport:
             record["sparse_modules"] = self.sparse_modules
         if self.scale_problem is not None:
             record["scale_problem"] = self.scale_problem
+        if self.scale_decision is not None:
+            record["scale_decision"] = self.scale_decision.to_record()
         origin = self.inf_by_rank
         if origin is not None:
             record["inf_by_rank"] = {str(rank): modules for rank, modules in origin.items()}
@@ -453,6 +457,8 @@ class StepReport:
         lines.append(f"headroom ({fmt}): {self.headroom}{advice}")
         if self.first_nonfinite:
             lines.append(f"first non-finite producer: {self.first_nonfinite}")
+        if self.scale_decision is not None:
+            lines.append(f"headroom policy: {self.scale_decision}")
         if self.offenders:
             lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
         for rank, modules in (self.inf_by_rank or {}).items():

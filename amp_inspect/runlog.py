@@ -15,6 +15,9 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "first_nonfinite": str,           # optional: the first module whose activations went non-finite
      "sparse_modules": [module names], # optional: modules with sparse gradients (numel counts stored values)
      "scale_problem": str,             # optional: the loss scale is not a finite positive number
+     "scale_decision": {"scale", "previous", "reason", "skip", "margin", "room", "room_from", "offenders"},
+                                       # optional: InspectingGradScaler(policy="headroom")'s next scale and why
+                                       # (amp_inspect/scale_policy.py)
      "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf per rank and module
      "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ._ops import unscale_stats_op
 from .distributed import DEFAULT_TIMEOUT_S, Combiner, Combiners, GlobalStats, local_shards, sharded_groups
 from .report import SHARDS, StepReport
+from .scale_policy import HeadroomPolicy, ScaleDecision, StepStats
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 DEFAULT_FORMATS = ("fp16",)
 
 
-def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor]) -> None:
+def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor]) -> list[Any]:
     """DTensor gradients whose statistics stay per rank (sharded along several mesh dimensions, or mixed
     with plain tensors): the skip decision must still be the same on every rank, or the ranks' weights part
     ways. As torch's DTensor unscale does, take the max of found_inf over each mesh dimension that is not
@@ -47,13 +48,36 @@ def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor])
     for flag in flags:
         for group in groups:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return groups
+
+
+POLICIES = ("torch", "headroom")
 
 
 class InspectingGradScaler(torch.amp.GradScaler):
-    """torch.amp.GradScaler (same constructor and behaviour) that inspects gradients in its unscale pass."""
+    """torch.amp.GradScaler (same constructor and behaviour) that inspects gradients in its unscale pass.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``policy="torch"`` (default): GradScaler's own scale updates, bit for bit. ``policy="headroom"`` (or a
+    HeadroomPolicy): the next scale is set from the measured exponents (amp_inspect/scale_policy.py); each
+    update's ScaleDecision is ``last_report.scale_decision`` and goes to the run log."""
+
+    def __init__(self, *args: Any, policy: str | HeadroomPolicy = "torch", **kwargs: Any) -> None:
+        if isinstance(policy, str) and policy not in POLICIES:
+            raise ValueError(
+                f"InspectingGradScaler: policy must be one of {POLICIES} or a HeadroomPolicy, got {policy!r}"
+            )
+        if not isinstance(policy, (str, HeadroomPolicy)):
+            raise TypeError(
+                f"InspectingGradScaler: policy must be a str or a HeadroomPolicy, got {type(policy).__name__}"
+            )
         super().__init__(*args, **kwargs)
+        self._policy: HeadroomPolicy | None = (
+            HeadroomPolicy() if policy == "headroom" else policy if isinstance(policy, HeadroomPolicy) else None
+        )
+        if self._policy is not None and self._enabled:
+            self._init_scale = self._policy.first_scale(self._init_scale)  # no blind skips from init_scale down
+        self.last_decision: ScaleDecision | None = None
+        self._step_groups: list[Any] = []  # mesh groups whose statistics stay per rank (combined for the policy)
         self.last_report: StepReport | None = None
         self._inspector: Inspector | None = None
         self._steps = 0  # steps completed (update() calls)
@@ -186,7 +210,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 for found in per_device_found.values():
                     torch.maximum(found, anywhere.to(found.device), out=found)
             else:
-                agree_on_found_inf(per_device_found.values(), whole)
+                self._step_groups += agree_on_found_inf(per_device_found.values(), whole)
             self._publish(outputs, names, origin)
         return per_device_found
 
@@ -203,7 +227,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             for device in {g.device for g in local}:
                 found[device] = any_bad.to(device, non_blocking=True)
             if origin is None:
-                agree_on_found_inf(found.values(), dense)
+                self._step_groups += agree_on_found_inf(found.values(), dense)
             self._step_sparse += sparse
             self._publish(outputs, names, origin)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
@@ -213,7 +237,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         # Pickle what GradScaler pickles; the inspection state (reports with device tensors and CUDA events,
         # the link to an Inspector) belongs to the running process.
         state = super().__getstate__()
-        for key in ("last_report", "_inspector", "_step_parts", "_step_sparse", "_combiners"):
+        for key in ("last_report", "_inspector", "_step_parts", "_step_sparse", "_combiners", "_step_groups"):
             state.pop(key, None)
         return state
 
@@ -221,15 +245,68 @@ class InspectingGradScaler(torch.amp.GradScaler):
         super().__setstate__(state)
         self.last_report, self._inspector, self._step_parts, self._combiners = None, None, [], Combiners()
         self._step_sparse = []
+        self._step_groups = []
+
+    @property
+    def policy(self) -> str:
+        return "torch" if self._policy is None else "headroom"
+
+    def _policy_stats(self, report: StepReport) -> StepStats:
+        """The policy's inputs, combined over every gradient (and every rank whose statistics stay per rank),
+        read in one device-to-host copy. step() has already waited for found_inf, computed after these."""
+        stats = report.stats
+        assert self._scale is not None
+        home = self._scale.device
+        vec = torch.stack(
+            [
+                stats.amax.max().to(home, torch.float64),
+                stats.nan.sum().to(home, torch.float64),
+                (stats.posinf + stats.neginf).sum().to(home, torch.float64),
+                self._scale.reshape(()).to(torch.float64),
+            ]
+        )
+        for group in self._step_groups:  # identical on every rank of the group afterwards
+            dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
+        amax, nan, inf, scale = vec.tolist()
+        offenders = tuple(report.offenders) if nan or inf else ()
+        return StepStats(scale=scale, amax=amax, nan=int(nan), inf=int(inf), offenders=offenders)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if state and self._policy is not None:
+            state["policy"] = "headroom"
+            state["headroom_policy"] = self._policy.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self._enabled and self._policy is not None and "headroom_policy" in state_dict:
+            self._policy.load_state_dict(state_dict["headroom_policy"])
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        decision = None
+        report = self.last_report
+        if self._policy is not None and self._enabled and new_scale is None and self._unscaled_this_step:
+            assert report is not None
+            decision = self._policy.decide(self._policy_stats(report), self._growth_factor, self._backoff_factor)
+            report.scale_decision = decision
+            inspector_report = self._inspector.last_report if self._inspector is not None else None
+            if inspector_report is not None and inspector_report.step == report.step:
+                inspector_report.scale_decision = decision  # check() before step: its report is the history's
+            self.last_decision = decision
         if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:
             self._inspector.receive(self.last_report)
-        super().update(new_scale)
+        if decision is not None:
+            super().update(decision.scale)
+            assert self._growth_tracker is not None
+            self._growth_tracker.zero_()  # unused by the policy: clean steps since its last decision
+        else:
+            super().update(new_scale)
         self._steps += 1
         self._unscaled_this_step = False
         self._checked_this_step = False
         self._step_parts = []
         self._step_sparse = []
+        self._step_groups = []
         if self._inspector is not None:
             self._inspector._after_step()

@@ -1,0 +1,335 @@
+"""The headroom loss-scale policy (amp_inspect/scale_policy.py): decisions on planted statistics, and
+InspectingGradScaler(policy="headroom") on the CPU loop of the demo (bf16 autocast, gradients rounded through
+fp16): no warm-up skips, a NaN burst that does not collapse the scale, a spike recovered in one step,
+state_dict round trips, decisions in the run log."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import amp_inspect
+from amp_inspect.scale_policy import (
+    HEADROOM,
+    MARGIN,
+    NO_DATA,
+    NONFINITE_NOT_FROM_SCALE,
+    OVERFLOW,
+    SKIP_NONFINITE,
+    SKIP_OVERFLOW,
+    START,
+    HeadroomPolicy,
+    StepStats,
+)
+from tests import models
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CEILING = 65520.0  # fp16: a scaled |grad| >= this rounds to Inf
+
+
+def clean(scale: float, amax_unscaled: float) -> StepStats:
+    return StepStats(scale=scale, amax=amax_unscaled * scale, nan=0, inf=0)
+
+
+# ---- the pure policy, on planted statistics ------------------------------------------------------------
+
+
+def test_first_scale_is_the_probe_not_init_scale() -> None:
+    assert HeadroomPolicy().first_scale(2.0**16) == 1.0
+    assert HeadroomPolicy().first_scale(0.25) == 0.25  # a lower init_scale is kept
+
+
+def test_clean_step_sets_the_scale_margin_binades_under_the_ceiling() -> None:
+    policy = HeadroomPolicy(margin=2)
+    d = policy.decide(clean(1.0, 1.0))  # amax 1 at scale 1: 2^15 < 65520 <= 2^16, 15 doublings of room
+    assert (d.reason, d.skip, d.room, d.room_from) == (START, None, 15, "this step")
+    assert d.scale == 2.0**13  # several binades at once
+    assert d.scale * 1.0 * 2**2 < CEILING <= d.scale * 1.0 * 2**3
+    d = policy.decide(clean(2.0**13, 1.0))
+    assert (d.reason, d.scale, d.room) == (HEADROOM, 2.0**13, 2)
+
+
+def test_clean_step_shrinks_before_an_overflow_without_a_skip() -> None:
+    policy = HeadroomPolicy(margin=2)
+    policy.decide(clean(1.0, 1.0))
+    d = policy.decide(clean(2.0**13, 6.0))  # gradients grew 6x: room 0, under the margin
+    assert (d.reason, d.skip, d.room) == (HEADROOM, None, 0)
+    assert d.scale == 2.0**11
+
+
+def test_overflow_near_the_ceiling_backs_off_to_the_margin() -> None:
+    policy = HeadroomPolicy(margin=2)
+    d = policy.decide(StepStats(scale=2.0**13, amax=60000.0, nan=0, inf=5, offenders=("fc",)))
+    assert (d.reason, d.skip, d.room, d.margin) == (OVERFLOW, SKIP_OVERFLOW, 0, 2)
+    assert d.scale == 2.0**11
+
+
+def test_overflow_with_room_left_widens_the_margin_for_the_rest_of_the_run() -> None:
+    policy = HeadroomPolicy(margin=2)
+    policy.decide(clean(1.0, 1.0))
+    # Inf while the finite gradients had 3 binades of room: something unseen is > 2^3 times larger.
+    d = policy.decide(StepStats(scale=2.0**12, amax=2.0**12, nan=0, inf=1))
+    assert (d.reason, d.skip, d.room, d.margin) == (MARGIN, SKIP_OVERFLOW, 3, 4)
+    assert d.scale == 2.0**11
+    assert policy.margin == 4
+    d = policy.decide(clean(2.0**11, 1.0))  # later clean steps keep the wider margin
+    assert (d.reason, d.margin, d.scale) == (HEADROOM, 4, 2.0**11)
+
+
+def test_nan_burst_is_not_blamed_on_the_scale_and_the_backoff_is_bounded() -> None:
+    policy = HeadroomPolicy(margin=2, nonfinite_backoff_binades=2)
+    policy.decide(clean(1.0, 1.0))
+    scale = 2.0**13
+    policy.decide(clean(scale, 1.0))
+    seen = []
+    for _ in range(5):  # all gradients NaN (a NaN loss): nothing finite to measure this step
+        d = policy.decide(StepStats(scale=scale, amax=0.0, nan=100, inf=0, offenders=("head", "wte")))
+        assert (d.reason, d.skip, d.room_from, d.offenders) == (
+            NONFINITE_NOT_FROM_SCALE,
+            SKIP_NONFINITE,
+            "last clean step",
+            ("head", "wte"),
+        )
+        assert "non-finite not caused by the scale (head, wte)" in str(d)
+        seen.append(d.scale)
+        scale = d.scale
+    assert seen == [2.0**12, 2.0**11, 2.0**11, 2.0**11, 2.0**11]  # never more than 4x below 2^13
+    d = policy.decide(clean(scale, 1.0))  # the burst is over: straight back into the measured room
+    assert (d.reason, d.scale) == (HEADROOM, 2.0**13)
+
+
+def test_nan_with_finite_gradients_at_the_ceiling_is_an_overflow() -> None:
+    policy = HeadroomPolicy(margin=2)
+    d = policy.decide(StepStats(scale=2.0**13, amax=50000.0, nan=3, inf=2))
+    assert (d.reason, d.skip) == (OVERFLOW, SKIP_OVERFLOW)
+
+
+def test_inf_far_below_the_ceiling_is_not_from_the_scale() -> None:
+    policy = HeadroomPolicy(margin=2, far_binades=8)
+    d = policy.decide(StepStats(scale=1024.0, amax=1.0, nan=0, inf=1, offenders=("attn",)))  # 15 binades of room
+    assert (d.reason, d.skip, d.room) == (NONFINITE_NOT_FROM_SCALE, SKIP_NONFINITE, 15)
+    assert d.scale == 512.0
+    assert policy.margin == 2  # not a hidden margin
+
+
+def test_a_long_run_of_nonfinite_steps_is_finally_blamed_on_the_scale() -> None:
+    policy = HeadroomPolicy(margin=2, patience=3)
+    policy.decide(clean(1.0, 1.0))
+    reasons = [policy.decide(StepStats(scale=1024.0, amax=0.0, nan=10, inf=0)).reason for _ in range(5)]
+    assert reasons == [NONFINITE_NOT_FROM_SCALE] * 3 + [OVERFLOW] * 2
+
+
+def test_nothing_measured_grows_as_gradscaler_and_nothing_known_backs_off() -> None:
+    policy = HeadroomPolicy()
+    d = policy.decide(StepStats(scale=4.0, amax=0.0, nan=0, inf=0))
+    assert (d.reason, d.scale) == (NO_DATA, 8.0)
+    d = policy.decide(StepStats(scale=4.0, amax=0.0, nan=5, inf=0))  # no clean step yet: nothing to judge by
+    assert (d.reason, d.skip, d.scale) == (OVERFLOW, SKIP_OVERFLOW, 2.0)
+
+
+def test_scales_stay_powers_of_two_within_bounds() -> None:
+    policy = HeadroomPolicy(max_scale=2.0**20)
+    assert policy.decide(clean(1.0, 1e-12)).scale == 2.0**20
+    d = policy.decide(StepStats(scale=1.0, amax=60000.0, nan=0, inf=1))
+    assert math.log2(d.scale) == round(math.log2(d.scale))
+
+
+def test_policy_state_dict_round_trip_gives_the_same_decisions() -> None:
+    a = HeadroomPolicy(margin=2)
+    a.decide(clean(1.0, 1.0))
+    a.decide(StepStats(scale=2.0**12, amax=2.0**12, nan=0, inf=1))  # margin -> 4
+    a.decide(StepStats(scale=2.0**11, amax=0.0, nan=9, inf=0))  # inside a non-finite run
+    b = HeadroomPolicy()
+    b.load_state_dict(a.state_dict())
+    assert b.margin == 4 and b.nonfinite_run == 2 and b.anchor == 2.0**12  # the run began at the overflow
+    stats = [StepStats(scale=2.0**10, amax=0.0, nan=9, inf=0), clean(2.0**10, 3.0), clean(2.0**9, 0.01)]
+    assert [a.decide(s) for s in stats] == [b.decide(s) for s in stats]
+
+
+def test_invalid_policy_is_refused_with_a_sentence() -> None:
+    with pytest.raises(ValueError, match="policy must be one of"):
+        amp_inspect.InspectingGradScaler("cpu", policy="smart")
+    with pytest.raises(ValueError, match="margin"):
+        HeadroomPolicy(margin=-1)
+
+
+# ---- InspectingGradScaler(policy="headroom") on the demo's CPU loop --------------------------------------
+
+
+def _round_through_fp16(param: torch.Tensor) -> None:
+    with torch.no_grad():
+        param.grad.copy_(param.grad.to(torch.float16))
+
+
+def make(policy: str, seed: int = 0, **kwargs):
+    model = models.gpt(seed)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(_round_through_fp16)  # fp16 gradients, as in amp_inspect/demo.py
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if policy == "gradscaler":
+        scaler = torch.amp.GradScaler("cpu", growth_interval=10, **kwargs)
+    else:
+        scaler = amp_inspect.InspectingGradScaler("cpu", growth_interval=10, policy=policy, **kwargs)
+    return model, opt, scaler
+
+
+def train(model, opt, scaler, steps: range, nan_steps=(), spike_steps=()):
+    """Steps of the loop; returns [(scale the step ran at, skipped, the decision or None)]."""
+    out = []
+    for step in steps:
+        loss = models.forward_loss(model, step)
+        if step in nan_steps:
+            loss = loss * math.nan
+        if step in spike_steps:
+            loss = loss * 1e4
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        skipped = models.found_inf_of(scaler, opt)
+        scaler.update()
+        opt.zero_grad()
+        out.append((scale, skipped, getattr(scaler, "last_decision", None)))
+    return out
+
+
+def test_no_warm_up_skips_where_gradscaler_skips() -> None:
+    ours = train(*make("headroom"), range(20))
+    torch_run = train(*make("gradscaler"), range(20))
+    assert torch_run[0][1]  # GradScaler starts at 2^16 and overflows (the contrast that makes this a test)
+    assert not any(skipped for _, skipped, _ in ours)
+    assert ours[0][0] == 1.0 and ours[0][2].reason == START
+    assert ours[1][0] >= 2.0**10  # set from the first step's histogram, many binades at once
+    assert all(d.reason == HEADROOM for _, _, d in ours[1:])
+
+
+def test_nan_burst_does_not_collapse_the_scale() -> None:
+    ours = train(*make("headroom"), range(20), nan_steps=(10, 11, 12))
+    before = ours[9][0]
+    assert [skipped for _, skipped, _ in ours[10:13]] == [True] * 3
+    assert all(d.reason == NONFINITE_NOT_FROM_SCALE for _, _, d in ours[10:13])
+    assert min(scale for scale, _, _ in ours[10:14]) >= before / 4
+    assert ours[14][0] >= before / 2  # back in one clean step
+    torch_run = train(*make("gradscaler"), range(20), nan_steps=(10, 11, 12))
+    assert torch_run[13][0] == torch_run[9][0] / 8  # GradScaler lost 8x and stays there for growth_interval
+
+
+def test_spike_recovers_within_two_steps() -> None:
+    ours = train(*make("headroom"), range(16), spike_steps=(10,))
+    before = ours[9][0]
+    assert ours[10][1] and ours[10][2].reason == OVERFLOW
+    assert ours[12][0] >= before / 2
+
+
+def test_scaler_state_dict_round_trip_restores_scale_margin_and_run_state(tmp_path) -> None:
+    model, opt, scaler = make("headroom")
+    train(model, opt, scaler, range(6))
+    scaler._policy.margin = 5  # as if learned
+    train(model, opt, scaler, range(6, 8), nan_steps=(7,))
+    state = scaler.state_dict()
+    assert state["policy"] == "headroom" and state["headroom_policy"]["margin"] == 5
+    path = tmp_path / "ckpt.pt"
+    torch.save({"scaler": state, "model": model.state_dict(), "opt": opt.state_dict()}, path)
+    ckpt = torch.load(path)
+    model2, opt2, scaler2 = make("headroom")
+    model2.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["opt"])
+    scaler2.load_state_dict(ckpt["scaler"])
+    assert scaler2.get_scale() == scaler.get_scale() and scaler2._policy.state_dict() == scaler._policy.state_dict()
+    a = train(model, opt, scaler, range(8, 14))
+    b = train(model2, opt2, scaler2, range(8, 14))
+    assert [(s, k, d) for s, k, d in a] == [(s, k, d) for s, k, d in b]
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_torch_policy_state_dict_is_gradscalers_and_loads_into_headroom() -> None:
+    model, opt, scaler = make("torch")
+    train(model, opt, scaler, range(3))
+    state = scaler.state_dict()
+    assert set(state) == {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
+    assert scaler.last_report.scale_decision is None
+    _, _, headroom = make("headroom")
+    headroom.load_state_dict(state)  # a GradScaler checkpoint resumes under the policy, at its scale
+    assert headroom.get_scale() == scaler.get_scale()
+
+
+def test_decisions_reach_last_report_and_the_run_log(tmp_path) -> None:
+    model, opt, scaler = make("headroom")
+    log = tmp_path / "run.jsonl"
+    insp = amp_inspect.attach(model, scaler, log=log)
+    train(model, opt, scaler, range(5), nan_steps=(3,))
+    assert "headroom policy: next loss scale" in str(scaler.last_report)
+    insp.close()
+    records = amp_inspect.read_log(log)
+    decisions = [r["scale_decision"] for r in records]
+    assert [d["reason"] for d in decisions][:1] == [START]
+    assert decisions[3]["reason"] == NONFINITE_NOT_FROM_SCALE and decisions[3]["skip"] == SKIP_NONFINITE
+    assert decisions[3]["offenders"]  # the modules with NaN
+    assert all(d["skip"] is None for i, d in enumerate(decisions) if i != 3)
+    assert all(records[i + 1]["scale"] == decisions[i]["scale"] for i in range(len(records) - 1))
+
+
+# ---- distributed: the same decision on every rank (gloo processes, tests/dist_scale_scenarios.py) ---------
+
+
+def run_scale_scenario(name: str, world: int, out) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_distributed import _free_port
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "tests.dist_scale_scenarios", name, str(world), str(_free_port()), str(out)]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=240)
+    for rank in range(world):
+        path = out / f"{name}.{rank}"
+        assert path.exists(), f"rank {rank} wrote nothing (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+        assert path.read_text() == "OK", f"rank {rank}:\n{path.read_text()}"
+
+
+def test_ddp_ranks_agree_on_every_decision(tmp_path) -> None:
+    run_scale_scenario("ddp_headroom", 2, tmp_path)
+
+
+def test_fsdp2_ranks_agree_on_every_decision(tmp_path) -> None:
+    run_scale_scenario("fsdp2_headroom", 2, tmp_path)
+
+
+def test_ranks_whose_statistics_stay_per_rank_decide_from_the_largest(tmp_path) -> None:
+    run_scale_scenario("mesh_2d_headroom", 4, tmp_path)
+
+
+def test_headroom_scaler_pickles_with_its_policy_state() -> None:
+    import pickle
+
+    model, opt, scaler = make("headroom")
+    train(model, opt, scaler, range(3))
+    scaler._policy.margin = 4
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert copy.policy == "headroom" and copy.get_scale() == scaler.get_scale()
+    assert copy._policy.state_dict() == scaler._policy.state_dict()
+
+
+def test_explicit_torch_policy_is_gradscaler_bit_for_bit() -> None:
+    poison = {2: math.inf, 5: math.nan, 9: -math.inf}
+    runs = []
+    for scaler_kind in ("gradscaler", "torch"):
+        model, opt, scaler = make(scaler_kind, init_scale=2.0**10)
+        scaler.set_growth_interval(3)
+        for step in range(14):
+            models.backward(model, scaler, step)
+            if step in poison:
+                models.poison_(model, "blocks.1.mlp.fc2", poison[step])
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        runs.append((model, scaler))
+    (model_t, torch_scaler), (model_i, ours) = runs
+    assert ours.policy == "torch" and ours.state_dict() == torch_scaler.state_dict()
+    assert ours.last_decision is None
+    for p, q in zip(model_t.parameters(), model_i.parameters(), strict=True):
+        assert torch.equal(p, q)
