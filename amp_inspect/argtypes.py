@@ -1,9 +1,11 @@
-"""argparse types shared by the ``amp-inspect`` commands: a bad value is a one-line usage error (exit 2)."""
+"""argparse types and options shared by the ``amp-inspect`` commands: a bad value is a one-line usage error (exit
+2). Torch-free, so building the command line does not load torch."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 
 def count(low: int) -> Callable[[str], int]:
@@ -25,3 +27,15 @@ def count(low: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {low}"  # argparse names the type in its error for other exceptions
     return parse
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options, for ``amp-inspect demo`` and ``python -m amp_inspect.demo`` alike."""
+    parser.add_argument("--steps", type=count(1), default=200, help="training steps (default 200)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("amp_inspect_demo"),
+        help="output folder (one that holds files is kept: then <out>-2, <out>-3, ... is used)",
+    )
+    parser.add_argument("--trouble-from", type=count(0), default=80, help="first step that may spike (default 80)")

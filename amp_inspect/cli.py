@@ -138,16 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="train a small GPT into trouble and watch amp_inspect find it")
-    from .argtypes import count
+    from .argtypes import add_demo_arguments
 
-    demo.add_argument("--steps", type=count(1), default=200, help="training steps (default 200)")
-    demo.add_argument(
-        "--out",
-        type=Path,
-        default=Path("amp_inspect_demo"),
-        help="output folder (one that holds files is kept: then <out>-2, <out>-3, ... is used)",
-    )
-    demo.add_argument("--trouble-from", type=count(0), default=80, help="first step that may spike (default 80)")
+    add_demo_arguments(demo)
     demo.set_defaults(func=_demo)
 
     report = sub.add_parser("report", help="HTML report with plots from a run log")

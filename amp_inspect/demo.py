@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .argtypes import count
+from .argtypes import add_demo_arguments
 from .baselines import compare
 from .console import print_summary
 from .inspector import attach
@@ -270,21 +270,9 @@ def _compare_with_python_checks(model: nn.Module) -> None:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The demo's options (its own parser, or ``amp-inspect demo``)."""
-    parser.add_argument("--steps", type=count(1), default=200, help="training steps (default 200)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("amp_inspect_demo"),
-        help="output folder (one holding files is kept: then <out>-2, <out>-3, ... is used)",
-    )
-    parser.add_argument("--trouble-from", type=count(0), default=80, help="first step that may spike (default 80)")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="amp-inspect demo", description=__doc__.splitlines()[0])
-    add_arguments(parser)
+    add_demo_arguments(parser)
     args = parser.parse_args(argv)
     run(args.steps, args.out, args.trouble_from)
     return 0
