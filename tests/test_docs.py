@@ -1,0 +1,83 @@
+"""The README and docs/ stay true: their Python parses, their links lead somewhere, the front page's loop
+runs, and the architecture page names every module there is (and none that is gone)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def python_blocks(page: Path) -> list[str]:
+    return CODE_BLOCK.findall(page.read_text())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_parse(page: Path) -> None:
+    for block in python_blocks(page):
+        # Snippets may continue a loop shown above them: indented lines are parsed as the body of one.
+        source = block if not block.startswith((" ", "\t")) else "for _ in []:\n" + block
+        try:
+            ast.parse(source)
+        except SyntaxError as e:
+            pytest.fail(f"{page.name}: a python block does not parse ({e.msg}, line {e.lineno}):\n{block}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_exist(page: Path) -> None:
+    text = page.read_text()
+    for target in LINK.findall(text):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    for page in PAGES:
+        assert "../shared" not in page.read_text(), page
+
+
+def test_readme_is_a_front_page() -> None:
+    assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
+
+
+def test_readme_loop_runs_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front page's loop, with "cuda" read as "cpu" (bf16 autocast there), on a small model."""
+    loop = python_blocks(ROOT / "README.md")[0]
+    assert "amp_inspect.attach(model, scaler" in loop and "insp.check()" in loop
+    monkeypatch.chdir(tmp_path)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    namespace = {
+        "torch": torch,
+        "model": model,
+        "loader": [torch.randn(4, 8) for _ in range(3)],
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+    }
+    source = loop.replace('"cuda"', '"cpu"').replace("torch.float16", "torch.bfloat16")
+    source = source.replace("model(batch)", "model(batch).float().pow(2).mean()")
+    exec(compile(source, "README.md loop", "exec"), namespace)
+    insp = namespace["insp"]
+    assert [record.step for record in insp.history] == [0, 1, 2]
+    assert (tmp_path / "run.jsonl").exists()
+    insp.detach()
+
+
+def test_architecture_names_every_module() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    package = ROOT / "amp_inspect"
+    modules = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py") if p.name != "__init__.py"}
+    modules |= {
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").glob("*") if p.suffix in {".h", ".cpp", ".cu", ".cuh"}
+    }
+    named = set(re.findall(r"`((?:amp_inspect|csrc)/[\w/]+\.\w+)`", page))
+    assert not modules - named, f"docs/architecture.md does not name {sorted(modules - named)}"
+    assert not named - modules, f"docs/architecture.md names files that do not exist: {sorted(named - modules)}"
