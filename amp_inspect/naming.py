@@ -2,10 +2,11 @@
 
 "blocks.1.mlp.fc2.weight" belongs to "blocks.1.mlp.fc2". Wrappers are looked through: DDP's and
 DataParallel's "module." (only where the parent really is such a wrapper, so a user's own submodule named
-"module" keeps its name), peft's "base_model.model." and a LoRA layer's "base_layer." (only below peft's own
-classes), and torch.compile's "_orig_mod.", FSDP1's and activation checkpointing's wrapper components
-anywhere, so names match the unwrapped model: a LoRA-wrapped GPT-2 reports "transformer.h.0.attn.c_attn" for
-the frozen weight and "transformer.h.0.attn.c_attn.lora_A.default" for the adapter. A tied parameter (one
+"module" keeps its name), peft's "base_model.model.", a LoRA layer's "base_layer." and a modules_to_save
+wrapper's "original_module." (only below peft's own classes), and torch.compile's "_orig_mod.", FSDP1's and
+activation checkpointing's wrapper components anywhere, so names match the unwrapped model: a LoRA-wrapped
+GPT-2 reports "transformer.h.0.attn.c_attn" for the frozen weight and "transformer.h.0.attn.c_attn.lora_A.default"
+for the adapter. A tied parameter (one
 tensor reachable under two names) is counted once, under the first name ``named_parameters`` gives.
 """
 
@@ -19,9 +20,11 @@ from torch import nn
 ROOT_NAME = "(model)"  # parameters registered directly on the model itself
 _WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 _DATA_PARALLEL_TYPES = (nn.DataParallel, nn.parallel.DistributedDataParallel)
-# peft (not imported here): PeftModel.base_model -> LoraModel (a BaseTuner).model -> the user's model, and a
-# LoRA layer's base_layer -> the original Linear / Conv1D / Embedding. Only below a class defined in peft.
-_PEFT_WRAPPER_COMPONENTS = frozenset({"base_model", "model", "base_layer"})
+# peft (not imported here): PeftModel.base_model -> LoraModel (a BaseTuner).model -> the user's model, a
+# LoRA layer's base_layer -> the original Linear / Conv1D / Embedding, and a ModulesToSaveWrapper's
+# original_module -> the original module (its trained copy keeps peft's name, "head.modules_to_save.default",
+# as a LoRA adapter keeps "lora_A.default"). Only below a class defined in peft.
+_PEFT_WRAPPER_COMPONENTS = frozenset({"base_model", "model", "base_layer", "original_module"})
 
 
 def _is_peft(module: nn.Module) -> bool:
