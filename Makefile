@@ -38,7 +38,7 @@ bench: setup
 # a missing barrier is reported as a data race, a wrong index or merge as a mismatch with the serial reference.
 test-emu-tsan:
 	mkdir -p build
-	g++ -std=c++20 -O1 -g -fsanitize=thread -pthread -Icsrc tests/emu/tsan_driver.cpp -o build/emu_tsan
+	g++ -std=c++20 -O1 -g -Wno-unknown-pragmas -fsanitize=thread -pthread -Icsrc tests/emu/tsan_driver.cpp -o build/emu_tsan
 	TSAN_OPTIONS="halt_on_error=1" build/emu_tsan
 
 # On a machine with a GPU and torch already installed (no network): see bench/gpu_check.sh.

@@ -69,7 +69,9 @@ def _extension():
     debug = os.environ.get("DEBUG") == "1"
     opt = ["-g", "-O0"] if debug else ["-O3"]
     # -fopenmp: ATen's parallel_for is an inline OpenMP loop, serial unless the extension is built with it.
-    cxx = [*opt, "-fno-fast-math", *OPENMP]
+    # -Wno-unknown-pragmas: the emulated CUDA kernels carry nvcc's `#pragma unroll`; GCC before 13 cannot be
+    # silenced from the source (`#pragma GCC diagnostic` misses preprocessor warnings, GCC bug 53431).
+    cxx = [*opt, "-fno-fast-math", "-Wno-unknown-pragmas", *OPENMP]
     sources = [f"{CSRC}/tensor_stats.cpp", f"{CSRC}/tensor_stats_cpu.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
     if not _want_cuda():
         return CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=OPENMP)

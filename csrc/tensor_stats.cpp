@@ -198,26 +198,27 @@ void prepare_unscale(StatsCall& call, const std::vector<at::Tensor>& tensors, co
   if (inv_scale.device().is_cpu()) call.inv_scale_value = *call.inv_scale_ptr;
 }
 
-StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device) {
-  const auto int64s = at::TensorOptions().dtype(at::kLong).device(device);
+StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device, OutputFill fill) {
+  const auto on_device = at::TensorOptions().device(device);
+  const bool zeroed = fill == OutputFill::kZeroed;
+  const auto make = [&](at::IntArrayRef shape, at::ScalarType dtype) {
+    return zeroed ? at::zeros(shape, on_device.dtype(dtype)) : at::empty(shape, on_device.dtype(dtype));
+  };
   StatsOutputs out;
-  out.counts = at::zeros({num_tensors, count_columns(num_formats)}, int64s);
-  out.hist = at::zeros({num_tensors, kHistBins}, int64s);
-  out.amax = at::zeros({num_tensors}, int64s.dtype(at::kFloat));
-  out.amin_nonzero = at::full({num_tensors}, INFINITY, int64s.dtype(at::kFloat));
-  out.sumsq = at::zeros({num_tensors}, int64s.dtype(at::kDouble));
+  out.counts = make({num_tensors, count_columns(num_formats)}, at::kLong);
+  out.hist = make({num_tensors, kHistBins}, at::kLong);
+  out.amax = make({num_tensors}, at::kFloat);
+  out.amin_nonzero = zeroed ? at::full({num_tensors}, INFINITY, on_device.dtype(at::kFloat))
+                            : at::empty({num_tensors}, on_device.dtype(at::kFloat));
+  out.sumsq = make({num_tensors}, at::kDouble);
   return out;
 }
 
 KernelCall prepare_kernel_call(const StatsCall& call, const at::Device& device) {
-  const auto int64s = at::TensorOptions().dtype(at::kLong).device(device);
   KernelCall k;
-  k.out.counts = at::empty({call.num_tensors, count_columns(call.num_formats)}, int64s);
-  k.out.hist = at::empty({call.num_tensors, kHistBins}, int64s);
-  k.out.amax = at::empty({call.num_tensors}, int64s.dtype(at::kFloat));
-  k.out.amin_nonzero = at::empty({call.num_tensors}, int64s.dtype(at::kFloat));
-  k.out.sumsq = at::empty({call.num_tensors}, int64s.dtype(at::kDouble));
-  k.workspace = at::empty({call.num_tensors, workspace_columns(call.num_formats)}, int64s);
+  k.out = allocate_outputs(call.num_tensors, call.num_formats, device, OutputFill::kUninitialised);
+  k.workspace = at::empty({call.num_tensors, workspace_columns(call.num_formats)},
+                          at::TensorOptions().dtype(at::kLong).device(device));
 
   LaunchPlan& p = k.plan;
   p = LaunchPlan{};

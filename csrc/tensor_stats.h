@@ -60,8 +60,11 @@ StatsCall prepare_call(const std::vector<at::Tensor>& tensors, const std::option
                        std::optional<double> scale_value, const std::vector<std::string>& formats,
                        int64_t chunk_elems);
 
-// Zero-filled outputs (amin_nonzero filled with +inf) on `device`.
-StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device);
+// The outputs on `device`: zeroed (amin_nonzero +inf), ready for kernels that accumulate into them, or left
+// uninitialised for kernels that write every element.
+enum class OutputFill { kZeroed, kUninitialised };
+StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device,
+                              OutputFill fill = OutputFill::kZeroed);
 
 // What the CUDA kernels (on a GPU, or emulated on the CPU) need for `call`: outputs left uninitialised (the
 // finalize kernel writes every element), a workspace the launch sequence zeroes, and the plan tying them

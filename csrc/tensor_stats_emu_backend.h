@@ -4,7 +4,6 @@
 // torch header: the shim's macros must not meet them.
 #pragma once
 
-#pragma GCC diagnostic ignored "-Wunknown-pragmas"  // the kernels' #pragma unroll is nvcc's
 // No a*b+c contracted into one FMA: the kernels' float math must round like the GPU's _rn intrinsics.
 #pragma GCC optimize("fp-contract=off")
 
