@@ -12,7 +12,7 @@ import amp_inspect
 from tests import oracles
 from tests.oracles import ALL_FORMATS
 from tests.test_large import check_planted, planted_values
-from tests.test_random_bits import DTYPES, EDGE_SIZES, random_tensor
+from tests.test_random_bits import DTYPES, EDGE_SIZES, random_tensor, strided_layouts
 
 pytestmark = pytest.mark.cuda
 
@@ -100,21 +100,7 @@ def test_more_than_1000_tensors(rng):
 
 
 def test_noncontiguous(rng):
-    def r(*shape, dtype=torch.float32):
-        return random_tensor(rng, int(np.prod(shape)), dtype).reshape(shape)
-
-    tensors = [
-        r(300, 257).t(),
-        r(5000)[::3],
-        r(4000, dtype=torch.bfloat16)[1::7],
-        r(3, 40, 50, 7, dtype=torch.float64).permute(2, 0, 3, 1),
-        r(6, 33, 20, 9, dtype=torch.float16)[:, 1:30:2, ::3, 2:],
-        r(1, 70).expand(500, 70),
-        r(*([4] * 10), dtype=torch.float16)[(slice(None, None, 2),) * 10],
-        torch.empty(0),
-        r(70, 80)[:, :33],
-        torch.tensor(3.0),
-    ]
+    tensors = strided_layouts(rng, big=True)
     check_cuda_vs_cpu(tensors, None)
     check_cuda_vs_cpu(tensors, 2.0**16)
 

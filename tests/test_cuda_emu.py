@@ -14,7 +14,7 @@ import torch
 
 from tests import oracles
 from tests.oracles import ALL_FORMATS
-from tests.test_random_bits import DTYPES, random_tensor
+from tests.test_random_bits import DTYPES, random_tensor, strided_layouts
 
 pytestmark = pytest.mark.cuda_emu
 
@@ -95,22 +95,7 @@ def test_more_tensors_than_fit_in_the_parameters(inline, rng):
 
 
 def test_noncontiguous_layouts(rng):
-    def r(*shape, dtype=torch.float32):
-        return random_tensor(rng, int(np.prod(shape)), dtype).reshape(shape)
-
-    tensors = [
-        r(30, 27).t(),
-        r(500)[::3],
-        r(400, dtype=torch.bfloat16)[1::7],
-        r(3, 4, 5, 7, dtype=torch.float64).permute(2, 0, 3, 1),
-        r(6, 13, 10, 9, dtype=torch.float16)[:, 1:12:2, ::3, 2:],
-        r(1, 70).expand(9, 70),  # stride 0
-        r(*([3] * 10), dtype=torch.float16)[(slice(None, None, 2),) * 10],  # > 8 strided dims: a copy
-        torch.empty(0),
-        r(70, 8)[:, :3],
-        torch.tensor(3.0),
-        r(2, 3, 4, 5, 6, 7, 2, 3, dtype=torch.float32).permute(7, 6, 5, 4, 3, 2, 1, 0),  # 8 dims
-    ]
+    tensors = strided_layouts(rng, big=False)
     check(tensors, None, chunk=16)
     check(tensors, 2.0**16, chunk=32, blocks=5)
 

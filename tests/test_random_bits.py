@@ -50,6 +50,30 @@ def random_tensor(rng: np.random.Generator, n: int, dtype: torch.dtype) -> torch
     raise TypeError(dtype)
 
 
+def strided_layouts(rng: np.random.Generator, *, big: bool) -> list[torch.Tensor]:
+    """Random-bit views of every layout the kernels walk differently: transposed, step-sliced, permuted,
+    stride 0 (expanded), more than 8 strided dims (copied first), 8 dims, column slices, empty and 0-dim.
+    ``big`` (for a GPU) makes the views about ten times larger, so they cross more work chunks."""
+
+    def r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return random_tensor(rng, int(np.prod(shape)), dtype).reshape(shape)
+
+    k = 10 if big else 1
+    return [
+        r(30 * k, 27).t(),
+        r(500 * k)[::3],
+        r(400 * k, dtype=torch.bfloat16)[1::7],
+        r(3, 4 * k, 5 * k, 7, dtype=torch.float64).permute(2, 0, 3, 1),
+        r(6, 13 + 20 * big, 10 * k, 9, dtype=torch.float16)[:, 1:30:2, ::3, 2:],
+        r(1, 70).expand(9 * k, 70),  # stride 0
+        r(*([3 + big] * 10), dtype=torch.float16)[(slice(None, None, 2),) * 10],  # > 8 strided dims: a copy
+        torch.empty(0),
+        r(70, 8 * k)[:, : 3 * k + 3],
+        torch.tensor(3.0),
+        r(2, 3, 4, 5, 6, 7, 2, 3).permute(7, 6, 5, 4, 3, 2, 1, 0),  # 8 dims
+    ]
+
+
 def random_bits64(rng: np.random.Generator, n: int) -> np.ndarray:
     """A third uniform 64-bit patterns (mostly far outside every format), a third with exponents around the
     formats' ranges (2^-160 .. 2^140, random 52-bit mantissas), a third float32 values widened."""
