@@ -243,7 +243,7 @@ def test_detach_unlinks_the_scaler() -> None:
         scaler.update()
         opt.zero_grad()
     insp.detach()
-    assert scaler._inspector is None
+    assert scaler.listener is None
     models.backward(model, scaler, 2)
     scaler.step(opt)
     scaler.update()
