@@ -14,6 +14,9 @@ identical on every rank of the group): its total_norm is the one to clip with.
     # or, by hand, before the first backward, with attach(ddp_model, ddp_hook=False):
     ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)
 
+Whoever takes the counts (the inspector ``attach`` registers the hook for) is the hook's *listener*, a
+``HookListener``: it gives the hook the ``NonfiniteByRank`` to count into and the number of the step now running.
+
 Cost per synchronised backward: one read of the gradients inside backward (the fused op, per bucket; on
 the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T: parameter tensors).
 """
@@ -22,7 +25,7 @@ the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,9 +35,6 @@ from .distributed import DEFAULT_TIMEOUT_S, global_ranks, wait_all
 from .naming import ParamEntry
 from .stats import tensor_stats
 
-if TYPE_CHECKING:
-    from .inspector import Inspector
-
 # The hook only needs NaN/Inf counts, which every format's statistics include; one format keeps it lean.
 _HOOK_FORMATS = ("fp16",)
 
@@ -43,7 +43,7 @@ _HOOK_FORMATS = ("fp16",)
 class _Exchange:
     """One backward's all-reduce of the per-rank counts, in flight."""
 
-    step: int  # the inspector's step during that backward
+    step: int  # the listener's step during that backward
     work: dist.Work
     table: torch.Tensor  # int64 [world, parameter tensors], complete once work is
     earlier: torch.Tensor | None  # the same step's earlier backward (accumulation without no_sync), complete
@@ -56,14 +56,26 @@ def _surely_finite(buffer: torch.Tensor) -> bool:
     return buffer.device.type == "cpu" and bool(torch.isfinite(buffer.sum()))
 
 
+class HookListener(Protocol):
+    """What ddp_comm_hook needs from whoever takes its counts (the inspector ``attach`` registers it for)."""
+
+    def nonfinite_by_rank(self) -> "NonfiniteByRank":
+        """Where the hook counts this rank's NaN/Inf (the same object every call)."""
+        ...
+
+    def step_in_progress(self) -> int:
+        """The number the report of the step now running will carry."""
+        ...
+
+
 class HookState:
-    """The comm hook's state, one per DDP model: the averaging DDP would do without a hook, and the inspector
+    """The comm hook's state, one per DDP model: the averaging DDP would do without a hook, and the listener
     the counts go to (None once it detached). ``attach`` keeps it on the DDP model, so a later ``attach``
     rebinds it: DDP cannot register a second hook, nor remove one."""
 
-    def __init__(self, ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector | None") -> None:
-        self.inspector = inspector
-        self.group = ddp.process_group  # not the DDP model itself: see ``inspector``
+    def __init__(self, ddp: nn.parallel.DistributedDataParallel, listener: HookListener | None) -> None:
+        self.listener = listener
+        self.group = ddp.process_group  # not the DDP model itself: see ``listener``
         self.world = dist.get_world_size(self.group)
         # DDP without a hook multiplies a gradient it copies into its bucket by 1/world, but divides one that
         # already lives there (gradient_as_bucket_view): the two round differently unless world is a power of
@@ -76,17 +88,17 @@ class HookState:
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(self._record_grad_address)
 
-    # Held weakly: DDP's C++ reducer holds this state, and a strong path back to the DDP model (the inspector
+    # Held weakly: DDP's C++ reducer holds this state, and a strong path back to the DDP model (the listener
     # holds it) would be a cycle Python's collector cannot see through; it would live until interpreter exit
-    # and tear down after the process group (gloo was seen to abort the process there). A dropped inspector
+    # and tear down after the process group (gloo was seen to abort the process there). A dropped listener
     # stops the counting; the averaging goes on.
     @property
-    def inspector(self) -> "Inspector | None":
-        return self._inspector() if self._inspector is not None else None
+    def listener(self) -> HookListener | None:
+        return self._listener() if self._listener is not None else None
 
-    @inspector.setter
-    def inspector(self, inspector: "Inspector | None") -> None:
-        self._inspector = weakref.ref(inspector) if inspector is not None else None
+    @listener.setter
+    def listener(self, listener: HookListener | None) -> None:
+        self._listener = weakref.ref(listener) if listener is not None else None
 
     def _record_grad_address(self, param: torch.Tensor) -> None:
         self._grad_at[id(param)] = param.grad.data_ptr()
@@ -119,9 +131,9 @@ class HookState:
         return work.get_future().then(lambda fut: fut.value()[0])
 
 
-class BeforeAllReduce:
-    """Per-rank NaN/Inf counts of each parameter's local gradient, gathered by ``ddp_comm_hook`` for one
-    inspector, and their exchange between the ranks."""
+class NonfiniteByRank:
+    """Per-rank NaN/Inf counts of each parameter's local gradient (before the all-reduce averages them),
+    gathered by ``ddp_comm_hook`` for one listener, and their exchange between the ranks."""
 
     def __init__(
         self, ddp: nn.parallel.DistributedDataParallel, entries: list[ParamEntry], timeout_s: float = DEFAULT_TIMEOUT_S
@@ -209,9 +221,9 @@ def ddp_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
             "amp_inspect.ddp_comm_hook needs insp.comm_hook_state as its state: "
             "ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)"
         )
-    inspector = state.inspector
-    if inspector is not None:  # None after the inspector detached: only average
-        inspector._before_allreduce_for().bucket_ready(bucket, inspector._step_in_progress())
+    listener = state.listener
+    if listener is not None:  # None after the inspector detached: only average
+        listener.nonfinite_by_rank().bucket_ready(bucket, listener.step_in_progress())
     return state.average(bucket)
 
 
@@ -224,16 +236,16 @@ def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
 _STATE_ATTRIBUTE = "_amp_inspect_hook_state"
 
 
-def register(ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector") -> str | None:
-    """Registers ddp_comm_hook on ``ddp`` for ``inspector``, or rebinds the one an earlier ``attach``
+def register(ddp: nn.parallel.DistributedDataParallel, listener: HookListener) -> str | None:
+    """Registers ddp_comm_hook on ``ddp`` for ``listener``, or rebinds the one an earlier ``attach``
     registered. Returns why it could not, or None."""
     state = getattr(ddp, _STATE_ATTRIBUTE, None)
     if isinstance(state, HookState):
-        state.inspector = inspector
+        state.listener = listener
         return None
     if getattr(ddp, "_comm_hooks", None):
         return "this DDP model already has a comm hook"
-    state = HookState(ddp, inspector)
+    state = HookState(ddp, listener)
     try:
         ddp.register_comm_hook(state, ddp_comm_hook)
     except RuntimeError as error:  # a built-in hook (not listed in _comm_hooks) was registered first
@@ -245,8 +257,8 @@ def register(ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector") -
     return None
 
 
-def release(ddp: nn.parallel.DistributedDataParallel, inspector: "Inspector") -> None:
-    """After ``inspector`` detached, the hook it was bound to only averages."""
+def release(ddp: nn.parallel.DistributedDataParallel, listener: HookListener) -> None:
+    """After ``listener`` detached, the hook it was bound to only averages (another listener's stays bound)."""
     state = getattr(ddp, _STATE_ATTRIBUTE, None)
-    if isinstance(state, HookState) and state.inspector is inspector:
-        state.inspector = None
+    if isinstance(state, HookState) and state.listener is listener:
+        state.listener = None

@@ -22,39 +22,38 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.amp.grad_scaler import OptState
 
 from . import hardware
 from .activations import ActivationWatcher
-from .ddp import BeforeAllReduce, HookState, ddp_of, register, release
-from .distributed import DEFAULT_TIMEOUT_S, Combiners, global_ranks, is_distributed, local_shards, to_local
+from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
+from .distributed import Combiners, global_ranks, is_distributed, local_shards, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
-from .formats import check_formats
+from .gradscaler_patches import GradScalerPatches
 from .history import StepRecord, Summary, collapse_warning, summarize
-from .naming import ParamEntry, grads_of, module_names, param_entries, sparse_gradient_modules
+from .naming import ParamEntry, grads_of, module_names, param_entries
+from .options import AttachOptions, takes_attach_options
 from .report import BEFORE_ALLREDUCE, SHARDS, StepReport
 from .runlog import RunLog
 from .scaler import InspectingGradScaler
 from .stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
-
-ACTIVATION_MODES = ("on_skip", "always", "off")
-
-
-def _unscaled_optimizers(scaler: torch.amp.GradScaler) -> set[int]:
-    """ids of the optimizers whose gradients scaler.unscale_ already unscaled this step."""
-    states = getattr(scaler, "_per_optimizer_states", {})
-    return {key for key, state in states.items() if state.get("stage") is OptState.UNSCALED}
+from .wrappers import (
+    eager_stance,
+    has_fsdp2_modules,
+    is_compiled,
+    refuse_fsdp1,
+    refuse_sparse_with_comm_hook,
+    set_dynamo_stance,
+)
 
 
 def log_path_of_rank(
@@ -76,65 +75,6 @@ def log_path_of_rank(
     return log if rank == 0 else None
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def check_options(
-    *,
-    hist_every: object,
-    arm_steps: object,
-    collapse_skips: object,
-    log: object,
-    flags: dict[str, object],
-) -> None:
-    """attach()'s options, checked at attach (not at the first check() or the first logged step)."""
-    if isinstance(hist_every, bool) or not isinstance(hist_every, int):
-        raise ValueError(f"hist_every must be an int (steps between histograms; 0 turns them off), got {hist_every!r}")
-    _positive_int("arm_steps", arm_steps)
-    _positive_int("collapse_skips", collapse_skips)
-    if log is not None and not isinstance(log, str | os.PathLike):
-        raise TypeError(f"log must be a path (str or os.PathLike) or None, got {type(log).__name__}")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _set_dynamo_stance(stance: object) -> object | None:
-    """Sets torch.compile's stance (a DynamoStance); returns the previous one, None where torch has no stances."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    setter = getattr(eval_frame, "_set_stance", None)
-    return setter(stance) if setter is not None else None
-
-
-def _eager_stance() -> object | None:
-    """torch.compile's "force_eager" stance (compiled code runs its original Python), None where torch has none."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    make = getattr(eval_frame, "DynamoStance", None)
-    current = getattr(eval_frame, "_stance", None)
-    if make is None or current is None:
-        return None
-    return make("force_eager", current.skip_guard_eval_unsafe, current.backend)
-
-
-def is_compiled(model: nn.Module) -> bool:
-    """Whether ``model`` or a submodule runs through torch.compile (an OptimizedModule, or ``Module.compile()``)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:  # torch.compile never ran: nothing is compiled
-        return False
-    optimized = getattr(eval_frame, "OptimizedModule", ())
-    return any(isinstance(m, optimized) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
-
-
-def _fsdp2_modules(model: nn.Module) -> bool:
-    """Whether ``model`` holds FSDP2 (fully_shard) modules, which swap their registered parameters between
-    sharded and unsharded ones around forward and backward."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    kind = getattr(fsdp, "FSDPModule", None)
-    return kind is not None and any(isinstance(m, kind) for m in model.modules())
-
-
 # No commas: the HTML report lists findings up to their first comma.
 NO_FORWARD_SEEN = (
     "not searched: the armed activation hooks saw no forward pass in this step (does the loop call a "
@@ -143,78 +83,32 @@ NO_FORWARD_SEEN = (
 )
 
 
-def refuse_sparse_with_comm_hook(model: nn.Module) -> None:
-    """DDP's buckets of sparse gradients hold sparse tensors, which ddp_comm_hook cannot count NaN/Inf in: refuse
-    at attach rather than fail in the first backward or drop those gradients from inf_by_rank."""
-    sparse = sparse_gradient_modules(model)
-    if sparse:
-        raise ValueError(
-            f"amp_inspect's DDP comm hook cannot trace NaN/Inf in sparse gradients ({', '.join(sparse[:5])} "
-            "use sparse=True): attach with ddp_hook=False (reports then cover the averaged gradients, sparse ones "
-            "included, without inf_by_rank)"
-        )
-
-
-def refuse_fsdp1(model: nn.Module) -> None:
-    """FSDP1 (FullyShardedDataParallel) flattens parameters into per-rank shards of a FlatParameter whose
-    pieces amp_inspect does not map back to modules: refuse rather than report partial statistics."""
-    # A model can hold FSDP1 wrappers only if their module was imported: no import (0.4 s) for everyone else.
-    fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-    if fsdp1 is not None and any(isinstance(m, fsdp1.FullyShardedDataParallel) for m in model.modules()):
-        raise ValueError(
-            "amp_inspect does not support FSDP1 (FullyShardedDataParallel): its flat parameters hold pieces of "
-            "many parameters per rank, which it cannot name. Use FSDP2 (torch.distributed.fsdp.fully_shard), whose "
-            "sharded gradients it combines across ranks into whole-parameter statistics."
-        )
-
-
 class Inspector:
     """Inspects a model's gradients each step; see the module docstring and ``attach``.
 
     Attributes: ``last_report`` (the StepReport of the last inspected step), ``history`` (one StepRecord
-    per inspected step; reading it waits for outstanding device copies), ``formats``, ``step``.
+    per inspected step; reading it waits for outstanding device copies), ``formats``, ``step``, ``options``.
+
+    It is the listener of its InspectingGradScaler (scaler.ScalerListener: ``formats``, ``group``, ``timeout``,
+    ``module_of``, ``step_ended``) and of its DDP comm hook (ddp.HookListener: ``nonfinite_by_rank``,
+    ``step_in_progress``): those methods are for them, not for a training loop.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        scaler: torch.amp.GradScaler | None = None,
-        *,
-        formats: Sequence[str] = ("fp16",),
-        every: int = 1,
-        log: str | os.PathLike[str] | None = None,
-        activations: str = "on_skip",
-        hist_every: int = 100,
-        arm_steps: int = 3,
-        collapse_skips: int = 5,
-        watch_clipping: bool = False,
-        group: dist.ProcessGroup | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        ddp_hook: bool = True,
-        log_all_ranks: bool = False,
-    ) -> None:
+    @takes_attach_options
+    def __init__(self, model: nn.Module, scaler: torch.amp.GradScaler | None = None, **options: Any) -> None:
+        """Attaches to ``model`` (and ``scaler``); ``attach`` says the same with its own name."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"attach() needs an nn.Module, got {type(model).__name__}")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
-        if activations not in ACTIVATION_MODES:
-            raise ValueError(f"activations must be one of {ACTIVATION_MODES}, got {activations!r}")
+        self.options = opts = AttachOptions(**options)
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
-        if watch_clipping and scaler is None:
+        if opts.watch_clipping and scaler is None:
             raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
-        if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        flags = {"watch_clipping": watch_clipping, "ddp_hook": ddp_hook, "log_all_ranks": log_all_ranks}
-        check_options(hist_every=hist_every, arm_steps=arm_steps, collapse_skips=collapse_skips, log=log, flags=flags)
-        if isinstance(scaler, InspectingGradScaler) and scaler._inspector is not None:
-            raise RuntimeError(
-                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
-                "first, or attach this one to a plain GradScaler"
-            )
+        self._refuse_a_taken_scaler(scaler)
+        activations, group = opts.activations, opts.group
         refuse_fsdp1(model)
         ddp = ddp_of(model)
-        if ddp is not None and ddp_hook and is_distributed(ddp.process_group):
+        if ddp is not None and opts.ddp_hook and is_distributed(ddp.process_group):
             refuse_sparse_with_comm_hook(model)
         if ddp is not None and group is not None and global_ranks(group) != global_ranks(ddp.process_group):
             raise ValueError(
@@ -222,15 +116,15 @@ class Inspector:
                 "over; leave group= out (or pass that group)"
             )
         self.model = model
-        self.formats = check_formats(formats)
-        self.every = every
+        self.formats = opts.formats
+        self.every = opts.every
         self.activations = activations
-        self.arm_steps = arm_steps
-        self.collapse_skips = collapse_skips
+        self.arm_steps = opts.arm_steps
+        self.collapse_skips = opts.collapse_skips
         self.entries: list[ParamEntry] = param_entries(model)
         self._module_of_param = {id(e.param): e.module for e in self.entries}
         # Parameters added or removed after attach are noticed at check() (FSDP2 swaps its parameters itself).
-        self._watch_params = not _fsdp2_modules(model)
+        self._watch_params = not has_fsdp2_modules(model)
         self._param_ids = tuple(map(id, model.parameters())) if self._watch_params else ()
         self._check_lock = threading.Lock()  # check() from a second thread at once is refused
         self._check_thread: threading.Thread | None = None  # the thread that calls check() (its first caller)
@@ -252,35 +146,35 @@ class Inspector:
         self._history: list[StepRecord] = []
         self._warned_collapse = False
         self.group = group
-        self.timeout = float(timeout)
+        self.timeout = opts.timeout
         self._combiners = Combiners()
         report_group = ddp.process_group if ddp is not None else group
-        log_path = log_path_of_rank(log, log_all_ranks, report_group) if log is not None else None
-        self._log = RunLog(log_path, hist_every=hist_every) if log_path is not None else None
+        log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
+        self._log = RunLog(log_path, hist_every=opts.hist_every) if log_path is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         self._armed_until = -1
         self._findings: dict[int, str] = {}  # activation findings of steps that had no report yet
         self.scaler: torch.amp.GradScaler | None = None
-        self._patched: list[tuple[object, str, Any]] = []
+        self._scaler_patches = GradScalerPatches()
+        self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if self._watcher is not None and activations == "always":
             self._arm_watcher()
             self._watcher.new_step(self.step)
-        self._unscaled_params: dict[int, set[int]] = {}  # optimizer id -> parameter ids (see _record_unscales)
         self._warned_local = False
         self._warned_no_forward = False
         if scaler is not None:
             self._link(scaler)
         # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
         self.clip_watch: ClipWatch | None = None
-        if watch_clipping:
+        if opts.watch_clipping:
             self.clip_watch = ClipWatch(scaler)
         self._hardware_note_written = False
         self._listeners: list[Callable[[StepReport], None]] = []
-        self._before_allreduce: BeforeAllReduce | None = None
+        self._nonfinite_by_rank: NonfiniteByRank | None = None
         self._manual_hook: HookState | None = None  # comm_hook_state, for a hook registered by hand
         if ddp is not None and is_distributed(ddp.process_group):
             # Either hook state is made now, before any backward: its exact averaging watches every accumulation.
-            if not ddp_hook:
+            if not opts.ddp_hook:
                 self._manual_hook = HookState(ddp, self)
             elif why_not := register(ddp, self):
                 warnings.warn(
@@ -292,78 +186,60 @@ class Inspector:
 
     # ---- scaler link ----
 
+    def _refuse_a_taken_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
+        if isinstance(scaler, InspectingGradScaler) and scaler.listener not in (None, self):
+            raise RuntimeError(
+                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
+                "first, or attach this one to a plain GradScaler"
+            )
+
     def _link(self, scaler: torch.amp.GradScaler) -> None:
         if self.scaler is scaler:
             return
-        if isinstance(scaler, InspectingGradScaler) and scaler._inspector not in (None, self):
-            raise RuntimeError(
-                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
-                "first"
-            )
+        self._refuse_a_taken_scaler(scaler)
         self.scaler = scaler
         if isinstance(scaler, InspectingGradScaler):
-            scaler._inspector = self
+            scaler.set_listener(self)
             return
-        self._record_unscales(scaler)
+        self._scaler_patches.record_unscales(scaler)
         if self.every > 1 and hasattr(scaler, "_maybe_opt_step"):
-            self._attribute_skips_between_checks(scaler)
+            self._scaler_patches.call_on_skip(scaler, lambda: self._inspect_skipped_step(scaler))
 
-    def _record_unscales(self, scaler: torch.amp.GradScaler) -> None:
-        """Remembers which parameters each unscale_(optimizer) covers, so that with several optimizers on
-        one scaler, a check() between their unscale_ calls judges each gradient in the right picture."""
+    def _inspect_skipped_step(self, scaler: torch.amp.GradScaler) -> None:
+        """With every > 1, a step that a plain GradScaler skips between inspected steps still gets full
+        statistics (gradscaler_patches.py says how it is seen)."""
+        last = self.last_report
+        if last is None or last.step != self.step - 1:
+            self._inspect(self.step - 1, scaler)
+            self._collect(wait=False)
 
-        def unscale_(original: Callable[..., Any], optimizer: torch.optim.Optimizer) -> None:
-            params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            self._unscaled_params[id(optimizer)] = params
-            original(optimizer)
+    # ---- what the InspectingGradScaler and the DDP hook ask (ScalerListener, HookListener) ----
 
-        self._patch(scaler, "unscale_", unscale_)
+    def module_of(self, param: torch.Tensor) -> str | None:
+        """The module name of ``param``, None for a parameter this inspector does not know."""
+        return self._module_of_param.get(id(param))
 
-    def _patch(self, obj: object, attr: str, body: Callable[..., Any]) -> None:
-        """Wraps ``obj.attr`` in an instance attribute that calls ``body(original, *args)``. Several inspectors
-        may wrap the same scaler: each owns its own wrapper only (see _unpatch)."""
-        original = getattr(obj, attr)
+    def step_ended(self, report: StepReport | None) -> None:
+        """The end of a step: the linked InspectingGradScaler's update() hands over the report of its unscale
+        pass (None when none ran); then activation findings of the step, then reports whose copies are complete."""
+        if report is not None:
+            own = self.last_report
+            if report.scale_decision is not None and own is not None and own.step == report.step:
+                own.scale_decision = report.scale_decision  # check() before step: its report is the history's
+            if self._inspected_step != report.step:  # check() did not inspect this step itself
+                self.receive(report)
+        self._after_step()
 
-        def patched(*args: Any, **kwargs: Any) -> Any:
-            if patched.active:  # type: ignore[attr-defined]
-                return body(original, *args, **kwargs)
-            return original(*args, **kwargs)
+    def nonfinite_by_rank(self) -> NonfiniteByRank:
+        """The NaN/Inf counts of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
+        if self._nonfinite_by_rank is None:
+            self._nonfinite_by_rank = NonfiniteByRank(self._ddp_for_hook(), self.entries, self.timeout)
+        return self._nonfinite_by_rank
 
-        patched.active = True  # type: ignore[attr-defined]
-        patched.previous = vars(obj).get(attr)  # type: ignore[attr-defined]  # None: the class's own method
-        setattr(obj, attr, patched)
-        self._patched.append((obj, attr, patched))
-
-    def _unpatch(self) -> None:
-        """Turns this inspector's wrappers into pass-throughs and removes those on top; a wrapper another
-        inspector put on top of ours stays (it calls through ours, which now only passes on)."""
-        for obj, attr, patched in reversed(self._patched):
-            patched.active = False
-            if vars(obj).get(attr) is not patched:
-                continue
-            below = patched.previous
-            while below is not None and getattr(below, "active", True) is False:
-                below = below.previous  # other detached inspectors' pass-throughs go too
-            if below is None:
-                delattr(obj, attr)
-            else:
-                setattr(obj, attr, below)
-        self._patched.clear()
-
-    def _attribute_skips_between_checks(self, scaler: torch.amp.GradScaler) -> None:
-        """With every > 1, a step that GradScaler skips between inspected steps still gets full statistics:
-        GradScaler reads its found_inf flags to the host before it decides (one sync it makes anyway); we
-        read them at the same point, and only on a skip run the fused pass."""
-
-        def maybe_opt_step(original: Callable[..., Any], optimizer, optimizer_state, *args: Any, **kwargs: Any):
-            found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
-            last = self.last_report
-            if found and (last is None or last.step != self.step - 1):
-                self._inspect(self.step - 1, scaler)
-                self._collect(wait=False)
-            return original(optimizer, optimizer_state, *args, **kwargs)
-
-        self._patch(scaler, "_maybe_opt_step", maybe_opt_step)
+    def step_in_progress(self) -> int:
+        """The number the report of the step now running will carry (an InspectingGradScaler numbers them)."""
+        scaler = self.scaler
+        return scaler.steps if isinstance(scaler, InspectingGradScaler) else self.step
 
     @property
     def comm_hook_state(self) -> HookState:
@@ -382,17 +258,6 @@ class Inspector:
                 "(attach(ddp_model)), so that the hook averages over DDP's process group"
             )
         return ddp
-
-    def _before_allreduce_for(self) -> BeforeAllReduce:
-        """The state of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
-        if self._before_allreduce is None:
-            self._before_allreduce = BeforeAllReduce(self._ddp_for_hook(), self.entries, self.timeout)
-        return self._before_allreduce
-
-    def _step_in_progress(self) -> int:
-        """The number the report of the step now running will carry (an InspectingGradScaler numbers them)."""
-        scaler = self.scaler
-        return scaler._steps if isinstance(scaler, InspectingGradScaler) else self.step
 
     # ---- the step ----
 
@@ -435,15 +300,15 @@ class Inspector:
         if isinstance(scaler, InspectingGradScaler):
             # The scaler numbers the steps (its update() calls). If its unscale pass already ran, that was
             # the inspection; otherwise inspect now and tell it not to publish a second report.
-            step = scaler._steps
-            if scaler._checked_this_step and self.last_report is not None and self.last_report.step == step:
+            step = scaler.steps
+            if self._inspected_step == step and self.last_report is not None and self.last_report.step == step:
                 report = self.last_report  # check() twice in one step: once per optimizer step is enough
-            elif scaler._unscaled_this_step:
+            elif scaler.unscaled_this_step:
                 report = scaler.last_report  # history and log receive it at scaler.update()
                 self.last_report = report
             elif step % self.every == 0:
                 report = self._inspect(step, scaler)
-                scaler._checked_this_step = True
+                self._inspected_step = step
         else:
             step = self.step
             if step % self.every == 0:
@@ -491,16 +356,16 @@ class Inspector:
         (torch.compile does not call hooks added after compiling, and tracing into them recompiles every step)."""
         assert self._watcher is not None
         if self._compiled and self._prior_stance is None:
-            stance = _eager_stance()
+            stance = eager_stance()
             if stance is not None:
-                self._prior_stance = _set_dynamo_stance(stance)
+                self._prior_stance = set_dynamo_stance(stance)
         self._watcher.arm()
 
     def _disarm_watcher(self) -> None:
         assert self._watcher is not None
         self._watcher.disarm()
         if self._prior_stance is not None:
-            _set_dynamo_stance(self._prior_stance)
+            set_dynamo_stance(self._prior_stance)
             self._prior_stance = None
 
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
@@ -521,16 +386,9 @@ class Inspector:
         scale = None
         unscaled: list[bool] = [False] * len(grads)
         skips = scaler is not None and scaler.is_enabled()
-        if skips and getattr(scaler, "_scale", None) is not None:
+        if skips and getattr(scaler, "_scale", None) is not None:  # GradScaler's own scale tensor
             scale = scaler._scale
-            done = _unscaled_optimizers(scaler)
-            if done:
-                known = [self._unscaled_params.get(key) for key in done]
-                if any(params is None for params in known):  # unscale_ ran before attach: assume all of them
-                    unscaled = [True] * len(grads)
-                else:
-                    ids = set().union(*known)
-                    unscaled = [id(self.entries[r].param) in ids for r in rows]
+            unscaled = self._scaler_patches.unscaled(scaler, [self.entries[r].param for r in rows])
         if any(unscaled) and scale is not None and scale.device.type == "cpu":
             value = float(scale)  # on the host: no sync. A broken scale cannot be judged at (the report says why)
             if not (math.isfinite(value) and value > 0):
@@ -565,10 +423,10 @@ class Inspector:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
         if report.first_nonfinite is None:
             report.first_nonfinite = self._findings.pop(report.step, None)
-        if self._before_allreduce is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
-            counts = self._before_allreduce.take(report.step)
+        origin = self._nonfinite_by_rank
+        if origin is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
+            counts = origin.take(report.step)
             if counts is not None:
-                origin = self._before_allreduce
                 report.set_rank_origin(counts, origin.modules, origin.ranks, kind=BEFORE_ALLREDUCE)
         if self._log is not None:  # memory of this step, sampled now (no sync): the log is written later
             report.hardware = hardware.sample(self.entries[0].param.device if self.entries else None)
@@ -711,15 +569,15 @@ class Inspector:
         if self._watcher is not None:
             self._disarm_watcher()
             self._watcher.close()  # for good: a later check() does not re-arm, hooks on model copies go quiet
-        self._unpatch()
-        if isinstance(self.scaler, InspectingGradScaler) and self.scaler._inspector is self:
-            self.scaler._inspector = None
+        self._scaler_patches.remove()
+        if isinstance(self.scaler, InspectingGradScaler):
+            self.scaler.remove_listener(self)  # a scaler that reports to another inspector keeps it
         ddp = ddp_of(self.model)
         if ddp is not None:
             # DDP cannot unregister a comm hook: from now on it only averages (detach on every rank alike).
             release(ddp, self)
             if self._manual_hook is not None:
-                self._manual_hook.inspector = None
+                self._manual_hook.listener = None
         if self.clip_watch is not None:
             self.clip_watch.close()
         self.close()
@@ -732,59 +590,7 @@ class Inspector:
         self.detach()
 
 
-def attach(
-    model: nn.Module,
-    scaler: torch.amp.GradScaler | None = None,
-    *,
-    formats: Sequence[str] = ("fp16",),
-    every: int = 1,
-    log: str | os.PathLike[str] | None = None,
-    activations: str = "on_skip",
-    hist_every: int = 100,
-    watch_clipping: bool = False,
-    group: dist.ProcessGroup | None = None,
-    timeout: float = DEFAULT_TIMEOUT_S,
-    ddp_hook: bool = True,
-    log_all_ranks: bool = False,
-) -> Inspector:
-    """Attaches an Inspector to ``model`` (and ``scaler``): see amp_inspect/inspector.py.
-
-    Args:
-        formats: formats to judge gradients against; the first one drives offenders, headroom and advice.
-        every: full statistics every N steps (steps GradScaler skips in between are still inspected). An
-            InspectingGradScaler inspects every step anyway, in its unscale pass, at no extra cost.
-        log: a JSONL file, one record per inspected step (``amp_inspect.read_log`` reads it).
-        activations: "on_skip" arms module hooks for a few steps after a skipped step to find the first module
-            whose output or output gradient went non-finite or overflowed; "always" keeps them armed (a host
-            sync per step); "off" never registers them.
-        hist_every: per-module exponent histograms go into the log on steps divisible by N.
-        watch_clipping: record clip_grad_norm_ / clip_grad_value_ calls made while the gradients are still
-            scaled (before scaler.unscale_): ``insp.doctor()`` reports them. Needs the scaler.
-
-    Distributed runs (attach after ``init_process_group`` and after wrapping the model):
-        group: the process group to combine FSDP2 shards over. Default: the shard group of their mesh. On a
-            DDP model the hook always works over DDP's process group (a different group= is an error).
-        timeout: seconds any wait for other ranks may take before a DistributedInspectionError (a rank died,
-            or the ranks do not inspect the same steps or hold the same model). Host tensors (gloo) only: on
-            CUDA tensors (NCCL) a timed wait would stall the host every step, so the process group's own
-            timeout applies there.
-        ddp_hook: on a DDP model, register ``amp_inspect.ddp_comm_hook`` so that reports name the rank and
-            module that produced a NaN/Inf (``report.inf_by_rank``).
-        log_all_ranks: write the log on every rank, rank r to ``<log stem>.rank<r><suffix>``; by default only
-            rank 0 writes it (every rank's report is the same; with DDP over subgroups, the first rank of
-            each group writes its group's, to ``<log stem>.rank<r><suffix>``).
-    """
-    return Inspector(
-        model,
-        scaler,
-        formats=formats,
-        every=every,
-        log=log,
-        activations=activations,
-        hist_every=hist_every,
-        watch_clipping=watch_clipping,
-        group=group,
-        timeout=timeout,
-        ddp_hook=ddp_hook,
-        log_all_ranks=log_all_ranks,
-    )
+@takes_attach_options
+def attach(model: nn.Module, scaler: torch.amp.GradScaler | None = None, **options: Any) -> Inspector:
+    """Attaches an Inspector to ``model`` (and ``scaler``): see amp_inspect/inspector.py."""
+    return Inspector(model, scaler, **options)

@@ -17,12 +17,16 @@ values (numel counts those).
     scaler.step(opt)                            # the unscale inside is the inspection
     scaler.update()
     print(scaler.last_report)                   # reads the statistics (syncs here, when you look)
+
+Whoever the scaler reports to (``attach`` makes the inspector do so) is its *listener*: a ``ScalerListener``,
+set with ``set_listener`` and removed with ``remove_listener``. The scaler asks it for module names, formats and
+the process group, and hands it each step's report at ``update()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,10 +37,35 @@ from .report import SHARDS, StepReport
 from .scale_policy import HeadroomPolicy, ScaleDecision, StepStats
 from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
-if TYPE_CHECKING:
-    from .inspector import Inspector
-
 DEFAULT_FORMATS = ("fp16",)
+
+
+class ScalerListener(Protocol):
+    """What an InspectingGradScaler needs from whoever it reports to (the inspector ``attach`` links to it)."""
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The formats to judge the gradients against."""
+        ...
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The process group to combine FSDP2 shards over (None: the shards' own)."""
+        ...
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a wait for other ranks may take."""
+        ...
+
+    def module_of(self, param: torch.Tensor) -> str | None:
+        """The name of the module that owns ``param`` (None when unknown)."""
+        ...
+
+    def step_ended(self, report: StepReport | None) -> None:
+        """The end of a step (``update()``): ``report`` is the step's report from the unscale pass (with its
+        ``scale_decision``), None when no unscale ran in the step."""
+        ...
 
 
 def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor]) -> list[Any]:
@@ -79,18 +108,48 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self.last_decision: ScaleDecision | None = None
         self._step_groups: list[Any] = []  # mesh groups whose statistics stay per rank (combined for the policy)
         self.last_report: StepReport | None = None
-        self._inspector: Inspector | None = None
+        self._listener: ScalerListener | None = None
         self._steps = 0  # steps completed (update() calls)
         self._unscaled_this_step = False
-        self._checked_this_step = False  # an attached Inspector's check() already inspected this step
         # This step's unscale passes: (statistics outputs, module names, per-rank NaN/Inf counts or None).
         self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], GlobalStats | None]] = []
         self._step_sparse: list[str] = []  # this step's modules with sparse gradients
         self._combiners = Combiners()  # FSDP2: gradients combined across ranks
 
+    # ---- the listener and the state it reads ----
+
+    @property
+    def listener(self) -> ScalerListener | None:
+        """Whoever this scaler reports to (an attached inspector), or None."""
+        return self._listener
+
+    def set_listener(self, listener: ScalerListener) -> None:
+        """Reports to ``listener`` from now on. One at a time: a second one is refused until the first is removed."""
+        if self._listener is not None and self._listener is not listener:
+            raise RuntimeError(
+                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
+                "first"
+            )
+        self._listener = listener
+
+    def remove_listener(self, listener: ScalerListener) -> None:
+        """Stops reporting to ``listener``; a scaler that reports to another one keeps it."""
+        if self._listener is listener:
+            self._listener = None
+
+    @property
+    def steps(self) -> int:
+        """Steps completed (``update()`` calls): the number the report of the step now running carries."""
+        return self._steps
+
+    @property
+    def unscaled_this_step(self) -> bool:
+        """Whether an unscale pass ran in the step now running (``last_report`` is then its report)."""
+        return self._unscaled_this_step
+
     @property
     def formats(self) -> tuple[str, ...]:
-        return self._inspector.formats if self._inspector is not None else DEFAULT_FORMATS
+        return self._listener.formats if self._listener is not None else DEFAULT_FORMATS
 
     def _dense_grads(
         self, optimizer: torch.optim.Optimizer, allow_fp16: bool
@@ -102,7 +161,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
         coalesced copy, whose statistics the report takes (a repeated index is one gradient row, as the
         optimizer and torch's clip_grad_norm_ see it)."""
         dense, names, sparse, summed = [], [], [], {}
-        module_of = self._inspector._module_of_param if self._inspector is not None else {}
+        listener = self._listener
         for g_index, group in enumerate(optimizer.param_groups):
             for p_index, param in enumerate(group["params"]):
                 grad = param.grad
@@ -110,7 +169,9 @@ class InspectingGradScaler(torch.amp.GradScaler):
                     continue
                 if not allow_fp16 and grad.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
-                name = module_of.get(id(param), f"param_groups[{g_index}].params[{p_index}]")
+                name = listener.module_of(param) if listener is not None else None
+                if name is None:
+                    name = f"param_groups[{g_index}].params[{p_index}]"
                 if grad.is_complex() or grad.layout not in (torch.strided, torch.sparse_coo):
                     what = grad.dtype if grad.is_complex() else grad.layout
                     raise TypeError(
@@ -142,8 +203,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
         """FSDP2 / DTensor gradients: this rank's shards (views: unscaling them unscales the DTensors), and
         the Combiner over the ranks that hold the other shards (None when there is nothing to combine)."""
         local, group, _ = local_shards(dense)
-        inspector = self._inspector
-        chosen, timeout = (inspector.group, inspector.timeout) if inspector is not None else (None, DEFAULT_TIMEOUT_S)
+        listener = self._listener
+        chosen, timeout = (listener.group, listener.timeout) if listener is not None else (None, DEFAULT_TIMEOUT_S)
         return local, self._combiners.over(group, chosen, timeout)
 
     def _combine(
@@ -158,7 +219,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
 
     def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str], origin: GlobalStats | None) -> None:
         """Adds one unscale pass (one optimizer's gradients) to this step's report. With several optimizers
-        on one scaler, the step's report covers all of them; the Inspector receives it once, in update()."""
+        on one scaler, the step's report covers all of them; the listener receives it once, in update()."""
         self._step_parts.append((outputs, names, origin))
         home = self._step_parts[0][0][0].device
         if len(self._step_parts) == 1:
@@ -235,15 +296,15 @@ class InspectingGradScaler(torch.amp.GradScaler):
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickle what GradScaler pickles; the inspection state (reports with device tensors and CUDA events,
-        # the link to an Inspector) belongs to the running process.
+        # the listener) belongs to the running process.
         state = super().__getstate__()
-        for key in ("last_report", "_inspector", "_step_parts", "_step_sparse", "_combiners", "_step_groups"):
+        for key in ("last_report", "_listener", "_step_parts", "_step_sparse", "_combiners", "_step_groups"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.last_report, self._inspector, self._step_parts, self._combiners = None, None, [], Combiners()
+        self.last_report, self._listener, self._step_parts, self._combiners = None, None, [], Combiners()
         self._step_sparse = []
         self._step_groups = []
 
@@ -290,12 +351,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
             assert report is not None
             decision = self._policy.decide(self._policy_stats(report), self._growth_factor, self._backoff_factor)
             report.scale_decision = decision
-            inspector_report = self._inspector.last_report if self._inspector is not None else None
-            if inspector_report is not None and inspector_report.step == report.step:
-                inspector_report.scale_decision = decision  # check() before step: its report is the history's
             self.last_decision = decision
-        if self._inspector is not None and self._unscaled_this_step and not self._checked_this_step:
-            self._inspector.receive(self.last_report)
+        ended = report if self._unscaled_this_step else None
         if decision is not None:
             super().update(decision.scale)
             assert self._growth_tracker is not None
@@ -304,9 +361,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
             super().update(new_scale)
         self._steps += 1
         self._unscaled_this_step = False
-        self._checked_this_step = False
         self._step_parts = []
         self._step_sparse = []
         self._step_groups = []
-        if self._inspector is not None:
-            self._inspector._after_step()
+        if self._listener is not None:
+            self._listener.step_ended(ended)

@@ -27,7 +27,7 @@ distribution-free ~95% confidence interval of that median. The time spent in the
 
 Bytes: ``torch.distributed.all_reduce`` (and the functional ``all_reduce`` that DTensor uses) are wrapped
 in each process by a counter of numel * element_size per call, classified by the calling function:
-``amp_inspect.ddp`` averaging the bucket (``BeforeAllReduce.average``) is DDP's own gradient averaging (a comm
+``amp_inspect.ddp`` averaging the bucket (``HookState.average``) is DDP's own gradient averaging (a comm
 hook must do it), the one-time
 ``amp_inspect.distributed.check_same_layout`` is reported apart, any other amp_inspect caller is the
 inspection's traffic, and callers in torch are torch's own (GradScaler's found_inf on DTensor gradients).
@@ -78,7 +78,7 @@ from bench_tensor_stats import RESULTS_DIR, SEED, TargetCheck, machine_info, pri
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
 from amp_inspect import distributed as amp_distributed  # noqa: E402
-from amp_inspect.ddp import BeforeAllReduce  # noqa: E402
+from amp_inspect.ddp import NonfiniteByRank  # noqa: E402
 from amp_inspect.distributed import to_local  # noqa: E402
 
 WORLD = 2
@@ -103,7 +103,7 @@ DDP_BARE = "ddp_bare"
 FSDP_BARE = "fsdp_bare"
 
 # Traffic categories, by the function that called the all-reduce.
-DDP_GRADIENTS = "ddp_gradients"  # the hook's dist.all_reduce(bucket) (BeforeAllReduce.average): DDP's averaging
+DDP_GRADIENTS = "ddp_gradients"  # the hook's dist.all_reduce(bucket) (HookState.average): DDP's averaging
 INSPECTION = "inspection"  # every other all-reduce made from amp_inspect, per step
 LAYOUT_CHECK = "layout_check"  # check_same_layout: once per inspector / scaler, before the first combine
 TORCH_OWN = "torch"  # called from torch itself (DTensor's found_inf reduction in GradScaler's unscale)
@@ -225,12 +225,12 @@ class CollectiveCounter:
 
 class CallTimer:
     """Adds up the time spent in a few amp_inspect functions during a step (host clock, ms): the comm hook's
-    work per bucket (``BeforeAllReduce.bucket_ready``: the fused NaN/Inf count and, after the last bucket,
+    work per bucket (``NonfiniteByRank.bucket_ready``: the fused NaN/Inf count and, after the last bucket,
     issuing the table's all-reduce) and ``reduce_stats`` (the FSDP2 combine, including the wait for the other
     rank). Their time inside backward or scaler.step is otherwise not separable from the step's."""
 
     TARGETS: tuple[tuple[Any, str, str], ...] = (
-        (BeforeAllReduce, "bucket_ready", "hook_ms"),
+        (NonfiniteByRank, "bucket_ready", "hook_ms"),
         (amp_distributed, "reduce_stats", "combine_ms"),
     )
 

@@ -555,3 +555,39 @@ def test_lightning_16_mixed_cpu_inspecting_grad_scaler_logs_the_current_step(lig
     assert skipped == [float(step == POISON_AT) for step in range(10)]
     scales = logged_column(rows, "amp_inspect/loss_scale")
     assert scales == [r.scale for r in history]
+
+
+# ---- attach()'s options, defined once (amp_inspect/options.py) ----
+
+
+def test_attach_the_inspector_and_both_callbacks_take_every_attach_option_with_one_default(lightning, hf) -> None:
+    import dataclasses
+    import inspect
+
+    from amp_inspect.options import AttachOptions
+
+    defaults = {f.name: f.default for f in dataclasses.fields(AttachOptions)}
+    for takes in (amp_inspect.attach, amp_inspect.Inspector, lightning[1], hf[1]):
+        parameters = inspect.signature(takes).parameters
+        assert {name: parameters[name].default for name in defaults} == defaults, takes
+        assert all(parameters[name].kind is inspect.Parameter.KEYWORD_ONLY for name in defaults), takes
+        assert "collapse_skips:" in (takes.__init__ if isinstance(takes, type) else takes).__doc__
+
+
+def test_callbacks_check_the_options_when_made_and_hand_all_of_them_to_the_inspector(lightning, hf) -> None:
+    from types import SimpleNamespace
+
+    lightning_cb, hf_cb = lightning[1], hf[1]
+    for callback_cls in (lightning_cb, hf_cb):
+        with pytest.raises(ValueError, match="every must be a positive int"):
+            callback_cls(every=0)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'colapse_skips'"):
+            callback_cls(colapse_skips=7)
+    lit = lightning_cb(activations="off", collapse_skips=7, arm_steps=2, log_every=0)
+    lit.on_fit_start(SimpleNamespace(precision_plugin=SimpleNamespace(scaler=None)), Net())
+    hug = hf_cb(activations="off", collapse_skips=7, arm_steps=2)
+    hug.on_train_begin(None, None, None, model=Net())
+    for cb in (lit, hug):
+        assert cb.inspector.options == cb.options
+        assert (cb.inspector.collapse_skips, cb.inspector.arm_steps, cb.inspector.activations) == (7, 2, "off")
+        cb.inspector.detach()

@@ -243,7 +243,7 @@ def test_detach_unlinks_the_scaler() -> None:
         scaler.update()
         opt.zero_grad()
     insp.detach()
-    assert scaler._inspector is None
+    assert scaler.listener is None
     models.backward(model, scaler, 2)
     scaler.step(opt)
     scaler.update()
@@ -252,6 +252,75 @@ def test_detach_unlinks_the_scaler() -> None:
     # Without a link the module names are gone; the statistics are the same pass.
     assert sum(m["numel"] for m in scaler.last_report.by_module.values()) == sum(p.numel() for p in model.parameters())
     assert set(grads_by_module(model)) == models.CNN_PARAM_MODULES
+
+
+class RecordingListener:
+    """A ScalerListener that is not an Inspector: the scaler needs nothing more from whoever listens."""
+
+    formats = ("fp16", "bf16")
+    group = None
+    timeout = 5.0
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.ended: list[amp_inspect.StepReport | None] = []
+
+    def module_of(self, param: torch.Tensor) -> str | None:
+        return self.names.get(id(param))
+
+    def step_ended(self, report: amp_inspect.StepReport | None) -> None:
+        self.ended.append(report)
+
+
+def test_any_listener_gets_module_names_formats_and_each_steps_report() -> None:
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    listener = RecordingListener({id(p): f"p{i}" for i, p in enumerate(model.parameters())})
+    scaler.set_listener(listener)
+    for step in range(2):
+        models.backward(model, scaler, step)
+        assert (scaler.steps, scaler.unscaled_this_step) == (step, False)
+        scaler.step(opt)
+        assert scaler.unscaled_this_step
+        scaler.update()
+        opt.zero_grad()
+    assert scaler.steps == 2 and [r.step for r in listener.ended] == [0, 1]
+    assert listener.ended[-1] is scaler.last_report and scaler.last_report.formats == ("fp16", "bf16")
+    assert set(scaler.last_report.by_module) == {f"p{i}" for i in range(10)}
+    scaler.update(2.0**10)  # a step without an unscale pass: its end is still told, with no report
+    assert listener.ended[-1] is None
+
+
+def test_a_listener_is_removed_only_by_itself() -> None:
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    first, second = RecordingListener({}), RecordingListener({})
+    scaler.set_listener(first)
+    with pytest.raises(RuntimeError, match="already has an inspector attached"):
+        scaler.set_listener(second)
+    scaler.remove_listener(second)
+    assert scaler.listener is first
+    scaler.remove_listener(first)
+    assert scaler.listener is None
+
+
+def test_detaching_another_inspector_leaves_the_scalers_inspector_linked() -> None:
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = amp_inspect.attach(model, scaler)
+    other = amp_inspect.attach(models.cnn())
+    with pytest.raises(RuntimeError, match="already has an inspector attached"):
+        other.check(scaler)
+    other.detach()
+    assert scaler.listener is first
+    models.backward(model, scaler, 0)
+    scaler.step(opt)
+    scaler.update()
+    assert [h.step for h in first.history] == [0]
+    assert set(first.last_report.by_module) == models.CNN_PARAM_MODULES
+    first.detach()
+    assert scaler.listener is None
 
 
 def test_disabled_scaler_steps_plainly() -> None:

@@ -128,7 +128,7 @@ def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poi
 
 def test_ddp_comm_hook_refuses_sparse_gradients_with_a_clear_error() -> None:
     # The refusal attach() makes for a DDP model with ddp_hook=True (the hook cannot count sparse buckets).
-    from amp_inspect.inspector import refuse_sparse_with_comm_hook
+    from amp_inspect.wrappers import refuse_sparse_with_comm_hook
 
     with pytest.raises(ValueError, match=r"sparse gradients \(emb use sparse=True\): attach with ddp_hook=False"):
         refuse_sparse_with_comm_hook(SparseNet())
@@ -253,7 +253,7 @@ def test_detaching_one_of_two_inspectors_leaves_the_others_patches_and_skip_reco
             model.b.weight.grad[0, 0] = math.nan
         second.check()
         scaler.unscale_(opt)
-        assert id(opt) in second._unscaled_params  # second's unscale_ record still runs
+        assert id(opt) in second._scaler_patches.unscaled_params  # second's unscale_ record still runs
         scaler.step(opt)
         scaler.update()
     assert [(r.step, r.skipped) for r in second.history] == [(0, False), (1, True)]
@@ -267,7 +267,7 @@ def test_detach_in_attach_order_removes_every_patch() -> None:
     first = amp_inspect.attach(TwoLayer(), scaler, every=2, activations="off")
     second = amp_inspect.attach(TwoLayer(), scaler, every=2, activations="off")
     second.detach()
-    assert vars(scaler)["unscale_"] is first._patched[0][2]
+    assert vars(scaler)["unscale_"] is first._scaler_patches._patched[0][2]
     first.detach()
     assert "unscale_" not in vars(scaler) and "_maybe_opt_step" not in vars(scaler)
 
@@ -280,7 +280,7 @@ def test_a_second_inspector_on_an_inspecting_scaler_is_refused() -> None:
     other = amp_inspect.attach(TwoLayer())
     with pytest.raises(RuntimeError, match="already has an inspector attached"):
         other.check(scaler)
-    assert scaler._inspector is first
+    assert scaler.listener is first
     first.detach()
     amp_inspect.attach(TwoLayer(), scaler)  # free again
 

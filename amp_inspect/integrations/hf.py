@@ -44,13 +44,13 @@ amp_inspect[hf]``). One check per optimizer step, with gradient accumulation too
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..inspector import Inspector
+from ..options import AttachOptions, takes_attach_options
 from ._common import PREFIX, ReportFollower, require, step_scalars
 
 transformers = require("transformers", "hf", "AmpInspectTrainerCallback")
@@ -70,9 +70,9 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
 
     Args:
         scaler: the GradScaler to read the loss scale from; None finds it (see the module docstring).
-        formats, every, log, activations, hist_every: as ``amp_inspect.attach``.
         loggers: amp_inspect loggers (``TensorBoardLogger``, ``WandbLogger``) to attach to the Inspector at
             train begin: they then get every finalized report, histograms included.
+        and ``amp_inspect.attach``'s options (amp_inspect/options.py), for the Inspector attached at train begin.
 
     Example::
 
@@ -81,25 +81,12 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
         [entry["amp_inspect/skipped"] for entry in trainer.state.log_history if "amp_inspect/skipped" in entry]
     """
 
+    @takes_attach_options
     def __init__(
-        self,
-        scaler: torch.amp.GradScaler | None = None,
-        *,
-        formats: Sequence[str] = ("fp16",),
-        every: int = 1,
-        log: str | os.PathLike[str] | None = None,
-        activations: str = "on_skip",
-        hist_every: int = 100,
-        loggers: Sequence[Any] = (),
+        self, scaler: torch.amp.GradScaler | None = None, *, loggers: Sequence[Any] = (), **options: Any
     ) -> None:
         self.scaler = scaler
-        self.inspector_kwargs: dict[str, Any] = {
-            "formats": formats,
-            "every": every,
-            "log": log,
-            "activations": activations,
-            "hist_every": hist_every,
-        }
+        self.options = AttachOptions(**options)  # checked now, not at the start of training
         self.loggers = list(loggers)
         self.inspector: Inspector | None = None
         self._follower: ReportFollower | None = None
@@ -150,7 +137,7 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
             scaler = _as_scaler(getattr(self._trainer.accelerator, "scaler", None))
         if scaler is None:
             scaler = _as_scaler(getattr(kwargs.get("optimizer"), "scaler", None))
-        self.inspector = Inspector(model, scaler, **self.inspector_kwargs)
+        self.inspector = Inspector(model, scaler, **self.options.as_kwargs())
         self._follower = ReportFollower(self.inspector)
         for logger in self.loggers:
             logger.attach(self.inspector)

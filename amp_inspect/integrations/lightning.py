@@ -38,13 +38,13 @@ only that package is installed (``pip install amp_inspect[lightning]``).
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..inspector import Inspector
+from ..options import AttachOptions, takes_attach_options
 from ._common import PREFIX, ReportFollower, check_every, require, step_scalars
 
 
@@ -75,10 +75,10 @@ class AmpInspectCallback(pl.Callback):
     """Attaches an Inspector to the LightningModule at fit start and checks each optimizer step.
 
     Args:
-        formats, every, log, activations, hist_every: as ``amp_inspect.attach``.
         log_every: ``pl_module.log`` the scalars every N optimizer steps; 0 logs nothing.
         loggers: amp_inspect loggers (``TensorBoardLogger``, ``WandbLogger``) to attach to the Inspector
             at fit start: they then get every finalized report, histograms included.
+        and ``amp_inspect.attach``'s options (amp_inspect/options.py), for the Inspector attached at fit start.
 
     Example::
 
@@ -88,25 +88,10 @@ class AmpInspectCallback(pl.Callback):
         cb.inspector.history[-1].skipped
     """
 
-    def __init__(
-        self,
-        *,
-        formats: Sequence[str] = ("fp16",),
-        every: int = 1,
-        log: str | os.PathLike[str] | None = None,
-        activations: str = "on_skip",
-        hist_every: int = 100,
-        log_every: int = 1,
-        loggers: Sequence[Any] = (),
-    ) -> None:
+    @takes_attach_options
+    def __init__(self, *, log_every: int = 1, loggers: Sequence[Any] = (), **options: Any) -> None:
         super().__init__()
-        self.inspector_kwargs: dict[str, Any] = {
-            "formats": formats,
-            "every": every,
-            "log": log,
-            "activations": activations,
-            "hist_every": hist_every,
-        }
+        self.options = AttachOptions(**options)  # checked now, not at the start of training
         self.log_every = check_every("log_every", log_every, allow_zero=True)
         self.loggers = list(loggers)
         self.inspector: Inspector | None = None
@@ -115,7 +100,7 @@ class AmpInspectCallback(pl.Callback):
         self._logged_step: int | None = None  # the step whose report was logged last (each is logged once)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self.inspector = Inspector(pl_module, precision_scaler(trainer), **self.inspector_kwargs)
+        self.inspector = Inspector(pl_module, precision_scaler(trainer), **self.options.as_kwargs())
         self._follower = ReportFollower(self.inspector)
         self._logged_step = None
         for logger in self.loggers:

@@ -1,0 +1,72 @@
+"""The wrappers a model may come in (torch.compile, FSDP1, FSDP2, DDP with sparse gradients): what the
+inspector looks through, works around or refuses at attach, with a sentence saying why.
+
+Each test looks only at modules already imported (``sys.modules``): a model can hold a wrapper only if its
+module was imported, so nobody else pays for importing torch._dynamo or FSDP (0.4 s).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch import nn
+
+from .naming import sparse_gradient_modules
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` or a submodule runs through torch.compile (an OptimizedModule, or ``Module.compile()``)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:  # torch.compile never ran: nothing is compiled
+        return False
+    optimized = getattr(eval_frame, "OptimizedModule", ())
+    return any(isinstance(m, optimized) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def set_dynamo_stance(stance: object) -> object | None:
+    """Sets torch.compile's stance (a DynamoStance); returns the previous one, None where torch has no stances."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    setter = getattr(eval_frame, "_set_stance", None)
+    return setter(stance) if setter is not None else None
+
+
+def eager_stance() -> object | None:
+    """torch.compile's "force_eager" stance (compiled code runs its original Python), None where torch has none."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    make = getattr(eval_frame, "DynamoStance", None)
+    current = getattr(eval_frame, "_stance", None)
+    if make is None or current is None:
+        return None
+    return make("force_eager", current.skip_guard_eval_unsafe, current.backend)
+
+
+def has_fsdp2_modules(model: nn.Module) -> bool:
+    """Whether ``model`` holds FSDP2 (fully_shard) modules, which swap their registered parameters between
+    sharded and unsharded ones around forward and backward."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kind = getattr(fsdp, "FSDPModule", None)
+    return kind is not None and any(isinstance(m, kind) for m in model.modules())
+
+
+def refuse_fsdp1(model: nn.Module) -> None:
+    """FSDP1 (FullyShardedDataParallel) flattens parameters into per-rank shards of a FlatParameter whose
+    pieces amp_inspect does not map back to modules: refuse rather than report partial statistics."""
+    fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if fsdp1 is not None and any(isinstance(m, fsdp1.FullyShardedDataParallel) for m in model.modules()):
+        raise ValueError(
+            "amp_inspect does not support FSDP1 (FullyShardedDataParallel): its flat parameters hold pieces of "
+            "many parameters per rank, which it cannot name. Use FSDP2 (torch.distributed.fsdp.fully_shard), whose "
+            "sharded gradients it combines across ranks into whole-parameter statistics."
+        )
+
+
+def refuse_sparse_with_comm_hook(model: nn.Module) -> None:
+    """DDP's buckets of sparse gradients hold sparse tensors, which ddp_comm_hook cannot count NaN/Inf in: refuse
+    at attach rather than fail in the first backward or drop those gradients from inf_by_rank."""
+    sparse = sparse_gradient_modules(model)
+    if sparse:
+        raise ValueError(
+            f"amp_inspect's DDP comm hook cannot trace NaN/Inf in sparse gradients ({', '.join(sparse[:5])} "
+            "use sparse=True): attach with ddp_hook=False (reports then cover the averaged gradients, sparse ones "
+            "included, without inf_by_rank)"
+        )
