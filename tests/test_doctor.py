@@ -19,6 +19,7 @@ from amp_inspect.report import Headroom
 from amp_inspect.runlog import RunLog
 
 doctor_module = importlib.import_module("amp_inspect.doctor")  # the package exports the function `doctor`
+findings_module = importlib.import_module("amp_inspect.findings")  # the check registry
 
 ORIGINALS = {
     (module, name): getattr(module, name)
@@ -214,7 +215,7 @@ def test_history_may_be_an_inspector() -> None:
 
 
 def test_new_checks_are_registered_with_a_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor_module, "CHECKS", list(doctor_module.CHECKS))
+    monkeypatch.setattr(findings_module, "CHECKS", list(findings_module.CHECKS))
 
     @doctor_module.check
     def always(setup):
@@ -457,7 +458,7 @@ def test_main_exit_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert main(["--log", str(tmp_path / "empty.jsonl")]) == 0
     assert "[empty-log]" in capsys.readouterr().out
     broken = [lambda: [Finding("broken", "error", "something is broken", "fix it")]]
-    monkeypatch.setattr(doctor_module, "ENVIRONMENT_CHECKS", broken)
+    monkeypatch.setattr(findings_module, "ENVIRONMENT_CHECKS", broken)
     assert main([]) == 1
     assert "ERROR [broken] something is broken\n    fix: fix it" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
