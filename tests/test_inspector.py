@@ -321,10 +321,7 @@ def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
         models.backward(model, scaler, step)
         scaler.unscale_(opt)
         insp.check()
-        # Identical copies of the unscaled gradients for torch to clip.
-        copies = [p.detach().clone().requires_grad_() for p in model.parameters()]
-        for c, p in zip(copies, model.parameters(), strict=True):
-            c.grad = p.grad.clone()
+        copies = models.grad_copies(model)  # the unscaled gradients, for torch to clip
         norm_ours = insp.clip_grad_norm_(max_norm)
         norm_theirs = torch.nn.utils.clip_grad_norm_(copies, max_norm)
         assert float(norm_ours) == pytest.approx(float(norm_theirs), rel=1e-6)
