@@ -18,6 +18,10 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .findings import Finding
 
 SOURCE_BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_tensor_stats.py"
 
@@ -121,6 +125,73 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+DOCTOR_DESCRIPTION = (
+    "Checks this machine for mixed-precision training (torch build, GPUs, TF32, amp_inspect's compiled kernels) "
+    "and, with --log, a run's loss-scale history and hardware readings, and says how to fix what it finds."
+)
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The doctor's description and options on ``parser`` (the ``doctor`` sub-parser, or the parser of
+    ``python -m amp_inspect.doctor``); ``args.func(args)`` then runs it."""
+    from .argtypes import count as count_arg
+    from .findings import DEFAULT_COLLAPSE_SKIPS  # torch-free: building the parser does not load torch
+
+    parser.description = DOCTOR_DESCRIPTION
+    parser.add_argument("--log", metavar="RUN.jsonl", help="a run log written by attach(..., log=...)")
+    parser.add_argument(
+        "--collapse-skips",
+        type=count_arg(1),
+        default=DEFAULT_COLLAPSE_SKIPS,
+        metavar="N",
+        help=f"skipped steps in a row that count as a loss-scale collapse (default {DEFAULT_COLLAPSE_SKIPS})",
+    )
+    parser.add_argument("--strict", action="store_true", help="exit 1 on warnings as well as errors")
+    parser.set_defaults(func=_file_command("doctor", lambda args: args.log)(_doctor))
+    return parser
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """The environment checks, and with --log the run's history and hardware readings; prints the report.
+    Exit 1 on an error (with --strict, on a warning too), 2 when the log cannot be read."""
+    import torch
+
+    from .environment_checks import check_environment
+    from .findings import DoctorReport
+
+    header = [f"environment: torch {torch.__version__}, python {sys.version.split()[0]}"]
+    findings = check_environment()
+    if args.log is not None:
+        try:
+            log_header, log_findings = _doctor_log(args.log, args.collapse_skips)
+        except (OSError, ValueError) as error:
+            print(f"amp-inspect doctor: cannot read {args.log}: {error}", file=sys.stderr)
+            return 2
+        header += log_header
+        findings += log_findings
+    report = DoctorReport(findings, header)
+    print(report)
+    failing = report.errors or (args.strict and report.warnings)
+    return 1 if failing else 0
+
+
+def _doctor_log(path: str, collapse_skips: int) -> tuple[list[str], list[Finding]]:
+    """The header line and the findings of a run log: its history's and its hardware readings'."""
+    from .doctor import doctor
+    from .environment_checks import log_hardware_findings
+    from .findings import Finding, plural
+    from .history import StepRecord
+    from .runlog import read_log
+
+    records = read_log(path)
+    history = [StepRecord.from_log_record(r) for r in records if "step" in r]
+    skipped = sum(r.skipped for r in history)
+    header = [f"run log {path}: {plural(len(history), 'inspected step')}, {skipped} skipped"]
+    if not history:
+        return header, [Finding("empty-log", "info", f"{path} holds no step records yet")]
+    return header, doctor(history=history, collapse_skips=collapse_skips).findings + log_hardware_findings(records)
+
+
 def _info(args: argparse.Namespace) -> int:
     from .info import main as info_main
 
@@ -155,13 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("log", type=Path)
     summary.set_defaults(func=_summary)
 
-    # `amp_inspect.doctor` is the function (package export); the module's pieces are imported by name.
-    from .doctor import DESCRIPTION, add_arguments, run
-
-    doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes")
-    doctor.description = DESCRIPTION
-    add_arguments(doctor)
-    doctor.set_defaults(func=_file_command("doctor", lambda args: args.log)(run))
+    add_doctor_arguments(sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes"))
 
     bench = sub.add_parser("bench", help="time the fused pass against one read of the gradients and Python checks")
     bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -140,6 +140,15 @@ def backward(model: nn.Module, scaler: torch.amp.GradScaler | None, step: int) -
     (loss if scaler is None else scaler.scale(loss)).backward()
 
 
+def grad_copies(model: nn.Module) -> list[torch.Tensor]:
+    """Copies of ``model``'s parameters holding copies of their gradients: the same gradients, for torch to clip
+    beside the Inspector."""
+    copies = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    for c, p in zip(copies, model.parameters(), strict=True):
+        c.grad = p.grad.clone()
+    return copies
+
+
 def param_of(model: nn.Module, module: str, name: str = "weight") -> nn.Parameter:
     return getattr(model.get_submodule(module), name)
 

@@ -18,40 +18,15 @@ from amp_inspect.activations import (
     ActivationWatcher,
     module_names,
 )
-from tests.models import Block
+from tests.models import TinyGPT, batch_for
 
 FP16_MAX = 65504.0
 
 # -- models ---------------------------------------------------------------------------------------------
 
 
-# Attention, MLP and Block are the shared test blocks of tests/models.py.
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 50, dim: int = 16, heads: int = 2, layers: int = 2, context: int = 8) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(vocab, dim)
-        self.wpe = nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
-
-
-def gpt_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, 50, (2, 8), generator=g)
-    return idx, torch.randint(0, 50, (2, 8), generator=g)
-
-
 def gpt_step(model: nn.Module, autocast: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    idx, targets = gpt_batch()
+    idx, targets = batch_for(model, step=0)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(idx)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -24,18 +24,21 @@ from tests.dist_scenarios import INF_STEP, STEPS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run_scenario(name: str, world: int, out: Path, ranks: list[int] | None = None) -> None:
-    """Runs ``name`` on ``world`` gloo processes and asserts that each of ``ranks`` (default: all) reported
-    OK. A non-zero exit after that can only come from process teardown (FSDP2 on CPU was seen to abort there
-    once), so the exit status is only shown, not asserted."""
+def run_scenario(
+    name: str, world: int, out: Path, ranks: list[int] | None = None, module: str = "tests.dist_scenarios"
+) -> None:
+    """Runs the scenario ``name`` of ``module`` on ``world`` gloo processes and asserts that each of ``ranks``
+    (default: all) reported OK. A non-zero exit after that can only come from process teardown (FSDP2 on CPU
+    was seen to abort there once), so the exit status is only shown, not asserted."""
     result = subprocess.run(
-        [sys.executable, "-m", "tests.dist_scenarios", name, str(world), str(_free_port()), str(out)],
+        [sys.executable, "-m", module, name, str(world), str(free_port()), str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

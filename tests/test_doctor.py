@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from amp_inspect.report import Headroom
 from amp_inspect.runlog import RunLog
 
 doctor_module = importlib.import_module("amp_inspect.doctor")  # the package exports the function `doctor`
+findings_module = importlib.import_module("amp_inspect.findings")  # the check registry
 
 ORIGINALS = {
     (module, name): getattr(module, name)
@@ -214,7 +218,7 @@ def test_history_may_be_an_inspector() -> None:
 
 
 def test_new_checks_are_registered_with_a_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor_module, "CHECKS", list(doctor_module.CHECKS))
+    monkeypatch.setattr(findings_module, "CHECKS", list(findings_module.CHECKS))
 
     @doctor_module.check
     def always(setup):
@@ -457,10 +461,29 @@ def test_main_exit_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert main(["--log", str(tmp_path / "empty.jsonl")]) == 0
     assert "[empty-log]" in capsys.readouterr().out
     broken = [lambda: [Finding("broken", "error", "something is broken", "fix it")]]
-    monkeypatch.setattr(doctor_module, "ENVIRONMENT_CHECKS", broken)
+    monkeypatch.setattr(findings_module, "ENVIRONMENT_CHECKS", broken)
     assert main([]) == 1
     assert "ERROR [broken] something is broken\n    fix: fix it" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0
     assert "--log" in capsys.readouterr().out
+
+
+def test_the_doctors_command_line_options_need_no_torch() -> None:
+    """amp-inspect builds its parser, the doctor's options included, from torch-free modules (findings.py,
+    argtypes.py): loaded here by file, outside the package, with torch refused."""
+    package = Path(doctor_module.__file__).parent
+    code = f"""
+import importlib.util, sys
+sys.modules["torch"] = None  # importing torch now raises ImportError
+for name in ("findings", "argtypes"):
+    spec = importlib.util.spec_from_file_location(name, {str(package)!r} + "/" + name + ".py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+print(sys.modules["findings"].DEFAULT_COLLAPSE_SKIPS)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(findings_module.DEFAULT_COLLAPSE_SKIPS)

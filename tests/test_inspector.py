@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import warnings
 from collections import Counter
 
@@ -28,6 +27,7 @@ from tests.models import (
     grads_by_module,
     poison_,
 )
+from tests.test_distributed import free_port
 
 FP16_MIN_NORMAL = 2.0**-14
 
@@ -321,10 +321,7 @@ def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
         models.backward(model, scaler, step)
         scaler.unscale_(opt)
         insp.check()
-        # Identical copies of the unscaled gradients for torch to clip.
-        copies = [p.detach().clone().requires_grad_() for p in model.parameters()]
-        for c, p in zip(copies, model.parameters(), strict=True):
-            c.grad = p.grad.clone()
+        copies = models.grad_copies(model)  # the unscaled gradients, for torch to clip
         norm_ours = insp.clip_grad_norm_(max_norm)
         norm_theirs = torch.nn.utils.clip_grad_norm_(copies, max_norm)
         assert float(norm_ours) == pytest.approx(float(norm_theirs), rel=1e-6)
@@ -546,12 +543,6 @@ def test_context_manager_detaches() -> None:
     assert no_forward_hooks(model)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _names_after_one_step(wrapper: nn.Module, inner: nn.Module) -> set[str]:
     scaler = torch.amp.GradScaler("cpu")
     insp = amp_inspect.attach(wrapper, scaler, activations="always")
@@ -570,7 +561,7 @@ def _names_after_one_step(wrapper: nn.Module, inner: nn.Module) -> set[str]:
 def test_names_look_through_ddp() -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = models.gpt()
         ddp = nn.parallel.DistributedDataParallel(model)

@@ -24,6 +24,7 @@ from amp_inspect.scale_policy import (
     StepStats,
 )
 from tests import models
+from tests.test_distributed import run_scenario
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -275,32 +276,16 @@ def test_decisions_reach_last_report_and_the_run_log(tmp_path) -> None:
 # ---- distributed: the same decision on every rank (gloo processes, tests/dist_scale_scenarios.py) ---------
 
 
-def run_scale_scenario(name: str, world: int, out) -> None:
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.test_distributed import _free_port
-
-    root = Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", "tests.dist_scale_scenarios", name, str(world), str(_free_port()), str(out)]
-    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=240)
-    for rank in range(world):
-        path = out / f"{name}.{rank}"
-        assert path.exists(), f"rank {rank} wrote nothing (exit {result.returncode}):\n{result.stdout}{result.stderr}"
-        assert path.read_text() == "OK", f"rank {rank}:\n{path.read_text()}"
-
-
 def test_ddp_ranks_agree_on_every_decision(tmp_path) -> None:
-    run_scale_scenario("ddp_headroom", 2, tmp_path)
+    run_scenario("ddp_headroom", 2, tmp_path, module="tests.dist_scale_scenarios")
 
 
 def test_fsdp2_ranks_agree_on_every_decision(tmp_path) -> None:
-    run_scale_scenario("fsdp2_headroom", 2, tmp_path)
+    run_scenario("fsdp2_headroom", 2, tmp_path, module="tests.dist_scale_scenarios")
 
 
 def test_ranks_whose_statistics_stay_per_rank_decide_from_the_largest(tmp_path) -> None:
-    run_scale_scenario("mesh_2d_headroom", 4, tmp_path)
+    run_scenario("mesh_2d_headroom", 4, tmp_path, module="tests.dist_scale_scenarios")
 
 
 def test_headroom_scaler_pickles_with_its_policy_state() -> None:

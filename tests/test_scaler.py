@@ -187,9 +187,7 @@ def test_check_with_an_inspecting_scaler_makes_one_record_per_step(unscale_first
             scaler.unscale_(opt)
             report = insp.check()
             assert report is scaler.last_report  # the unscale pass was the inspection
-            copies = [p.detach().clone().requires_grad_() for p in model.parameters()]
-            for c, p in zip(copies, model.parameters(), strict=True):
-                c.grad = p.grad.clone()
+            copies = models.grad_copies(model)
             norm = insp.clip_grad_norm_(0.5)
             torch_norm = torch.nn.utils.clip_grad_norm_(copies, 0.5)
             if step != 3:

@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._common import PREFIX, check_every, exponent_edges, exponent_span, on_finalized, report_values, require
+from ._common import require
+from ._report_logger import ReportLogger
 
 if TYPE_CHECKING:
-    from ..inspector import Inspector
     from ..report import StepReport
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(ReportLogger):
     """Writes StepReports to TensorBoard (see the module docstring for the tags and the histogram axis).
 
     Args:
@@ -68,9 +68,7 @@ class TensorBoardLogger:
         hist_every: int = 100,
         top_modules: int = 10,
     ) -> None:
-        self.log_every = check_every("log_every", log_every)
-        self.hist_every = check_every("hist_every", hist_every, allow_zero=True)
-        self.top_modules = check_every("top_modules", top_modules, allow_zero=True)
+        super().__init__(log_every=log_every, hist_every=hist_every, top_modules=top_modules)
         if isinstance(writer_or_logdir, (str, os.PathLike)):
             tensorboard = require("torch.utils.tensorboard", "tensorboard", "TensorBoardLogger", "tensorboard")
             self.writer = tensorboard.SummaryWriter(os.fspath(writer_or_logdir))
@@ -81,39 +79,19 @@ class TensorBoardLogger:
                     raise TypeError(f"writer_or_logdir: a SummaryWriter or a path, got {type(writer_or_logdir)}")
             self.writer = writer_or_logdir
             self._owns_writer = False
-        self._inspector: Inspector | None = None
-
-    def attach(self, inspector: Inspector) -> TensorBoardLogger:
-        """Logs every report ``inspector`` finalizes from now on (no host sync); returns self."""
-        on_finalized(inspector, self.log)
-        self._inspector = inspector
-        return self
 
     def log(self, report: StepReport) -> None:
         """Writes one report's scalars (and histograms on ``hist_every`` steps), at global step report.step.
 
         Reads the report's values: waits for its device copies on CUDA unless ``report.ready()``.
         """
-        step = report.step
-        wants_scalars = step % self.log_every == 0
-        wants_hist = self.hist_every > 0 and step % self.hist_every == 0
-        if not (wants_scalars or wants_hist):
-            return
-        scalars, hists = report_values(
-            report, scalars=wants_scalars, histograms=wants_hist, top_modules=self.top_modules
-        )
-        for key, value in scalars.items():
-            self.writer.add_scalar(PREFIX + key, value, step)
-        for name, hist in hists.items():
-            self._add_exponent_histogram(f"{PREFIX}exponent/{name}", hist, step)
+        scalars, histograms = self.tagged_values(report)
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, report.step)
+        for tag, (counts, edges) in histograms.items():
+            self._add_exponent_histogram(tag, counts.astype(np.float64), edges, report.step)
 
-    def _add_exponent_histogram(self, tag: str, hist: np.ndarray, step: int) -> None:
-        span = exponent_span(hist)
-        if span is None:
-            return
-        first, last = span
-        counts = hist[first : last + 1].astype(np.float64)
-        edges = exponent_edges(first, last)
+    def _add_exponent_histogram(self, tag: str, counts: np.ndarray, edges: np.ndarray, step: int) -> None:
         midpoints = (edges[:-1] + edges[1:]) / 2
         self.writer.add_histogram_raw(
             tag,
@@ -129,8 +107,7 @@ class TensorBoardLogger:
 
     def flush(self) -> None:
         """Logs the attached inspector's reports still in flight (waits for them) and flushes the writer."""
-        if self._inspector is not None:
-            self._inspector.history  # noqa: B018  # reading it finalizes (and so logs) outstanding reports
+        super().flush()
         flush = getattr(self.writer, "flush", None)
         if callable(flush):
             flush()

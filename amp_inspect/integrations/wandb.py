@@ -34,16 +34,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._common import PREFIX, check_every, exponent_edges, exponent_span, on_finalized, report_values, require
+from ._common import require
+from ._report_logger import ReportLogger
 
 wandb = require("wandb", "wandb", "WandbLogger")
 
 if TYPE_CHECKING:
-    from ..inspector import Inspector
     from ..report import StepReport
 
 
-class WandbLogger:
+class WandbLogger(ReportLogger):
     """Logs StepReports to a wandb run (see the module docstring for the keys and the histogram axis).
 
     Args:
@@ -58,6 +58,8 @@ class WandbLogger:
         run = wandb.init(mode="offline")
         logger = WandbLogger(run, hist_every=1)
         logger.log(insp.check())   # reads the report now: waits for the device on CUDA
+
+    With ``attach(inspector)``, call ``flush()`` before ``run.finish()``: it logs the reports still in flight.
     """
 
     def __init__(
@@ -69,35 +71,16 @@ class WandbLogger:
         top_modules: int = 10,
         step: bool = True,
     ) -> None:
+        super().__init__(log_every=log_every, hist_every=hist_every, top_modules=top_modules)
         self.run = run
-        self.log_every = check_every("log_every", log_every)
-        self.hist_every = check_every("hist_every", hist_every, allow_zero=True)
-        self.top_modules = check_every("top_modules", top_modules, allow_zero=True)
         self.step = step
-        self._inspector: Inspector | None = None
-
-    def attach(self, inspector: Inspector) -> WandbLogger:
-        """Logs every report ``inspector`` finalizes from now on (no host sync); returns self."""
-        on_finalized(inspector, self.log)
-        self._inspector = inspector
-        return self
 
     def payload(self, report: StepReport) -> dict[str, Any]:
         """The dict ``log`` passes to ``run.log`` for this report (empty on steps it leaves out)."""
-        step = report.step
-        wants_scalars = step % self.log_every == 0
-        wants_hist = self.hist_every > 0 and step % self.hist_every == 0
-        scalars, hists = report_values(
-            report, scalars=wants_scalars, histograms=wants_hist, top_modules=self.top_modules
-        )
-        out: dict[str, Any] = {PREFIX + key: value for key, value in scalars.items()}
-        for name, hist in hists.items():
-            span = exponent_span(hist)
-            if span is not None:
-                first, last = span
-                out[f"{PREFIX}exponent/{name}"] = wandb.Histogram(
-                    np_histogram=(hist[first : last + 1], exponent_edges(first, last))
-                )
+        scalars, histograms = self.tagged_values(report)
+        out: dict[str, Any] = dict(scalars)
+        for tag, (counts, edges) in histograms.items():
+            out[tag] = wandb.Histogram(np_histogram=(counts, edges))
         return out
 
     def log(self, report: StepReport) -> None:
@@ -115,11 +98,6 @@ class WandbLogger:
             run.log(payload, step=report.step)
         else:
             run.log(payload)
-
-    def flush(self) -> None:
-        """Logs the attached inspector's reports still in flight (waits for them): call before ``run.finish()``."""
-        if self._inspector is not None:
-            self._inspector.history  # noqa: B018  # reading it finalizes (and so logs) outstanding reports
 
 
 __all__ = ["WandbLogger"]
