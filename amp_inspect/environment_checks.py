@@ -18,6 +18,7 @@ import torch
 
 from . import _ops, findings, hardware
 from .findings import Finding, environment_check
+from .info import built_images, covers
 
 GPU_MEMORY_FULL = 0.95  # share of a GPU's memory in use (NVML) from which the doctor warns of out-of-memory risk
 _GIB = float(1 << 30)
@@ -105,21 +106,6 @@ def tf32() -> Iterator[Finding]:
     )
 
 
-def _arch_covers(archs: str, cap: tuple[int, int]) -> bool:
-    """Whether a build for ``archs`` (TORCH_CUDA_ARCH_LIST style: "8.0;9.0", "8.6+PTX", "9.0a") runs on ``cap``:
-    a binary runs on its major version at an equal or higher minor one; PTX is compiled for any later GPU."""
-    for arch in archs.replace(" ", ";").split(";"):
-        ptx = arch.endswith("+PTX")
-        digits = arch.removesuffix("+PTX").rstrip("af")
-        try:
-            major, minor = (int(x) for x in digits.split("."))
-        except ValueError:
-            return True  # a list we cannot read: do not claim the GPU is missing from it
-        if (major == cap[0] and minor <= cap[1]) or (ptx and (major, minor) <= cap):
-            return True
-    return False
-
-
 @environment_check
 def extension() -> Iterator[Finding]:
     rebuild = "rebuild with `pip install --no-build-isolation -e .`, then check `python -m amp_inspect.info`."
@@ -145,7 +131,8 @@ def extension() -> Iterator[Finding]:
             "install the CUDA toolkit matching torch.version.cuda and " + rebuild,
         )
     archs = built.get("cuda_archs", "")
-    missing = sorted({f"{n} ({c[0]}.{c[1]})" for n, c in gpus_found if archs and not _arch_covers(archs, c)})
+    images = built_images()
+    missing = sorted({f"{n} ({c[0]}.{c[1]})" for n, c in gpus_found if not covers(images, c)})
     if _ops.has_kernel("cuda") and missing:
         yield Finding(
             "cuda-arch-missing",

@@ -487,3 +487,19 @@ print(sys.modules["findings"].DEFAULT_COLLAPSE_SKIPS)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(findings_module.DEFAULT_COLLAPSE_SKIPS)
+
+
+def test_a_gpu_the_binary_cannot_run_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor reads the binary's images (sm_80 ... compute_120) the way `amp_inspect.info` does: a Turing
+    GPU (7.5) is missing from the default build, an H200 (9.0) and a later Blackwell (12.1) are not."""
+    from amp_inspect import _ops, environment_checks
+
+    if not _ops.has_kernel("cuda"):
+        pytest.skip("built without CUDA kernels")
+    gpus = [("Tesla T4", (7, 5)), ("NVIDIA H200", (9, 0)), ("RTX 5090-ish", (12, 1))]
+    monkeypatch.setattr(environment_checks, "_gpus", lambda: gpus)
+    monkeypatch.setattr(_ops, "build_info", lambda: {"cpu": "1", "cuda": "1", "cuda_archs": "sm_80 sm_90 compute_120"})
+    found = {f.code: f for f in environment_checks.extension()}
+    assert "cuda-arch-missing" in found
+    assert "Tesla T4 (7.5)" in found["cuda-arch-missing"].message
+    assert "H200" not in found["cuda-arch-missing"].message and "5090" not in found["cuda-arch-missing"].message
