@@ -99,6 +99,13 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
+@_file_command("doctor", lambda args: None)  # the doctor names the log in its own messages
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main(args.doctor_argv)
+
+
 def _bench(args: argparse.Namespace) -> int:
     if SOURCE_BENCH.exists() and not args.builtin:  # a source checkout: the full benchmark
         sys.argv = [str(SOURCE_BENCH), "--device", args.device, *(["--quick"] if args.quick else [])]
@@ -155,13 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("log", type=Path)
     summary.set_defaults(func=_summary)
 
-    # `amp_inspect.doctor` is the function (package export); the module's pieces are imported by name.
-    from .doctor import DESCRIPTION, add_arguments, run
-
-    doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes")
-    doctor.description = DESCRIPTION
-    add_arguments(doctor)
-    doctor.set_defaults(func=_file_command("doctor", lambda args: args.log)(run))
+    # amp_inspect.doctor imports torch: its own parser reads the doctor's options (main() hands them over), so
+    # building this parser, and every other command, stays torch-free.
+    doctor = sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes", add_help=False)
+    doctor.set_defaults(func=_doctor)
 
     bench = sub.add_parser("bench", help="time the fused pass against one read of the gradients and Python checks")
     bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -175,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "doctor" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.doctor_argv = rest  # the doctor's options, for its own parser
     return args.func(args)
 
 
