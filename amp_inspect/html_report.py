@@ -27,7 +27,7 @@ from . import __version__
 from .history import StepRecord, Summary, summarize
 from .plots import FIGURES, save_all, unavailable
 from .runlog import is_run_log, read_log
-from .scale_timeline import scale_text, shown_changes
+from .scale_timeline import POLICY_TORCH, scale_text, shown_changes
 from .series import RunSeries
 
 MAX_OFFENDER_ROWS = 8
@@ -169,6 +169,8 @@ def _facts(series: RunSeries, summary: Summary | None) -> list[tuple[str, str, b
     if series.has_scale:
         lo, hi = np.nanmin(series.scale), np.nanmax(series.scale)
         facts.append(("loss scale range", f"{scale_text(lo)} – {scale_text(hi)}", False))
+    if series.policy != POLICY_TORCH:  # the scaler's own decisions set the scale (listed below)
+        facts.append(("loss-scale policy", series.policy, False))
     if summary is not None and summary.events:
         growth = sum(e.kind == "growth" for e in summary.events)
         facts.append(("scale events", f"{growth} growth, {len(summary.events) - growth} backoff", False))

@@ -185,6 +185,7 @@ def test_html_report_lists_the_decisions(tmp_path: Path) -> None:
     page = write_report(_write(tmp_path / "run.jsonl", records), tmp_path / "out" / "r.html").read_text()
     section = page[page.index('<section id="decisions">') :]
     section = section[: section.index("</section>")]
+    assert "loss-scale policy<b>headroom</b>" in page
     assert "Loss-scale decisions (policy &#x27;headroom&#x27;)" in section
     assert section.count("<tr>") == 1 + len(summarize(_history(records)).decisions)
     assert "non-finite not caused by the scale" in section and "overflow caused by the scale" in section
