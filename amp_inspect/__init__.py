@@ -9,19 +9,52 @@ and ties them to module names and GradScaler::
 
     insp = amp_inspect.attach(model, scaler)
     report = insp.check()   # after backward, before scaler.step
+
+The names below are imported on first use, so ``import amp_inspect.runlog`` (and ``amp-inspect summary``,
+``amp-inspect report``) read a run log without loading torch.
 """
 
-from .ddp import ddp_comm_hook
-from .distributed import DistributedInspectionError
-from .doctor import doctor, watch_clipping
-from .formats import FORMATS
-from .history import StepRecord, Summary
-from .inspector import Inspector, attach
-from .report import Headroom, StepReport
-from .runlog import read_log
-from .scale_policy import HeadroomPolicy, ScaleDecision
-from .scaler import InspectingGradScaler
-from .stats import TensorStats, tensor_stats
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .ddp import ddp_comm_hook
+    from .distributed import DistributedInspectionError
+    from .doctor import doctor, watch_clipping
+    from .formats import FORMATS
+    from .history import StepRecord, Summary
+    from .inspector import Inspector, attach
+    from .report import Headroom, StepReport
+    from .runlog import read_log
+    from .scale_policy import HeadroomPolicy, ScaleDecision
+    from .scaler import InspectingGradScaler
+    from .stats import TensorStats, tensor_stats
+
+__version__ = "0.1.0"
+
+_MODULE_OF = {
+    "FORMATS": "formats",
+    "DistributedInspectionError": "distributed",
+    "Headroom": "report",
+    "HeadroomPolicy": "scale_policy",
+    "InspectingGradScaler": "scaler",
+    "Inspector": "inspector",
+    "StepRecord": "history",
+    "StepReport": "report",
+    "ScaleDecision": "scale_policy",
+    "Summary": "history",
+    "TensorStats": "stats",
+    "attach": "inspector",
+    "ddp_comm_hook": "ddp",
+    "doctor": "doctor",
+    "read_log": "runlog",
+    "tensor_stats": "stats",
+    "watch_clipping": "doctor",
+}
 
 __all__ = [
     "FORMATS",
@@ -42,4 +75,30 @@ __all__ = [
     "tensor_stats",
     "watch_clipping",
 ]
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """The package object. Importing a submodule sets it as an attribute of the package; ``amp_inspect.doctor``
+    names both a submodule and the function exported here, and must stay the function (as it was when the
+    package imported everything eagerly), whichever imports ran first."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -12,8 +12,9 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from .attribution import modules_in_trouble
 from .history import Summary
-from .report import modules_in_trouble
+from .scale_timeline import scale_text, shown_changes
 from .table import fixed_width
 
 try:  # optional: the core install stays small
@@ -83,6 +84,24 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
             "modules behind poisoned steps (NaN/Inf applied by the optimizer: no enabled GradScaler)",
             ["module", "poisoned steps"],
             [[m, n] for m, n in summary.poisoned_offenders.most_common(MAX_MODULE_ROWS)],
+        )
+    if summary.decisions:
+        shown = shown_changes(summary.decisions)
+        more = len(summary.decisions) - len(shown)
+        print_table(
+            f"loss-scale decisions (policy {summary.policy!r}): steps where the scale changed or the step was skipped"
+            + (f"; {len(shown)} of {len(summary.decisions)} shown" if more else ""),
+            ["step", "scale", "next scale", "why", "skipped"],
+            [
+                [
+                    c.step,
+                    scale_text(c.decision.previous),
+                    scale_text(c.decision.scale),
+                    c.reason_text,
+                    c.skip_text or "-",
+                ]
+                for c in shown
+            ],
         )
     if summary.ranks:
         ranks = [[r, n] for r, n in summary.ranks.most_common()]

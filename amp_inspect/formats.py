@@ -9,13 +9,19 @@ For a value v and a format f, "cast" means what ``v.to(dtype)`` does: round to n
 
 The thresholds are exact float32 bit patterns of |v| (docs/numerics.md, checked against torch's casts
 by the tests); the kernels compare bits as integers, so flush-to-zero modes cannot change a count.
+
+Torch-free (plain numbers), so the log readers, the figures and the loss-scale policy use the bounds without
+loading torch.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,15 @@ class FormatBounds:
 
     @property
     def dtype(self) -> torch.dtype | None:
+        """The torch dtype (None where this torch lacks it); imports torch."""
+        import torch
+
         return getattr(torch, self.dtype_name, None)
+
+
+def float32_from_bits(bits: int) -> float:
+    """The float32 whose bit pattern is ``bits``, as a Python float (exact)."""
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 # In the order of the C++ FormatId enum (csrc/numerics.h).

@@ -5,6 +5,13 @@ one whose scale is smaller. The **skip rate** is skipped steps / inspected steps
 scale below 1, or ``collapse_skips`` skipped steps in a row: training has stopped making progress.
 A **poisoned** step had NaN/Inf gradients and no enabled GradScaler to skip it: the optimizer applied them.
 It is counted apart from skipped steps (no loss-scale advice fits it).
+
+The advice depends on the loss-scale policy the run used (scale_timeline.py: a history whose records carry
+ScaleDecisions ran under ``policy="headroom"``): GradScaler's init_scale, growth_interval and backoff_factor
+set its scale under ``policy="torch"``; under the headroom policy the measured exponents set it, and the advice
+speaks of the policy's decisions instead.
+
+Torch-free, so a run log is summarised without loading torch.
 """
 
 from __future__ import annotations
@@ -12,8 +19,23 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .report import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, Headroom, StepReport
+from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS
+from .headroom import Headroom
+from .scale_policy import MARGIN, NONFINITE_NOT_FROM_SCALE, SKIP_OVERFLOW, ScaleDecision
+from .scale_timeline import (
+    POLICY_HEADROOM,
+    POLICY_TORCH,
+    ScaleChange,
+    decision_from_record,
+    policy_of,
+    reason_counts,
+    scale_changes,
+)
+
+if TYPE_CHECKING:
+    from .report import StepReport
 
 
 @dataclass(frozen=True)
@@ -29,6 +51,7 @@ class StepRecord:
     ranks_with_inf: list[int] | None = None  # distributed runs: ranks whose gradients held NaN/Inf
     inf_origin: str | None = None  # which gradients: report.BEFORE_ALLREDUCE (DDP) or report.SHARDS (FSDP2)
     poisoned: bool = False  # NaN/Inf and no enabled GradScaler: the optimizer applied them (never also skipped)
+    scale_decision: ScaleDecision | None = None  # InspectingGradScaler(policy="headroom")'s decision after this step
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -44,6 +67,7 @@ class StepRecord:
             ranks_with_inf=report.ranks_with_inf,
             inf_origin=report.inf_origin,
             poisoned=report.poisoned,
+            scale_decision=report.scale_decision,
         )
 
     @classmethod
@@ -68,6 +92,7 @@ class StepRecord:
             ranks_with_inf=[int(r) for r in record["inf_by_rank"]] if "inf_by_rank" in record else None,
             inf_origin=record.get("inf_origin"),
             poisoned=poisoned,
+            scale_decision=decision_from_record(record["scale_decision"]) if record.get("scale_decision") else None,
         )
 
 
@@ -92,6 +117,8 @@ class Summary:
     ranks_made_them: bool = False  # the counts came from before DDP's all-reduce: the ranks produced the NaN/Inf
     poisoned: int = 0  # steps with NaN/Inf gradients that no enabled GradScaler skipped: the optimizer applied them
     poisoned_offenders: Counter = field(default_factory=Counter)  # module -> poisoned steps it had NaN/Inf in
+    policy: str = POLICY_TORCH  # the loss-scale policy of the run (scale_timeline.policy_of)
+    decisions: list[ScaleChange] = field(default_factory=list)  # the policy's decisions that changed or skipped
 
     @property
     def ranks_heading(self) -> str:
@@ -104,6 +131,10 @@ class Summary:
         growth = sum(e.kind == "growth" for e in self.events)
         backoff = len(self.events) - growth
         lines.append(f"loss scale: {growth} growth and {backoff} backoff events")
+        if self.policy != POLICY_TORCH:
+            counts = ", ".join(f"{n} {reason}" for reason, n in reason_counts(self.decisions).most_common())
+            lines[-1] += f"; policy {self.policy!r}: {len(self.decisions)} decisions changed the scale or skipped"
+            lines[-1] += f" ({counts})" if counts else ""
         if self.offenders:
             top = ", ".join(f"{m} ({n})" for m, n in self.offenders.most_common(5))
             lines.append(f"modules behind skipped steps: {top}")
@@ -171,8 +202,9 @@ def summarize(
     backoff_factor: float | None = None,
     collapse_skips: int = 5,
 ) -> Summary:
-    """Turns the history into rates, events and advice on GradScaler's init_scale, growth_interval and
-    backoff_factor (pass the scaler's settings to get advice phrased against them)."""
+    """Turns the history into rates, events, the loss-scale policy's decisions and advice: on GradScaler's
+    init_scale, growth_interval and backoff_factor (pass the scaler's settings to get advice phrased against
+    them), or, when the history carries ScaleDecisions (policy="headroom"), on what those decisions show."""
     skipped = [r for r in history if r.skipped]
     events = scale_events(history)
     offenders = Counter(m for r in skipped for m in r.offenders)
@@ -210,12 +242,32 @@ def summarize(
             "device (a faulty GPU shows up as one rank)"
         )
 
+    summary.policy = policy_of(r.scale_decision for r in history)
+    summary.decisions = scale_changes([r.step for r in history], [r.scale_decision for r in history])
+    if summary.policy == POLICY_HEADROOM:
+        summary.advice += _headroom_policy_advice(history, summary.decisions)
+    else:
+        summary.advice += _gradscaler_advice(history, events, run, growth_interval, backoff_factor)
+    return summary
+
+
+def _gradscaler_advice(
+    history: list[StepRecord],
+    events: list[ScaleEvent],
+    run: int,
+    growth_interval: int | None,
+    backoff_factor: float | None,
+) -> list[str]:
+    """Advice on GradScaler's init_scale, growth_interval and backoff_factor (policy="torch": they set the scale);
+    ``run`` is the longest run of skipped steps."""
+    advice: list[str] = []
+    skipped = [r for r in history if r.skipped]
     # Skips at the very start: init_scale is too high for this model.
     first_clean = next((i for i, r in enumerate(history) if not r.skipped), len(history))
     if first_clean >= 2 and history[0].scale is not None:
         settled = history[first_clean].scale if first_clean < len(history) else None
         hint = f" (the run settled at {settled:g})" if settled is not None else ""
-        summary.advice.append(
+        advice.append(
             f"the first {first_clean} steps were skipped while the scale backed off from {history[0].scale:g}"
             f"{hint}: lower init_scale to about the settled value"
         )
@@ -226,7 +278,7 @@ def summarize(
         ceiling, hits = ceilings.most_common(1)[0]
         if hits >= 3:
             interval = f" (now {growth_interval})" if growth_interval else ""
-            summary.advice.append(
+            advice.append(
                 f"the scale backed off from {ceiling:g} {hits} times: it keeps growing into the same overflow; "
                 f"raise growth_interval{interval} or start at init_scale {ceiling / 2:g}"
             )
@@ -234,7 +286,7 @@ def summarize(
     # Skips in bursts: each skip only halves, so a larger step down would recover in fewer skipped steps.
     if run >= 3:
         factor = f" (now {backoff_factor:g})" if backoff_factor else ""
-        summary.advice.append(
+        advice.append(
             f"skips came in runs of up to {run}: a smaller backoff_factor{factor}, e.g. 0.25, recovers in fewer steps"
         )
 
@@ -242,7 +294,7 @@ def summarize(
     ups = [r.headroom.up for r in history if r.headroom.up is not None]
     downs = [r.headroom.down for r in history if r.headroom.down is not None]
     if not skipped and ups and min(ups) >= 4 and downs and min(downs) < 4:
-        summary.advice.append(
+        advice.append(
             f"no skips and at least {min(ups)} doublings of headroom on every step, while small gradients sit "
             f"{min(downs)} halvings from underflow: a higher init_scale or a shorter growth_interval keeps more of them"
         )
@@ -250,5 +302,44 @@ def summarize(
     if recommended:
         median = sorted(recommended)[len(recommended) // 2]
         exponent = round(math.log2(median))
-        summary.advice.append(f"recent steps balance overflow and underflow margins at a scale of 2^{exponent}")
-    return summary
+        advice.append(f"recent steps balance overflow and underflow margins at a scale of 2^{exponent}")
+    return advice
+
+
+def _headroom_policy_advice(history: list[StepRecord], decisions: list[ScaleChange]) -> list[str]:
+    """Advice for a run under policy="headroom", where the measured exponents set the scale (GradScaler's
+    init_scale, growth_interval and backoff_factor do not): what its decisions say about the run."""
+    advice: list[str] = []
+    margin = next(r.scale_decision.margin for r in reversed(history) if r.scale_decision is not None)
+    innocent = [c for c in decisions if c.decision.reason == NONFINITE_NOT_FROM_SCALE]
+    if innocent:
+        where = Counter(m for c in innocent for m in c.decision.offenders)
+        named = ", ".join(m for m, _ in where.most_common(3)) or "no module named"
+        advice.append(
+            f"{len(innocent)} skipped steps (first: step {innocent[0].step}) held NaN/Inf that the loss scale did not "
+            f"cause ({named}): the headroom policy skipped them without collapsing the scale. No scaler setting "
+            "fixes them: look for the source (the first_nonfinite finding, the data, the learning rate)"
+        )
+    widened = [c for c in decisions if c.decision.reason == MARGIN]
+    if widened:
+        advice.append(
+            f"the policy widened its margin {len(widened)} time(s) (first at step {widened[0].step}), to {margin} "
+            "binades under the format's ceiling: a gradient inside backward, larger than the parameter gradients "
+            "it measures, overflowed. It keeps that margin for the run (state_dict); "
+            f"HeadroomPolicy(margin={margin}) starts a new run with it"
+        )
+    overflows = [c for c in decisions if c.decision.skip == SKIP_OVERFLOW and c.decision.reason != MARGIN]
+    if len(overflows) >= 3:
+        advice.append(
+            f"{len(overflows)} steps (first: step {overflows[0].step}) overflowed at the scale the policy chose: the "
+            f"gradients grew by more than its margin of {margin} binades from one step to the next; a wider margin "
+            f"(HeadroomPolicy(margin={margin + 1})) trades a little underflow for fewer skips"
+        )
+    downs = [r.headroom.down for r in history if r.headroom.down is not None]
+    if downs and min(downs) < 0:
+        advice.append(
+            f"small gradients underflow to zero even at the scales the policy chose ({min(downs)} halvings of "
+            f"headroom below) while it keeps {margin} binades under the ceiling: the gradients span more than the "
+            "format's range; bf16 autocast (no loss scale needed) keeps them"
+        )
+    return advice

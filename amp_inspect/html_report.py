@@ -5,7 +5,7 @@ of every figure of amp_inspect/plots.py; the page embeds the same PNGs as base64
 mailed or attached on its own. It loads nothing from elsewhere (no CDN, no script) and every text that comes
 from the log (module names, findings, notes) is HTML-escaped.
 
-The page reads the same analysis objects as the rest of the package: ``plots.RunSeries`` for the series and
+The page reads the same analysis objects as the rest of the package: ``series.RunSeries`` for the series and
 ``history.summarize`` for the skip rate, scale events, warnings and advice. Cost: reading the log plus
 rendering six figures, about a second for a log of a few thousand records.
 """
@@ -25,8 +25,10 @@ import numpy as np
 
 from . import __version__
 from .history import StepRecord, Summary, summarize
-from .plots import FIGURES, RunSeries, save_all
+from .plots import FIGURES, save_all, unavailable
 from .runlog import is_run_log, read_log
+from .scale_timeline import POLICY_TORCH, scale_text, shown_changes
+from .series import RunSeries
 
 MAX_OFFENDER_ROWS = 8
 MAX_FINDINGS_PER_MODULE = 3
@@ -34,7 +36,8 @@ MAX_FINDINGS_PER_MODULE = 3
 CAPTIONS = {
     "loss_scale": "Loss scale per inspected step (log2 axis). Red triangles are skipped steps (NaN/Inf gradients); "
     "the numbered ones are listed under the plot with their first offender. A saw-tooth that keeps hitting "
-    "the same ceiling means the scale keeps growing into the same overflow.",
+    "the same ceiling means the scale keeps growing into the same overflow. Under policy='headroom' the "
+    "scaler's decisions are marked by reason, at the step they were taken and the scale they chose.",
     "heatmap_latest": "One row per module, one column per binade of the unscaled |gradient| at the latest step "
     "with histograms; colour is the fraction of the module's elements (log scale). Shaded: where the format "
     "would underflow to 0 (blue), turn subnormal (orange) or overflow to Inf (red) at that step's loss scale. "
@@ -88,15 +91,6 @@ footer { color: #888; font-size: 12px; margin-top: 32px; }
 def _e(text: object) -> str:
     """HTML-escaped text (quotes too, so it is also safe inside attributes)."""
     return html.escape(str(text), quote=True)
-
-
-def _pow2(x: float) -> str:
-    """A scale as ``2^k`` when it is a power of two, with its value."""
-    if not math.isfinite(x) or x <= 0:
-        return f"{x:g}"
-    k = math.log2(x)
-    value = f"{x:,.0f}" if x >= 1 and x.is_integer() else f"{x:g}"
-    return f"2^{k:.0f} ({value})" if k.is_integer() else value
 
 
 def _duration(seconds: float) -> str:
@@ -171,15 +165,43 @@ def _facts(series: RunSeries, summary: Summary | None) -> list[tuple[str, str, b
     if poisoned:  # NaN/Inf the optimizer applied: no enabled GradScaler skipped those steps
         facts.append(("poisoned steps (NaN/Inf applied, no GradScaler)", f"{poisoned} ({poisoned / n:.1%})", True))
     final = series.scale[-1]
-    facts.append(("final loss scale", _pow2(final) if math.isfinite(final) else "none (no GradScaler)", False))
+    facts.append(("final loss scale", scale_text(final) if math.isfinite(final) else "none (no GradScaler)", False))
     if series.has_scale:
         lo, hi = np.nanmin(series.scale), np.nanmax(series.scale)
-        facts.append(("loss scale range", f"{_pow2(lo)} – {_pow2(hi)}", False))
+        facts.append(("loss scale range", f"{scale_text(lo)} – {scale_text(hi)}", False))
+    if series.policy != POLICY_TORCH:  # the scaler's own decisions set the scale (listed below)
+        facts.append(("loss-scale policy", series.policy, False))
     if summary is not None and summary.events:
         growth = sum(e.kind == "growth" for e in summary.events)
         facts.append(("scale events", f"{growth} growth, {len(summary.events) - growth} backoff", False))
     facts.append(("format judged", series.fmt, False))
     return facts
+
+
+def _decisions_section(summary: Summary) -> list[str]:
+    """The loss-scale policy's decisions that changed the scale or skipped a step, as a table."""
+    shown = shown_changes(summary.decisions)
+    out = [
+        f'<section id="decisions"><h2>Loss-scale decisions (policy {_e(repr(summary.policy))})</h2>',
+        '<p class="note">Each step where the scaler changed the scale or skipped the step: the scale the step ran '
+        "at, the scale chosen for the next step, why, and the kind of skip. The same decisions are marked on the "
+        "loss-scale figure.</p>",
+        '<table class="offenders"><thead><tr><th>step</th><th>scale</th><th>next scale</th><th>why</th>',
+        "<th>skipped</th><th>modules with NaN/Inf</th></tr></thead><tbody>",
+    ]
+    for c in shown:
+        d = c.decision
+        out.append(
+            f'<tr><td class="num">{c.step}</td><td class="num">{_e(scale_text(d.previous))}</td>'
+            f'<td class="num">{_e(scale_text(d.scale))}</td><td>{_e(c.reason_text)}</td>'
+            f'<td>{_e(c.skip_text or "-")}</td><td class="module">{_e(", ".join(d.offenders[:3]))}</td></tr>'
+        )
+    out.append("</tbody></table>")
+    if len(shown) < len(summary.decisions):
+        more = len(summary.decisions) - len(shown)
+        out.append(f'<p class="note">… and {more} more decisions (plain headroom moves are left out first).</p>')
+    out.append("</section>")
+    return out
 
 
 def _hardware_text(series: RunSeries) -> str:
@@ -266,6 +288,8 @@ def render_html(
                 f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td></tr>'
             )
         out.append("</tbody></table></section>")
+    if summary is not None and summary.decisions:  # policy="headroom": what set the scale, step by step
+        out += _decisions_section(summary)
     if summary is not None and summary.ranks:  # distributed runs: where the NaN/Inf was made
         heading = summary.ranks_heading
         out.append(f"<section><h2>{_e(heading[0].upper() + heading[1:])}</h2><ul>")
@@ -273,7 +297,7 @@ def render_html(
             out.append(f"<li>rank {rank} &mdash; on {count} skipped step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")
 
-    missing = series.unavailable()
+    missing = unavailable(series)
     for name in FIGURES:
         if name not in pngs:
             continue

@@ -1,20 +1,14 @@
 """Figures of a run log: loss scale, exponent heatmaps with the format's bands, fractions, norms, memory.
 
-Every figure is read from one analysis object, ``RunSeries.from_records(amp_inspect.read_log(path))``, and
-returned as a ``matplotlib.figure.Figure`` made directly (Agg canvas, no pyplot state). ``save_all`` writes
-them all as PNG. Plotting needs matplotlib, which the core package does not depend on.
+This module only draws. Every figure reads one analysis object, ``RunSeries.from_records(amp_inspect.read_log(
+path))`` (amp_inspect/series.py, which also defines the terms: unscaled log2 magnitude, bands), and is returned
+as a ``matplotlib.figure.Figure`` made directly (Agg canvas, no pyplot state). ``save_all`` writes them all as
+PNG. Plotting needs matplotlib, which the core package does not depend on.
 
-Terms (formats.py defines overflow, subnormal and underflow; report.py the judged picture):
+Cost: each figure renders in well under a second for logs of thousands of records and tens of modules.
 
-- **unscaled log2 magnitude**: log2 of |gradient| as the optimizer sees it. The logged histograms count the
-  *judged* (scaled) gradients by float32 exponent field ``b``, bin ``b`` holding [2^(b-127), 2^(b-126)); the
-  unscaled magnitude of that bin starts at ``b - 127 - round(log2(scale))``. GradScaler's scales are powers
-  of two, so the shift is exact; another scale is rounded to the nearest power of two here.
-- **bands**: where the judged values overflow, turn subnormal or underflow in the format: the format's
-  thresholds divided by the loss scale. A larger scale moves every band towards smaller gradients.
-
-Cost: reading the series is one pass over the records (dense histograms only for the records that have one);
-each figure renders in well under a second for logs of thousands of records and tens of modules.
+Why over 600 lines: six figures, each a long run of matplotlib calls sharing the style constants and figure
+helpers here; the analysis they read is in series.py, and splitting the figures apart would only scatter those.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ import textwrap
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +28,30 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
-from .formats import FORMAT_BOUNDS
-from .runlog import HIST_BINS, dense_hist
+from .runlog import HIST_BINS
+from .scale_policy import HEADROOM, MARGIN, NO_DATA, NONFINITE_NOT_FROM_SCALE, OVERFLOW, START
+from .scale_timeline import POLICY_TORCH, REASON_WORDS
+from .series import (
+    EXPONENT_BIAS,
+    MEMORY_KEYS,
+    NONFINITE_BIN,
+    ZERO_BIN,
+    Bands,
+    RunSeries,
+    scale_shift,
+    series_of,
+    usable_scale,
+)
 
-EXPONENT_BIAS = 127  # float32: bin 127 is [1, 2)
-FLOAT32_LIMIT = 2.0**128  # above float32's largest finite value
-HARDWARE_LIMIT = 2.0**62  # bytes, percent, degrees: no machine reports more (matplotlib's ticks fail near 1e308)
-ZERO_BIN = 0  # zeros and float32 subnormals
-NONFINITE_BIN = HIST_BINS - 1  # Inf and NaN
-DEFAULT_FORMAT = "fp16"
+# RunSeries, Bands and series_of live in amp_inspect/series.py (analysis apart from rendering); they stay
+# importable from here as they always were.
+__all__ = ["FIGURES", "PLOTTERS", "Bands", "RunSeries", "fractions", "heatmap_latest", "heatmap_over_time"]
+__all__ += ["loss_scale", "memory", "mpl_text", "save_all", "series_of", "short_name", "short_names", "total_norm"]
+__all__ += ["unavailable"]
+
 NAME_WIDTH = 34  # characters of a module name in an axis label
 MAX_HEATMAP_MODULES = 40
 MAX_LINE_MODULES = 6
-MAX_ANNOTATED_SKIPS = 8
 BAND_MARGIN = 3  # binades shown beyond the outermost data or band edge
 NEAR_EDGE = 8  # binades: a band edge this close to a module's data is drawn in its over-time heatmap
 FIG_WIDTH = 11.0  # inches; at DPI this is 1100 px, the width of the HTML report's column
@@ -60,14 +64,25 @@ BAND_STYLE = {  # region -> (fill colour, edge colour, label)
     "subnormal": ("#fdd0a2", "#d94801", "subnormal"),
     "overflow": ("#f4a0a0", "#a50f15", "overflow to Inf"),
 }
-HARDWARE_SERIES = (  # key, label, line style
-    ("rss_bytes", "process RSS", "-"),
-    ("torch_allocated", "torch allocated", "-"),
-    ("torch_reserved", "torch reserved", "-"),
-    ("torch_peak", "torch peak allocated", ":"),
-    ("gpu_mem_used", "GPU memory used", "-"),
-    ("gpu_mem_total", "GPU memory total", "--"),
-)
+MEMORY_STYLE = {  # key -> (label, line style)
+    "rss_bytes": ("process RSS", "-"),
+    "torch_allocated": ("torch allocated", "-"),
+    "torch_reserved": ("torch reserved", "-"),
+    "torch_peak": ("torch peak allocated", ":"),
+    "gpu_mem_used": ("GPU memory used", "-"),
+    "gpu_mem_total": ("GPU memory total", "--"),
+}
+HARDWARE_SERIES = tuple((key, *MEMORY_STYLE[key]) for key in MEMORY_KEYS)  # key, label, line style
+# The loss-scale policy's decisions on the scale figure, by reason: (marker, colour). Plain headroom moves are
+# small dots (they are most steps); the others stand out.
+DECISION_STYLE = {
+    HEADROOM: (".", "#17becf"),
+    START: ("D", "#2ca02c"),
+    MARGIN: ("s", "#ff7f0e"),
+    OVERFLOW: ("^", "#8c564b"),
+    NONFINITE_NOT_FROM_SCALE: ("P", NAN_COLOR),
+    NO_DATA: ("o", "#7f7f7f"),
+}
 FIGURES = ("loss_scale", "heatmap_latest", "heatmap_over_time", "fractions", "total_norm", "memory")
 
 
@@ -112,270 +127,23 @@ def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _f32(bits: int) -> float:
-    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
-
-
-# ---------------------------------------------------------------- the analysis object
-
-
-@dataclass(frozen=True)
-class Bands:
-    """A format's thresholds on judged |v| as log2 values (``overflow_from``, ``normal_from``, ``zero_upto``)."""
-
-    fmt: str
-    overflow: float
-    normal: float
-    zero: float
-
-    @classmethod
-    def of(cls, fmt: str) -> Bands:
-        b = FORMAT_BOUNDS[fmt]
-        return cls(fmt, math.log2(_f32(b.overflow_from)), math.log2(_f32(b.normal_from)), math.log2(_f32(b.zero_upto)))
-
-    def shifted(self, log2_scale: float) -> tuple[float, float, float]:
-        """(overflow, normal, zero) edges in unscaled log2 magnitude at a loss scale of 2^log2_scale."""
-        return self.overflow - log2_scale, self.normal - log2_scale, self.zero - log2_scale
-
-
-def _float(value: Any) -> float:
-    """A log value as a float, NaN for None or anything that is not a number."""
-    if isinstance(value, bool) or value is None:
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _scale(value: Any) -> float:
-    """A loss scale as a float: NaN (no usable scale) unless positive and finite in float32, as GradScaler's
-    float32 scale always is (a log of another writer may hold anything; matplotlib's log axis fails near 1e308)."""
-    x = _float(value)
-    return x if 0 < x < FLOAT32_LIMIT else math.nan
-
-
-def _log2_scale(scale: float) -> int:
-    """The histogram shift of a loss scale: round(log2(scale)), 0 without a (usable) scale."""
-    return round(math.log2(scale)) if math.isfinite(scale) and scale > 0 else 0
-
-
-@dataclass
-class RunSeries:
-    """The per-step series of a run log, as arrays, in log order: what every figure and the HTML report read.
-
-    ``fractions[kind]`` is a [modules, records] array of ``count / numel`` for kind in underflow, subnormal,
-    zero, overflow and nonfinite (NaN + Inf), NaN where the module is absent from a record. ``hists`` maps a
-    record index to ``{module: 256 counts}`` for the records that carry histograms.
-    """
-
-    steps: np.ndarray  # int64 [R]
-    scale: np.ndarray  # float64 [R], NaN without a scaler (and for a non-finite or non-positive scale)
-    skipped: np.ndarray  # bool [R]
-    total_norm: np.ndarray  # float64 [R]
-    offenders: list[list[str]]
-    first_nonfinite: list[str | None]
-    fmt: str
-    modules: list[str]
-    fractions: dict[str, np.ndarray]  # float32 [M, R]
-    hists: dict[int, dict[str, np.ndarray]]
-    hardware: dict[str, np.ndarray]  # key -> float64 [R], NaN where missing; only keys present somewhere
-    hardware_notes: list[str] = field(default_factory=list)  # distinct notes, in order of first appearance
-    times: np.ndarray | None = None  # float64 [R] wall-clock seconds, when the records have them
-    # bool [R]: NaN/Inf applied by the optimizer (no enabled GradScaler to skip the step); see history.py
-    poisoned: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-
-    @classmethod
-    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> RunSeries:
-        """One pass over the records of ``amp_inspect.read_log``; tolerant of missing optional keys."""
-        n = len(records)
-        modules: dict[str, None] = {}
-        for r in records:
-            modules.update(dict.fromkeys(r.get("modules") or {}))
-            for name in r.get("hist") or {}:
-                modules.setdefault(name)
-        names = list(modules)
-        index = {m: i for i, m in enumerate(names)}
-        kinds = ("underflow", "subnormal", "zero", "overflow", "nonfinite")
-        fractions = {k: np.full((len(names), n), np.nan, dtype=np.float32) for k in kinds}
-        hists: dict[int, dict[str, np.ndarray]] = {}
-        hardware_keys = {key for key, _, _ in HARDWARE_SERIES} | {"gpu_util", "gpu_temp"}
-        hardware: dict[str, np.ndarray] = {}
-        notes: dict[str, None] = {}
-        fmt = None
-        for j, r in enumerate(records):
-            if fmt is None and r.get("formats"):
-                fmt = str(r["formats"][0])
-            for name, m in (r.get("modules") or {}).items():
-                count = int(m.get("numel") or 0)
-                if count <= 0:
-                    continue
-                i = index[name]
-                for k in ("underflow", "subnormal", "zero", "overflow"):
-                    fractions[k][i, j] = int(m.get(k) or 0) / count
-                bad = sum(int(m.get(k) or 0) for k in ("nan", "posinf", "neginf"))
-                fractions["nonfinite"][i, j] = bad / count
-            if r.get("hist"):
-                hists[j] = {name: np.asarray(dense_hist(h), dtype=np.int64) for name, h in r["hist"].items()}
-            for key, value in (r.get("hardware") or {}).items():
-                if key in hardware_keys and value is not None:
-                    x = _float(value)  # NaN for what no machine reports (a log from elsewhere may hold it)
-                    hardware.setdefault(key, np.full(n, np.nan))[j] = x if 0 <= x < HARDWARE_LIMIT else np.nan
-            if r.get("hardware_note"):
-                notes.setdefault(str(r["hardware_note"]))
-        hardware = {key: values for key, values in hardware.items() if np.isfinite(values).any()}
-        times = np.array([_float(r.get("time")) for r in records])
-        # Logs from before "poisoned" existed called a no-scaler NaN/Inf step "skipped" (as history.py reads them).
-        poisoned = np.array(
-            [
-                bool(r["poisoned"]) if "poisoned" in r else bool(r.get("skipped")) and r.get("scale") is None
-                for r in records
-            ],
-            dtype=bool,
+def unavailable(series: RunSeries) -> dict[str, str]:
+    """Figure name -> why it has nothing to draw, for the figures that have nothing (else absent)."""
+    out = {}
+    if not len(series):
+        out.update(dict.fromkeys(FIGURES, "The log has no records."))
+    if not series.hists:
+        message = (
+            "No exponent histograms in this log (they are written every hist_every steps; the run may be "
+            "shorter than that, or hist_every=0)."
         )
-        skipped = np.array([bool(r.get("skipped", False)) for r in records], dtype=bool) & ~poisoned
-        return cls(
-            steps=np.array([int(r.get("step", j)) for j, r in enumerate(records)], dtype=np.int64),
-            scale=np.array([_scale(r.get("scale")) for r in records]),
-            skipped=skipped,
-            total_norm=np.array([_float(r.get("total_norm")) for r in records]),
-            offenders=[[str(m) for m in r.get("offenders") or []] for r in records],
-            first_nonfinite=[None if r.get("first_nonfinite") is None else str(r["first_nonfinite"]) for r in records],
-            fmt=fmt if fmt in FORMAT_BOUNDS else DEFAULT_FORMAT,
-            modules=names,
-            fractions=fractions,
-            hists=hists,
-            hardware=hardware,
-            hardware_notes=list(notes),
-            times=times if np.isfinite(times).any() else None,
-            poisoned=poisoned,
-        )
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def bands(self) -> Bands:
-        return Bands.of(self.fmt)
-
-    @property
-    def has_scale(self) -> bool:
-        return bool(np.isfinite(self.scale).any())
-
-    @property
-    def restarts(self) -> int:
-        """How many times the step number went back (or repeated): a resumed run appending to the same log."""
-        return int((np.diff(self.steps) <= 0).sum())
-
-    def line(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) for a line plot, with a NaN gap wherever the step goes back, so a resumed run's
-        records are drawn over the earlier ones instead of joined to them by a line running backwards."""
-        values = np.asarray(values, dtype=np.float64)
-        back = np.flatnonzero(np.diff(self.steps) <= 0) + 1
-        if not back.size:
-            return self.steps.astype(np.float64), values
-        return np.insert(self.steps.astype(np.float64), back, np.nan), np.insert(values, back, np.nan)
-
-    def by_step(self, indices: Sequence[int] | None = None) -> np.ndarray:
-        """Record indices (of ``indices``, default all) in step order, one per step: the last one logged."""
-        idx = np.arange(len(self)) if indices is None else np.asarray(indices, dtype=np.int64)
-        if not idx.size:
-            return idx
-        last = {int(self.steps[j]): int(j) for j in idx}  # later records of a step replace earlier ones
-        return np.array([last[step] for step in sorted(last)], dtype=np.int64)
-
-    def unavailable(self) -> dict[str, str]:
-        """Figure name -> why it has nothing to draw, for the figures that have nothing (else absent)."""
-        out = {}
-        if not len(self):
-            out.update(dict.fromkeys(FIGURES, "The log has no records."))
-        if not self.hists:
-            message = (
-                "No exponent histograms in this log (they are written every hist_every steps; the run may be "
-                "shorter than that, or hist_every=0)."
-            )
-            out.update(heatmap_latest=message, heatmap_over_time=message)
-        if not self.modules:
-            out["fractions"] = "No per-module statistics in this log."
-        if not any(key in self.hardware for key, _, _ in HARDWARE_SERIES):
-            note = "; ".join(self.hardware_notes) or 'the records carry no "hardware" fields'
-            out["memory"] = f"Memory metrics not available: {note}"
-        return out
-
-    def offender_counts(self) -> Counter:
-        """Module -> skipped steps it was an offender in (as ``history.summarize`` counts them)."""
-        return Counter(m for offs, skip in zip(self.offenders, self.skipped, strict=True) if skip for m in offs)
-
-    def small_trouble(self) -> dict[str, float]:
-        """Module -> mean underflow + subnormal fraction over the records that have it."""
-        both = self.fractions["underflow"] + self.fractions["subnormal"]
-        out = {}
-        for i, name in enumerate(self.modules):
-            row = both[i][np.isfinite(both[i])]
-            out[name] = float(row.mean()) if row.size else 0.0
-        return out
-
-    def trouble_order(self) -> list[str]:
-        """Modules, most trouble first: skips caused, then non-finite, overflow, underflow + subnormal fractions."""
-        offenders = self.offender_counts()
-        small = self.small_trouble()
-
-        def peak(kind: str, i: int) -> float:
-            row = self.fractions[kind][i]
-            row = row[np.isfinite(row)]
-            return float(row.max()) if row.size else 0.0
-
-        key = {
-            m: (offenders[m], peak("nonfinite", i), peak("overflow", i), small[m]) for i, m in enumerate(self.modules)
-        }
-        return sorted(self.modules, key=lambda m: tuple(-x for x in key[m]))
-
-    def default_module(self) -> tuple[str | None, str]:
-        """The module ``heatmap_over_time`` shows by default, and why: the top offender with histograms, else
-        the one with the most underflow + subnormal, else the one whose largest gradients came closest to
-        overflow (highest histogram bin at the latest step). (None, "") without histograms."""
-        with_hist = [m for m in self.modules if any(m in h for h in self.hists.values())]
-        if not with_hist:
-            return None, ""
-        for m, _ in self.offender_counts().most_common():
-            if m in with_hist:
-                return m, "top offender"
-        small = self.small_trouble()
-        best = max(with_hist, key=lambda m: small.get(m, 0.0))
-        if small.get(best, 0.0) > 0:
-            return best, "most underflow + subnormal"
-        latest = self.hists[max(j for j, h in self.hists.items() if any(m in h for m in with_hist))]
-
-        def top_bin(m: str) -> int:
-            counts = latest.get(m)
-            finite = np.flatnonzero(counts[:NONFINITE_BIN]) if counts is not None else np.array([], dtype=int)
-            return int(finite[-1]) if finite.size else -1
-
-        return max(with_hist, key=top_bin), "closest to overflow"
-
-    def skip_list(self, limit: int = MAX_ANNOTATED_SKIPS) -> list[int]:
-        """Record indices of up to ``limit`` skipped steps worth a label: the first skip of each run of
-        consecutive skips, then further skips with an offender not yet shown, in step order."""
-        skipped = np.flatnonzero(self.skipped)
-        firsts = [int(j) for j in skipped if j == 0 or not self.skipped[j - 1]]
-        chosen: list[int] = []
-        seen: set[str] = set()
-        for j in firsts:
-            if len(chosen) < limit:
-                chosen.append(j)
-                seen.update(self.offenders[j][:1])
-        for j in skipped:
-            if len(chosen) >= limit:
-                break
-            if int(j) not in chosen and self.offenders[j][:1] and self.offenders[j][0] not in seen:
-                chosen.append(int(j))
-                seen.add(self.offenders[j][0])
-        return sorted(chosen)
-
-
-def series_of(records: Sequence[Mapping[str, Any]] | RunSeries) -> RunSeries:
-    """``records`` as a RunSeries (a RunSeries is returned as it is, so callers can share one)."""
-    return records if isinstance(records, RunSeries) else RunSeries.from_records(records)
+        out.update(heatmap_latest=message, heatmap_over_time=message)
+    if not series.modules:
+        out["fractions"] = "No per-module statistics in this log."
+    if not any(key in series.hardware for key in MEMORY_KEYS):
+        note = "; ".join(series.hardware_notes) or 'the records carry no "hardware" fields'
+        out["memory"] = f"Memory metrics not available: {note}"
+    return out
 
 
 # ---------------------------------------------------------------- figure helpers
@@ -459,6 +227,8 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
     if poisoned.size:
         label = f"poisoned step ({poisoned.size}): NaN/Inf applied, no GradScaler skipped it"
         ax.plot(s.steps[poisoned], y[poisoned], "X", color="#5a0000", ms=8, label=label)
+    if s.has_scale:
+        _mark_decisions(ax, s)
     notes = []
     for number, j in enumerate(chosen, start=1):
         ax.annotate(
@@ -484,16 +254,34 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
         ax.xaxis.label.set_horizontalalignment("left")
     else:
         ax.set_xlabel("step")
+    if s.policy != POLICY_TORCH:
+        title += f" (policy={s.policy!r})"
     rate = skipped.size / len(s)
     title += f": {skipped.size} of {len(s)} inspected steps skipped ({rate:.1%})"
     if poisoned.size:
         title += f", {poisoned.size} poisoned"
     ax.set_title(title, loc="left", fontsize=12)
     ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=9)
+    handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(loc="lower right", fontsize=8 if len(handles) > 3 else 9, ncols=2 if len(handles) > 3 else 1)
     _step_axis(ax, s)
     return fig
+
+
+def _mark_decisions(ax: Any, series: RunSeries) -> None:
+    """The loss-scale policy's decisions that changed the scale or skipped their step, one marker style per
+    reason, at the step the decision was taken and the scale it chose (the next step runs at it)."""
+    by_reason: dict[str, list[tuple[int, float]]] = {}
+    for change in series.scale_changes():
+        chosen = usable_scale(change.decision.scale)
+        if np.isfinite(chosen):
+            by_reason.setdefault(change.decision.reason, []).append((change.step, chosen))
+    for reason, points in by_reason.items():
+        marker, color = DECISION_STYLE.get(reason, ("o", "#7f7f7f"))
+        steps, scales = zip(*points, strict=True)
+        label = mpl_text(f"decision: {REASON_WORDS.get(reason, reason)} ({len(points)})")
+        ax.plot(steps, scales, marker, ls="none", color=color, ms=5 if reason == HEADROOM else 7, label=label, zorder=4)
 
 
 def _band_spans(ax: Any, edges: tuple[float, float, float], *, vertical: bool, lo: float, hi: float) -> None:
@@ -517,7 +305,7 @@ def heatmap_latest(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
     """
     s = series_of(records)
     if not s.hists:
-        return _message_figure("Gradient exponents, latest step", s.unavailable()["heatmap_latest"])
+        return _message_figure("Gradient exponents, latest step", unavailable(s)["heatmap_latest"])
     j = max(s.hists)
     hist = s.hists[j]
     names = [m for m in s.modules if m in hist]
@@ -529,7 +317,7 @@ def heatmap_latest(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
         names = [m for m in names if m in keep]
     counts = np.stack([hist[m] for m in names])  # [M, 256]
     frac = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    shift = _log2_scale(s.scale[j])
+    shift = scale_shift(s.scale[j])
     edges = s.bands.shifted(shift)
     body = frac[:, 1:NONFINITE_BIN]  # bins 1..254
     occupied = np.flatnonzero(body.sum(axis=0) > 0) + 1
@@ -615,14 +403,14 @@ def heatmap_over_time(records: Sequence[Mapping[str, Any]] | RunSeries, module: 
     if module is None or not cols:
         what = "No exponent histograms in this log" if module is None else f"No histograms of module {module!r}"
         return _message_figure("Gradient exponents over time", what + ".")
-    shifts = np.array([_log2_scale(s.scale[j]) for j in cols])
+    shifts = np.array([scale_shift(s.scale[j]) for j in cols])
     frac = np.stack([_hist_fractions(s.hists[j][module]) for j in cols], axis=1)  # [256, C]
     # Re-index every column on the unscaled exponent: row e holds bin e + 127 + shift.
     occupied = [np.flatnonzero(frac[1:NONFINITE_BIN, c] > 0) + 1 for c in range(len(cols))]
     data_lo = min((o[0] - EXPONENT_BIAS - sh for o, sh in zip(occupied, shifts, strict=True) if o.size), default=0)
     data_hi = max((o[-1] - EXPONENT_BIAS - sh + 1 for o, sh in zip(occupied, shifts, strict=True) if o.size), default=0)
     bands = s.bands
-    log2_scales = np.array([_log2_scale(x) for x in s.scale], dtype=float)
+    log2_scales = np.array([scale_shift(x) for x in s.scale], dtype=float)
     edge_series = np.array([bands.shifted(x) for x in log2_scales])  # [R, 3]
     # The y range is the data plus a margin, stretched to reach a band edge only when one is near, so the
     # module's histogram keeps its resolution; edges further away are named in a note instead.
@@ -721,7 +509,7 @@ def fractions(records: Sequence[Mapping[str, Any]] | RunSeries, modules: Sequenc
     """
     s = series_of(records)
     if not s.modules or not len(s):
-        return _message_figure("Underflow, subnormal and zero fractions", s.unavailable()["fractions"])
+        return _message_figure("Underflow, subnormal and zero fractions", unavailable(s)["fractions"])
     if modules is None:
         small = s.small_trouble()
         zeros = {m: float(np.nan_to_num(s.fractions["zero"][i]).mean()) for i, m in enumerate(s.modules)}
@@ -810,7 +598,7 @@ def memory(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
     s = series_of(records)
     present = [(k, label, ls) for k, label, ls in HARDWARE_SERIES if k in s.hardware]
     if not present or not len(s):
-        return _message_figure("Memory", s.unavailable()["memory"])
+        return _message_figure("Memory", unavailable(s)["memory"])
     total_note = ""
     if "gpu_mem_total" in s.hardware and len(present) > 1:
         others = max(np.nanmax(s.hardware[k]) for k, _, _ in present if k != "gpu_mem_total")

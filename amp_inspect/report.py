@@ -16,11 +16,7 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
 - **offenders**: modules with any NaN/Inf gradient, most non-finite values first.
 - **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.
   total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_.
-- **headroom**: ``up`` = how many times the loss scale could double before the largest scaled |grad| would
-  overflow the format; ``down`` = how many times it could halve before the smallest nonzero scaled |grad|
-  would underflow to zero. Negative when already past the edge. ``recommended_scale`` is the power of two
-  that shares the two margins equally, lowered where needed so that the largest gradient does not overflow
-  (when the gradients span more than the format's range, overflow costs whole steps and comes first).
+- **headroom** and ``recommended_scale``: defined in amp_inspect/headroom.py.
 
 Building a report never syncs the host: it holds device tensors (copied to pinned host memory
 asynchronously on CUDA) and reads them on the first use of a host value.
@@ -30,42 +26,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from .formats import FORMAT_BOUNDS
+from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble
+from .headroom import Headroom, balanced_scale, measure_headroom
 from .stats import TensorStats
 from .table import fixed_width
+
+# Headroom and the origin kinds are defined in torch-free modules (the log readers use them); they stay
+# importable from here, where StepReport's users have always found them.
+__all__ = ["BEFORE_ALLREDUCE", "ORIGIN_HEADINGS", "SHARDS", "Headroom", "StepReport", "modules_in_trouble"]
 
 _FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
 MAX_TABLE_ROWS = 12
-# Where inf_by_rank's counts were taken: each rank's own gradients before DDP's all-reduce (the rank made
-# them), or each rank's FSDP2 shards after the reduce-scatter (the rank owns those elements, whoever made them).
-BEFORE_ALLREDUCE = "before_allreduce"
-SHARDS = "shards"
-ORIGIN_HEADINGS = {
-    BEFORE_ALLREDUCE: "ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce)",
-    SHARDS: "ranks whose gradient shards held the NaN/Inf of skipped steps",
-}
-
-
-def _f32(bits: int) -> float:
-    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
-
-
-def modules_in_trouble(modules: dict[str, dict[str, Any]]) -> list[str]:
-    """Module names with NaN/Inf, overflow, underflow or subnormal gradients (first format), worst first:
-    by NaN/Inf count, then overflow, underflow, subnormal."""
-
-    def trouble(name: str) -> tuple[int, ...]:
-        m = modules[name]
-        return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
-
-    return sorted((n for n in modules if any(trouble(n))), key=lambda n: tuple(-x for x in trouble(n)))
 
 
 class HostCopy:
@@ -115,37 +92,6 @@ class StatsSnapshot(HostCopy):
             # CPU statistics waits here for it).
             tensors["scale"] = scale.reshape(()).to(device, torch.float32)
         super().__init__(tensors, device)
-
-
-@dataclass(frozen=True)
-class Headroom:
-    up: int | None  # doublings of the loss scale before the largest scaled |grad| overflows
-    down: int | None  # halvings before the smallest nonzero scaled |grad| underflows to zero
-
-    def __str__(self) -> str:
-        if self.up is None:
-            return "no finite nonzero gradient"
-        return f"{self.up:+d} doublings before overflow, {self.down:+d} halvings before underflow"
-
-
-def _doublings_below(value: float, limit: float) -> int:
-    """The largest k with value * 2^k < limit (value > 0)."""
-    k = math.floor(math.log2(limit / value))
-    while math.ldexp(value, k) >= limit:
-        k -= 1
-    while math.ldexp(value, k + 1) < limit:
-        k += 1
-    return k
-
-
-def _halvings_above(value: float, floor: float) -> int:
-    """The largest k with value * 2^-k > floor (value > 0)."""
-    k = math.floor(math.log2(value / floor))
-    while math.ldexp(value, -k) <= floor:
-        k -= 1
-    while math.ldexp(value, -(k + 1)) > floor:
-        k += 1
-    return k
 
 
 class StepReport:
@@ -304,15 +250,9 @@ class StepReport:
         return math.sqrt(float(h["sumsq"].sum())) / (scale or 1.0)
 
     def _headroom(self, h: dict[str, np.ndarray]) -> Headroom:
-        bounds = FORMAT_BOUNDS[self.formats[0]]
         largest = float(h["amax"].max()) if len(h["amax"]) else 0.0
         smallest = float(h["amin_nonzero"].min()) if len(h["amin_nonzero"]) else math.inf
-        # float32 extremes of float64 gradients can round to 0 or Inf: no margin is defined then.
-        if not (0.0 < largest < math.inf and 0.0 < smallest < math.inf):
-            return Headroom(None, None)
-        up = _doublings_below(largest, _f32(bounds.overflow_from))
-        down = _halvings_above(smallest, _f32(bounds.zero_upto))
-        return Headroom(up, down)
+        return measure_headroom(largest, smallest, self.formats[0])
 
     @property
     def scale(self) -> float | None:
@@ -388,14 +328,9 @@ class StepReport:
     @property
     def recommended_scale(self) -> float | None:
         """The power of two that gives overflow and underflow equal margins (None without data)."""
-        room = self.headroom
-        if room.up is None or room.down is None or self.scale_problem is not None:
+        if self.scale_problem is not None:
             return None
-        current = self.scale or 1.0
-        # Share the margins equally, but never at a scale where the largest gradient overflows: when the
-        # gradients span more than the format's range, avoiding overflow (skipped steps) comes first.
-        shift = min((room.up - room.down) // 2, room.up)
-        return math.ldexp(1.0, round(math.log2(current)) + shift)
+        return balanced_scale(self.headroom, self.scale)
 
     def module_hist(self, module: str) -> np.ndarray:
         """The exponent histogram (float32 exponent field, 256 bins) of a module's judged gradients."""

@@ -15,9 +15,11 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "first_nonfinite": str,           # optional: the first module whose activations went non-finite
      "sparse_modules": [module names], # optional: modules with sparse gradients (numel counts stored values)
      "scale_problem": str,             # optional: the loss scale is not a finite positive number
-     "scale_decision": {"scale", "previous", "reason", "skip", "margin", "room", "room_from", "offenders"},
+     "scale_decision": {"scale": float, "previous": float, "reason": str, "skip": str | null, "margin": int,
+                        "room": int | null, "room_from": str | null, "offenders": [module names]},
                                        # optional: InspectingGradScaler(policy="headroom")'s next scale and why
-                                       # (amp_inspect/scale_policy.py)
+                                       # (amp_inspect/scale_policy.py); a log whose records carry it was written
+                                       # under that policy (amp_inspect/scale_timeline.py)
      "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf per rank and module
      "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
@@ -67,7 +69,8 @@ HIST_BINS = 256  # the float32 exponent field: one bin per value of (bits >> 23)
 
 # Fields whose values are floats and may be non-finite; read_log decodes "nan"/"inf"/"-inf" under these keys
 # and inside the per-module records of "modules". amin_nonzero is +inf by definition when nothing is nonzero.
-FLOAT_FIELDS = frozenset({"scale", "total_norm", "amax", "grad_norm", "amin_nonzero"})
+# "previous" is the scale a step ran at, inside "scale_decision" (a broken scale is non-finite there too).
+FLOAT_FIELDS = frozenset({"scale", "previous", "total_norm", "amax", "grad_norm", "amin_nonzero"})
 _MODULES_KEY = "modules"
 _STR_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last newline of an existing log
@@ -156,6 +159,22 @@ def _is_int(value: Any, low: int = -_MAX_INT) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < _MAX_INT
 
 
+def _is_decision(value: Any) -> bool:
+    """Whether ``value`` is a "scale_decision" of the schema: every field present, each of its type."""
+    return (
+        isinstance(value, dict)
+        and all(_is_number(value.get(k)) for k in ("scale", "previous"))
+        and isinstance(value.get("reason"), str)
+        and (value.get("skip") is None or isinstance(value.get("skip"), str))
+        and _is_int(value.get("margin"))
+        and _is_headroom(value.get("room"))
+        and (value.get("room_from") is None or isinstance(value.get("room_from"), str))
+        and isinstance(value.get("offenders"), list)
+        and all(isinstance(m, str) for m in value["offenders"])
+        and all(k in value for k in ("skip", "room", "room_from"))
+    )
+
+
 def _check_record(record: Mapping[str, Any]) -> None:
     """ValueError naming the first field whose type is not the schema's (see the module docstring).
 
@@ -181,6 +200,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
         "hardware_note": lambda v: v is None or isinstance(v, str),
         "hardware": lambda v: v is None or isinstance(v, dict),  # read with plots._float: anything else is NaN
         "headroom": lambda v: v is None or (isinstance(v, dict) and all(_is_headroom(v.get(k)) for k in _UP_DOWN)),
+        "scale_decision": lambda v: v is None or _is_decision(v),
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(

@@ -34,8 +34,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .formats import FORMAT_BOUNDS
-from .report import _doublings_below, _f32
+from .formats import FORMAT_BOUNDS, float32_from_bits
+from .headroom import doublings_below
 
 START = "start"
 HEADROOM = "headroom"
@@ -112,7 +112,7 @@ class HeadroomPolicy:
         if not 0 <= margin <= max_margin:
             raise ValueError(f"HeadroomPolicy: margin must be in [0, max_margin={max_margin}], got {margin}")
         self.fmt = fmt
-        self.ceiling = _f32(FORMAT_BOUNDS[fmt].overflow_from)  # scaled |grad| >= this overflows
+        self.ceiling = float32_from_bits(FORMAT_BOUNDS[fmt].overflow_from)  # scaled |grad| >= this overflows
         self.margin = margin
         self.max_margin = max_margin
         self.far_binades = far_binades
@@ -137,7 +137,7 @@ class HeadroomPolicy:
         return math.ldexp(1.0, exponent)
 
     def _room(self, amax_scaled: float) -> int:
-        return _doublings_below(amax_scaled, self.ceiling)
+        return doublings_below(amax_scaled, self.ceiling)
 
     def decide(self, s: StepStats, growth_factor: float = 2.0, backoff_factor: float = 0.5) -> ScaleDecision:
         """The next scale after a step that ran at ``s.scale`` and measured ``s``; updates the run state."""
@@ -205,4 +205,4 @@ class HeadroomPolicy:
         for k in self._STATE + self._OPTIONS:
             if k in state:
                 setattr(self, k, state[k])
-        self.ceiling = _f32(FORMAT_BOUNDS[self.fmt].overflow_from)
+        self.ceiling = float32_from_bits(FORMAT_BOUNDS[self.fmt].overflow_from)

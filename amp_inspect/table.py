@@ -7,8 +7,10 @@ so call it when you want to look, not on every training step.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from .stats import TensorStats
+if TYPE_CHECKING:  # only its methods are called: the run-log readers use fixed_width without torch
+    from .stats import TensorStats
 
 
 def fixed_width(headers: Sequence[str], rows: Sequence[Sequence[str]], *, rule: bool = True) -> list[str]:

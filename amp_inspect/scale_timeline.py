@@ -1,0 +1,118 @@
+"""The loss scaler's decisions on the scale timeline: which steps to show, and what each decision was, in words.
+
+``InspectingGradScaler(policy="headroom")`` makes a ScaleDecision at every update (amp_inspect/scale_policy.py):
+the scale chosen for the next step, why (``reason``) and, for a skipped step, the skip kind. The run log
+carries it as ``"scale_decision"``; a log whose records carry one was written under ``policy="headroom"``, any
+other under GradScaler's own rule (``policy="torch"``). A decision is **shown** on the timeline when it changed
+the scale or skipped the step (a decision that kept the scale on a clean step says nothing new).
+
+Torch-free: the summary (history.py), the console, the loss-scale figure (plots.py) and the HTML report share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .scale_policy import (
+    HEADROOM,
+    MARGIN,
+    NO_DATA,
+    NONFINITE_NOT_FROM_SCALE,
+    OVERFLOW,
+    SKIP_NONFINITE,
+    SKIP_OVERFLOW,
+    START,
+    ScaleDecision,
+)
+
+POLICY_TORCH = "torch"
+POLICY_HEADROOM = "headroom"
+MAX_SHOWN = 16  # decisions listed one by one; the rest are counted
+
+REASON_WORDS = {
+    START: "start: set from the first measured step",
+    HEADROOM: "headroom: set from the measured room",
+    MARGIN: "margin: overflow with measured room left, margin widened",
+    OVERFLOW: "overflow caused by the scale",
+    NONFINITE_NOT_FROM_SCALE: "non-finite not caused by the scale",
+    NO_DATA: "no data: every gradient zero",
+}
+SKIP_WORDS = {SKIP_OVERFLOW: "overflow (the scale)", SKIP_NONFINITE: "non-finite not from the scale"}
+
+
+def scale_text(x: float) -> str:
+    """A loss scale as ``2^k (value)`` when it is a power of two, else its value."""
+    if not math.isfinite(x) or x <= 0:
+        return f"{x:g}"
+    k = math.log2(x)
+    value = f"{x:,.0f}" if x >= 1 and x.is_integer() else f"{x:g}"
+    return f"2^{k:.0f} ({value})" if k.is_integer() else value
+
+
+def decision_from_record(value: Mapping[str, Any]) -> ScaleDecision:
+    """The ScaleDecision of a run-log record's ``"scale_decision"`` (the inverse of ``ScaleDecision.to_record``;
+    keys a newer writer added are ignored)."""
+    known = {f.name for f in dataclasses.fields(ScaleDecision)}
+    fields = {key: item for key, item in value.items() if key in known}
+    fields["offenders"] = tuple(fields.get("offenders") or ())
+    return ScaleDecision(**fields)
+
+
+def policy_of(decisions: Iterable[ScaleDecision | None]) -> str:
+    """POLICY_HEADROOM when any step carries a decision of the headroom policy, else POLICY_TORCH."""
+    return POLICY_HEADROOM if any(d is not None for d in decisions) else POLICY_TORCH
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    """A decision worth showing: it changed the scale after ``step`` or skipped that step."""
+
+    step: int
+    decision: ScaleDecision
+
+    @property
+    def reason_text(self) -> str:
+        return REASON_WORDS.get(self.decision.reason, self.decision.reason)
+
+    @property
+    def skip_text(self) -> str:
+        skip = self.decision.skip
+        return "" if skip is None else SKIP_WORDS.get(skip, skip)
+
+    def __str__(self) -> str:
+        d = self.decision
+        text = f"step {self.step}: scale {scale_text(d.previous)} -> {scale_text(d.scale)}, {self.reason_text}"
+        if d.skip is not None:
+            text += f"; skipped: {self.skip_text}"
+            if d.skip == SKIP_NONFINITE and d.offenders:
+                text += f" ({', '.join(d.offenders[:3])}{', ...' if len(d.offenders) > 3 else ''})"
+        return text
+
+
+def scale_changes(steps: Sequence[int], decisions: Sequence[ScaleDecision | None]) -> list[ScaleChange]:
+    """The decisions that changed the scale or skipped their step, in log order."""
+    return [
+        ScaleChange(int(step), d)
+        for step, d in zip(steps, decisions, strict=True)
+        if d is not None and (d.skip is not None or d.scale != d.previous)
+    ]
+
+
+def shown_changes(changes: Sequence[ScaleChange], limit: int = MAX_SHOWN) -> list[ScaleChange]:
+    """Up to ``limit`` changes in log order: skips and every reason but plain headroom moves first (those are
+    the decisions a reader looks for), then the headroom moves."""
+    ranked = sorted(
+        range(len(changes)),
+        key=lambda i: (changes[i].decision.skip is None and changes[i].decision.reason == HEADROOM, i),
+    )
+    return [changes[i] for i in sorted(ranked[:limit])]
+
+
+def reason_counts(changes: Iterable[ScaleChange]) -> Counter:
+    """Reason -> number of shown decisions with it."""
+    return Counter(c.decision.reason for c in changes)
