@@ -314,7 +314,10 @@ class Inspector:
             if step % self.every == 0:
                 report = self._inspect(step, scaler)
         self.step = step + 1
-        self._after_step()
+        if not isinstance(scaler, InspectingGradScaler):
+            # Linked to an InspectingGradScaler, history and log take the step at its update() (step_ended),
+            # so that the log line carries the scale decision update() makes.
+            self._after_step()
         return report
 
     def _refresh_params(self) -> None:

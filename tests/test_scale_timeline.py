@@ -264,3 +264,33 @@ def test_live_summary_follows_the_scalers_policy() -> None:
     assert not [a for a in headroom.advice if any(w in a for w in GRADSCALER_WORDS)], headroom.advice
     assert any("the loss scale did not cause" in a for a in headroom.advice)
     assert [c.step for c in headroom.decisions if c.decision.skip] == list(NAN_STEPS)
+
+
+@pytest.mark.parametrize("calls_check", [True, False], ids=["check-before-step", "no-check"])
+def test_every_log_line_carries_the_decision_also_with_check_before_step(tmp_path: Path, calls_check: bool) -> None:
+    """check() before scaler.step inspects before update() decides: the step's log line waits for update()."""
+    import torch
+    from torch import nn
+
+    import amp_inspect
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = amp_inspect.InspectingGradScaler("cpu", policy="headroom")
+    insp = amp_inspect.attach(model, scaler, log=tmp_path / "run.jsonl")
+    for step in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(4, 8)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if calls_check:
+            assert insp.check().step == step
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        assert [r.step for r in insp.history] == list(range(step + 1))
+    insp.detach()
+    records = read_log(tmp_path / "run.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all(r["scale_decision"]["scale"] > 0 for r in records)
+    assert [r.scale_decision.reason for r in insp.history] == [r["scale_decision"]["reason"] for r in records]
