@@ -135,16 +135,16 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     """The doctor's description and options on ``parser`` (the ``doctor`` sub-parser, or the parser of
     ``python -m amp_inspect.doctor``); ``args.func(args)`` then runs it."""
     from .argtypes import count as count_arg
-    from .findings import DEFAULT_COLLAPSE_SKIPS  # torch-free: building the parser does not load torch
+    from .history import COLLAPSE_SKIPS  # torch-free: building the parser does not load torch
 
     parser.description = DOCTOR_DESCRIPTION
     parser.add_argument("--log", metavar="RUN.jsonl", help="a run log written by attach(..., log=...)")
     parser.add_argument(
         "--collapse-skips",
         type=count_arg(1),
-        default=DEFAULT_COLLAPSE_SKIPS,
+        default=COLLAPSE_SKIPS,
         metavar="N",
-        help=f"skipped steps in a row that count as a loss-scale collapse (default {DEFAULT_COLLAPSE_SKIPS})",
+        help=f"skipped steps in a row that count as a loss-scale collapse (default {COLLAPSE_SKIPS})",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings as well as errors")
     parser.set_defaults(func=_file_command("doctor", lambda args: args.log)(_doctor))

@@ -42,7 +42,6 @@ from .clipping import CLIP_FUNCTIONS, ClipWatch, watch_clipping
 from .environment_checks import GPU_MEMORY_FULL, check_environment, log_hardware_findings
 from .findings import (
     CHECKS,
-    DEFAULT_COLLAPSE_SKIPS,
     ENVIRONMENT_CHECKS,
     SEVERITIES,
     CheckFn,
@@ -51,8 +50,10 @@ from .findings import (
     check,
     environment_check,
 )
-from .history import StepRecord
+from .history import COLLAPSE_SKIPS, StepRecord
 from .setup_checks import IMAGE_CHANNELS_MAX, MAX_HEADROOM, TENSOR_CORE_MULTIPLE, Setup
+
+DEFAULT_COLLAPSE_SKIPS = COLLAPSE_SKIPS  # the name this module has always exported
 
 __all__ = [
     "CHECKS",
@@ -102,7 +103,7 @@ def doctor(
     autocast_dtype: torch.dtype | str | None = None,
     history: Sequence[StepRecord] | Any | None = None,
     clip_watch: ClipWatch | None = None,
-    collapse_skips: int = DEFAULT_COLLAPSE_SKIPS,
+    collapse_skips: int = COLLAPSE_SKIPS,
     environment: bool = False,
 ) -> DoctorReport:
     """Runs every registered check on this setup; see the module docstring.

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 SEVERITIES = ("error", "warning", "info")
 MAX_LISTED = 10  # modules or parameters named in one finding before "and N more"
-DEFAULT_COLLAPSE_SKIPS = 5  # skipped steps in a row that count as a loss-scale collapse
 _WRAP_WIDTH = 110
 
 

@@ -37,6 +37,8 @@ from .scale_timeline import (
 if TYPE_CHECKING:
     from .report import StepReport
 
+COLLAPSE_SKIPS = 5  # skipped steps in a row that count as a loss-scale collapse (attach's default)
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -200,7 +202,7 @@ def summarize(
     init_scale: float | None = None,
     growth_interval: int | None = None,
     backoff_factor: float | None = None,
-    collapse_skips: int = 5,
+    collapse_skips: int = COLLAPSE_SKIPS,
 ) -> Summary:
     """Turns the history into rates, events, the loss-scale policy's decisions and advice: on GradScaler's
     init_scale, growth_interval and backoff_factor (pass the scaler's settings to get advice phrased against

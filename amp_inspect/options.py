@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .distributed import DEFAULT_TIMEOUT_S
 from .formats import check_formats
+from .history import COLLAPSE_SKIPS
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
 ACTIVATION_MODES = ("on_skip", "always", "off")
-COLLAPSE_SKIPS = 5  # skipped steps in a row that count as a loss-scale collapse
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .findings import DEFAULT_COLLAPSE_SKIPS, Finding, check, listing, plural
-from .history import StepRecord, collapse_warning, longest_skip_run, summarize
+from .findings import Finding, check, listing, plural
+from .history import COLLAPSE_SKIPS, StepRecord, collapse_warning, longest_skip_run, summarize
 from .naming import clean_module_names, param_entries
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Setup:
     autocast_dtype: torch.dtype | None = None
     history: Sequence[StepRecord] | None = None
     clip_watch: ClipWatch | None = None
-    collapse_skips: int = DEFAULT_COLLAPSE_SKIPS
+    collapse_skips: int = COLLAPSE_SKIPS
 
     @functools.cached_property
     def _param_names(self) -> dict[int, str]:
