@@ -66,7 +66,7 @@ def log_path_of_rank(
     if not is_distributed():
         return log
     rank = dist.get_rank()
-    path = Path(log)
+    path = Path(log).expanduser()
     own_file = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
     if all_ranks:
         return own_file

@@ -256,7 +256,7 @@ def _recover_glued(raw: bytes) -> dict[str, Any] | None:
 
 def is_run_log(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a file whose first non-blank line starts as RunLog starts every line (also when torn)."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_file():
         return False
     with open(path, "rb") as f:
@@ -346,7 +346,7 @@ class RunLog:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, hist_every: int = 100, fsync: bool = False) -> None:
-        self.path = Path(path)
+        self.path = Path(path).expanduser()  # "~/runs/x.jsonl" is the home folder's, never a folder named "~"
         self.hist_every = hist_every
         self.fsync = fsync
         _refuse_foreign(self.path)
@@ -430,7 +430,7 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     the file and its first line's problem. Missing files and directories raise OSError. Blank lines are
     skipped. Records from a newer schema are returned as they are, with one RuntimeWarning.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     lines = path.read_bytes().split(b"\n")
     if lines[-1] == b"":  # the file ends with a newline (or is empty): nothing follows the last line
         lines.pop()

@@ -267,3 +267,22 @@ def test_append_keeps_old_lines(tmp_path: Path) -> None:
         log.write({"step": 2})
     assert [r["step"] for r in read_log(path)] == [0, 1, 2]
     assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+
+
+def test_a_log_under_the_home_folder_is_written_there(tmp_path, monkeypatch) -> None:
+    """log="~/runs/x.jsonl" means the home folder, as in a shell: never a new folder literally named "~"."""
+    import torch
+
+    import amp_inspect
+
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(4, 4)
+    insp = amp_inspect.attach(model, log="~/runs/x.jsonl")
+    model(torch.randn(2, 4)).sum().backward()
+    insp.check()
+    insp.detach()
+    assert not (tmp_path / "~").exists()
+    assert [r["step"] for r in amp_inspect.read_log("~/runs/x.jsonl")] == [0]
