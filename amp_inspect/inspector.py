@@ -169,6 +169,7 @@ class Inspector:
         if opts.watch_clipping:
             self.clip_watch = ClipWatch(scaler)
         self._hardware_note_written = False
+        self._log_error: str | None = None  # the last failed log write, warned about once per error kind
         self._listeners: list[Callable[[StepReport], None]] = []
         self._nonfinite_by_rank: NonfiniteByRank | None = None
         self._manual_hook: HookState | None = None  # comm_hook_state, for a hook registered by hand
@@ -489,7 +490,7 @@ class Inspector:
                 hardware_note = hardware.note(self.entries[0].param.device if self.entries else None)
                 if hardware_note:
                     entry["hardware_note"] = hardware_note
-            self._log.write(entry)
+            self._write_log(entry)
         if (record.skipped or record.poisoned) and self._watcher is not None and self.activations == "on_skip":
             # Armed from the next forward (step self.step) for arm_steps steps.
             self._armed_until = self.step + self.arm_steps - 1
@@ -502,6 +503,27 @@ class Inspector:
         if message and not self._warned_collapse:
             warnings.warn(f"amp_inspect: {message}", RuntimeWarning, stacklevel=3)
         self._warned_collapse = message is not None
+
+    def _write_log(self, entry: dict[str, Any]) -> None:
+        """A log line that cannot be written (disk full, a network file system gone) costs that line, never the
+        training run, the history or the listeners: one warning, and the next step tries again (RunLog starts it on
+        a fresh line, and read_log skips the torn one)."""
+        assert self._log is not None
+        try:
+            self._log.write(entry)
+        except OSError as error:
+            message = f"{type(error).__name__}: {error.strerror or error}"
+            if message != self._log_error:
+                warnings.warn(
+                    f"amp_inspect: could not write step {entry.get('step')} to the run log {self._log.path} "
+                    f"({message}); training and inspection go on, and later steps are written again when the file "
+                    "takes them.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            self._log_error = message
+        else:
+            self._log_error = None
 
     # ---- views ----
 

@@ -286,3 +286,41 @@ def test_a_log_under_the_home_folder_is_written_there(tmp_path, monkeypatch) -> 
     insp.detach()
     assert not (tmp_path / "~").exists()
     assert [r["step"] for r in amp_inspect.read_log("~/runs/x.jsonl")] == [0]
+
+
+def test_a_log_write_that_fails_costs_that_line_only(tmp_path, monkeypatch) -> None:
+    """A full disk while training goes on: check() does not raise, history and listeners get every step, one
+    warning names the file, and the steps after it are written again (the torn line is skipped on reading)."""
+    import errno
+
+    import torch
+
+    import amp_inspect
+    from amp_inspect.runlog import RunLog
+
+    model = torch.nn.Linear(4, 4)
+    insp = amp_inspect.attach(model, log=tmp_path / "run.jsonl")
+    heard: list[int] = []
+    insp.add_listener(lambda report: heard.append(report.step))
+    real_write_all = RunLog._write_all
+
+    def disk_full_on_steps_1_and_2(self: RunLog, line: bytes) -> None:
+        if b'"step":1,' in line or b'"step":2,' in line:
+            self._file.write(line[:10])  # a part of the line reached the disk
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write_all(self, line)
+
+    monkeypatch.setattr(RunLog, "_write_all", disk_full_on_steps_1_and_2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            model(torch.randn(2, 4)).sum().backward()
+            insp.check()
+    insp.detach()
+    messages = [str(w.message) for w in caught if "run log" in str(w.message)]
+    assert len(messages) == 1 and "No space left on device" in messages[0] and "run.jsonl" in messages[0]
+    assert [r.step for r in insp.history] == [0, 1, 2, 3]
+    assert heard == [0, 1, 2, 3]
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert [r["step"] for r in amp_inspect.read_log(tmp_path / "run.jsonl")] == [0, 3]
