@@ -21,10 +21,12 @@ because a timed wait there would stall the host every step (see ``wait_all``).
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -264,3 +266,22 @@ class Combiners:
         if combiner is None:
             combiner = self._by_group[id(group)] = Combiner(group, timeout_s)
         return combiner
+
+
+def log_path_of_rank(
+    log: str | os.PathLike[str], all_ranks: bool, group: dist.ProcessGroup | None = None
+) -> str | os.PathLike[str] | None:
+    """Where this rank writes the log. In a distributed run the reports are the same on every rank of the
+    group the inspector reports over (``group``, default the world), so its first rank alone writes: ``log``
+    when the group is the world; ``<stem>.rank<r><suffix>`` (r: global rank) when there are several groups
+    (DDP over subgroups), each with its own reports. With ``all_ranks`` every rank r writes the latter."""
+    if not is_distributed():
+        return log
+    rank = dist.get_rank()
+    path = Path(log).expanduser()
+    own_file = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    if all_ranks:
+        return own_file
+    if group is not None and global_ranks(group) != tuple(range(dist.get_world_size())):
+        return own_file if dist.get_rank(group) == 0 else None
+    return log if rank == 0 else None

@@ -21,22 +21,19 @@ DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as 
 from __future__ import annotations
 
 import math
-import os
 import threading
 import warnings
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from . import hardware
 from .activations import ActivationWatcher
 from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
-from .distributed import Combiners, global_ranks, is_distributed, local_shards, to_local
+from .distributed import Combiners, global_ranks, is_distributed, local_shards, log_path_of_rank, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches
 from .history import StepRecord, Summary, collapse_warning, summarize
@@ -54,26 +51,6 @@ from .wrappers import (
     refuse_sparse_with_comm_hook,
     set_dynamo_stance,
 )
-
-
-def log_path_of_rank(
-    log: str | os.PathLike[str], all_ranks: bool, group: dist.ProcessGroup | None = None
-) -> str | os.PathLike[str] | None:
-    """Where this rank writes the log. In a distributed run the reports are the same on every rank of the
-    group the inspector reports over (``group``, default the world), so its first rank alone writes: ``log``
-    when the group is the world; ``<stem>.rank<r><suffix>`` (r: global rank) when there are several groups
-    (DDP over subgroups), each with its own reports. With ``all_ranks`` every rank r writes the latter."""
-    if not is_distributed():
-        return log
-    rank = dist.get_rank()
-    path = Path(log).expanduser()
-    own_file = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-    if all_ranks:
-        return own_file
-    if group is not None and global_ranks(group) != tuple(range(dist.get_world_size())):
-        return own_file if dist.get_rank(group) == 0 else None
-    return log if rank == 0 else None
-
 
 # No commas: the HTML report lists findings up to their first comma.
 NO_FORWARD_SEEN = (
