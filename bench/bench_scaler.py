@@ -246,7 +246,12 @@ def check_targets(runs: list[dict]) -> list[TargetCheck]:
             checks.append(TargetCheck(f"{name}: back within 2x in <= 10 steps", ok, f"steps {recover}"))
         under = statistics.fmean(r["underflow_fraction"] for r in group)
         under_gs = statistics.fmean(r["underflow_fraction"] for r in theirs)
-        detail = f"{under:.3e} vs {under_gs:.3e}, seed-to-seed ±{statistics.pstdev(r['underflow_fraction'] for r in theirs):.1e}"
+        spread = statistics.pstdev(r["underflow_fraction"] for r in theirs)
+        after0 = [statistics.fmean(r["underflow_fraction_after_step0"] for r in runs) for runs in (group, theirs)]
+        detail = (
+            f"{under:.3e} vs {under_gs:.3e} (GradScaler's seed-to-seed spread ±{spread:.1e}; "
+            f"after step 0: {after0[0]:.3e} vs {after0[1]:.3e})"
+        )
         checks.append(TargetCheck(f"{name}: underflow fraction <= GradScaler's", under <= under_gs, detail))
         diffs = [m["final_loss"] - g["final_loss"] for m, g in zip(group, theirs, strict=True)]
         spread = statistics.pstdev(g["final_loss"] for g in theirs)
