@@ -237,8 +237,10 @@ def check_targets(runs: list[dict]) -> list[TargetCheck]:
             detail = f"{lost:g}x (GradScaler {max(r['lost_factor'] for r in theirs):g}x)"
             checks.append(TargetCheck(f"{name}: scale within 4x after the NaN burst", lost <= 4, detail))
             pairs = [(r["underflow_before"] or 0.0, r["underflow_after"] or 0.0) for r in group]
-            detail = ", ".join(f"{b:.2e} -> {a:.2e}" for b, a in pairs)
             ok = all(a <= b for b, a in pairs)
+            gs_pairs = [(r["underflow_before"] or 0.0, r["underflow_after"] or 0.0) for r in theirs]
+            detail = ", ".join(f"{b:.2e} -> {a:.2e}" for b, a in pairs) + " (GradScaler: "
+            detail += ", ".join(f"{b:.2e} -> {a:.2e}" for b, a in gs_pairs) + ")"
             checks.append(TargetCheck(f"{name}: no more underflow after the burst than before", ok, detail))
         if scenario == "spike":
             recover = [r["steps_to_recover"] for r in group]
