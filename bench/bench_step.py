@@ -12,12 +12,16 @@ Configurations, each with its own copy of the model (same initial weights), opti
 - ``inspecting_scaler``: InspectingGradScaler, attached with ``attach(model, scaler)`` for module names and
   history; no check() (its unscale pass is the inspection).
 - ``check_every10``: ``attach(model, scaler, every=10)`` and ``insp.check()`` every step.
+- ``inspecting_headroom``: InspectingGradScaler(policy="headroom") + ``attach(model, scaler)``, no check(): timed
+  beside ``inspecting_scaler`` (policy="torch"), whose step it is compared with round by round.
 
 They run interleaved in one process: a few warmup steps each, then rounds in which every configuration takes
 a few steps (the order rotating each round), so drift in machine load touches all of them alike. A step is
 zero_grad, forward and loss under autocast, scaled backward, check() where configured, scaler.step and
 scaler.update, timed from its start to its end (CUDA synchronized at both ends). Overhead against ``bare``
 is the median over rounds of (config's median step in the round / bare's median step in the round).
+The headroom policy's cost is the median over rounds of (its step / policy="torch"'s step in the same round),
+with a ~95% confidence interval of that median: the difference is within the run's spread when it holds 1.
 The passes over the gradients alone (tensor_stats, the InspectingGradScaler's unscale_stats_, GradScaler's
 check, foreach_norm as the roofline proxy) are timed separately to give the inspection's share of a step.
 
