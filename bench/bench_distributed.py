@@ -1,7 +1,7 @@
 """Distributed benchmark: what amp_inspect all-reduces and what it adds to a training step, DDP and FSDP2.
 
 Two processes (torch.multiprocessing, spawn) on gloo over 127.0.0.1, one torch thread each, train a small
-GPT (bench_step.py's model: pre-LN blocks, tied embeddings, GPT-2 initialisation) with bf16 autocast on
+GPT (models.GPT, bench_step.py's model: pre-LN blocks, tied embeddings, GPT-2 initialisation) with bf16 autocast on
 CPU, GradScaler("cpu") (init scale 2**10) and AdamW; each rank trains on its own fixed random batches.
 
 Configurations, each with its own copy of the model (same initial weights), optimizer and scaler:
@@ -34,6 +34,10 @@ inspection's traffic, and callers in torch are torch's own (GradScaler's found_i
 DDP's reducer without a hook and FSDP2's reduce-scatter / all-gather do not go through these functions and
 are not counted; the gradient bytes (parameters * 4) are shown for scale. The measured inspection bytes are
 printed beside the sizes from the docstrings of amp_inspect/ddp.py and amp_inspect/distributed.py.
+
+Why this file is ~800 lines: besides the timing (harness.py) it holds its own instruments, which belong to no
+other benchmark: the all-reduce byte counter classified by caller, the timer wrapped around the comm hook and
+reduce_stats, the two spawned ranks and their hand-back of records, and the byte formulas it checks.
 
 Run:
     python bench/bench_distributed.py [--quick] [--rounds N] [--steps-per-round N] [--out DIR]
