@@ -1,7 +1,7 @@
 """Distributed benchmark: what amp_inspect all-reduces and what it adds to a training step, DDP and FSDP2.
 
 Two processes (torch.multiprocessing, spawn) on gloo over 127.0.0.1, one torch thread each, train a small
-GPT (bench_step.py's model: pre-LN blocks, tied embeddings, GPT-2 initialisation) with bf16 autocast on
+GPT (models.GPT, bench_step.py's model: pre-LN blocks, tied embeddings, GPT-2 initialisation) with bf16 autocast on
 CPU, GradScaler("cpu") (init scale 2**10) and AdamW; each rank trains on its own fixed random batches.
 
 Configurations, each with its own copy of the model (same initial weights), optimizer and scaler:
@@ -35,6 +35,10 @@ DDP's reducer without a hook and FSDP2's reduce-scatter / all-gather do not go t
 are not counted; the gradient bytes (parameters * 4) are shown for scale. The measured inspection bytes are
 printed beside the sizes from the docstrings of amp_inspect/ddp.py and amp_inspect/distributed.py.
 
+Why this file is ~800 lines: besides the timing (harness.py) it holds its own instruments, which belong to no
+other benchmark: the all-reduce byte counter classified by caller, the timer wrapped around the comm hook and
+reduce_stats, the two spawned ranks and their hand-back of records, and the byte formulas it checks.
+
 Run:
     python bench/bench_distributed.py [--quick] [--rounds N] [--steps-per-round N] [--out DIR]
 
@@ -46,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
-import os
 import queue
 import socket
 import statistics
@@ -64,16 +66,27 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 from torch import nn
 
-# Run from a checkout without installing: the package sits one folder up (bench_step and bench_tensor_stats,
-# next to this file, are importable because a script's own folder is sys.path[0]; spawned processes inherit
-# sys.path).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run from a checkout without installing: the package one folder up, harness and models beside this file
+# (spawned processes inherit sys.path).
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
-from bench_step import GPT, ModelSpec, StepMeasurement, make_model  # noqa: E402
-from bench_tensor_stats import RESULTS_DIR, SEED, TargetCheck, machine_info, print_checks, write_result  # noqa: E402
+from harness import (  # noqa: E402
+    RESULTS_DIR,
+    SEED,
+    StepMeasurement,
+    TargetCheck,
+    interleave,
+    load_average,
+    machine_info,
+    median_ci,
+    paired_ratios,
+    print_checks,
+    print_table,
+    write_result,
+)
+from models import GPT, ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
@@ -87,10 +100,9 @@ THREADS_PER_RANK = 1  # 2 cores, 2 ranks
 STEM = "distributed_cpu"
 PG_TIMEOUT_S = 120.0
 RESULT_TIMEOUT_S = 900.0  # the parent's wait for the ranks' results
-CI_Z = 1.96  # the overhead's confidence interval: ~95%
 NOISY_CI_HALF_WIDTH_PCT = 3.0  # a wider interval on any overhead: the run is called noisy
 
-# Model: bench_step.py's GPT, smaller, so that a DDP step on one thread per rank takes ~50-300 ms.
+# Model: bench_step.py's GPT (models.GPT), smaller, so that a DDP step on one thread per rank takes ~50-300 ms.
 MODEL = ModelSpec(layers=4, d_model=256, heads=4, vocab=8192, context=128, batch=4)
 INIT_SCALE = 2.0**10
 LEARNING_RATE = 3e-4
@@ -281,12 +293,6 @@ class StepRecord:
     by_caller: Traffic
 
 
-def make_batches(spec: ModelSpec, rank: int) -> list[torch.Tensor]:
-    """This rank's random token ids, (batch, context + 1) each: inputs are [:, :-1], targets [:, 1:]."""
-    g = torch.Generator().manual_seed(SEED + 1 + rank)
-    return [torch.randint(spec.vocab, (spec.batch, spec.context + 1), generator=g) for _ in range(DISTINCT_BATCHES)]
-
-
 def wrap(config: DistConfig, base: GPT, world: int) -> tuple[nn.Module, nn.Module]:
     """(the model to call, the module that holds the parameters): DDP around a copy, or a copy sharded with
     fully_shard per block and then at the root."""
@@ -330,9 +336,7 @@ class Trainer:
         with counter.recording() as (by_category, by_caller), timer.recording() as spent:
             start = time.perf_counter()
             self.opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = self.model(idx[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
+            loss = next_token_loss(self.model, idx, "cpu", torch.bfloat16)
             self.scaler.scale(loss).backward()
             after_backward = time.perf_counter()
             if self.config.check:
@@ -402,16 +406,18 @@ def rank_main(rank: int, world: int, port: int, config: BenchConfig, results: An
         counter, timer = CollectiveCounter(), CallTimer()
         counter.install()
         timer.install()
-        base = make_model(MODEL, "cpu")
-        batches = make_batches(MODEL, rank)
+        base = make_gpt(MODEL, "cpu", SEED)
+        batches = token_batches(MODEL, DISTINCT_BATCHES, SEED + 1 + rank)  # each rank its own
         trainers = [Trainer(c, base, world, config.init_scale) for c in CONFIGS]
-        for _ in range(config.warmup_steps):
-            for t in trainers:
-                t.warmup.append(t.step(batches, counter, timer))
-        n = len(trainers)
-        for r in range(config.rounds):
-            for t in trainers[r % n :] + trainers[: r % n]:
-                t.rounds.append([t.step(batches, counter, timer) for _ in range(config.steps_per_round)])
+        warm, timed = interleave(
+            trainers,
+            lambda t: t.step(batches, counter, timer),
+            config.warmup_steps,
+            config.rounds,
+            config.steps_per_round,
+        )
+        for t, warm_records, rounds in zip(trainers, warm, timed, strict=True):
+            t.warmup, t.rounds = warm_records, rounds
         checks = final_checks(trainers, config.init_scale)
         counter.uninstall()
         timer.uninstall()
@@ -482,17 +488,9 @@ class CategoryTraffic:
     bytes_max: int
 
 
-def median_ci(values: Sequence[float], z: float = CI_Z) -> tuple[float, float]:
-    """Distribution-free confidence interval of the median: the order statistics (n -+ z * sqrt(n)) / 2
-    (~95% for z = 1.96; for few values it widens to the extremes)."""
-    ordered = sorted(values)
-    k = max(0, math.floor((len(ordered) - z * math.sqrt(len(ordered))) / 2))
-    return ordered[k], ordered[len(ordered) - 1 - k]
-
-
 @dataclass
 class DistMeasurement(StepMeasurement):
-    """bench_step's StepMeasurement (rank 0's steps; its medians, quartiles and per-round ratios), plus the
+    """The harness's StepMeasurement (rank 0's steps; its medians, quartiles and per-round ratios), plus the
     family, rank 1's steps, the time in the comm hook and in reduce_stats, and the all-reduce traffic."""
 
     family: str = ""
@@ -520,8 +518,7 @@ class DistMeasurement(StepMeasurement):
     def compare(self, bare: StepMeasurement) -> None:
         super().compare(bare)
         assert isinstance(bare, DistMeasurement)
-        paired = [mine / theirs for mine, theirs in zip(self.round_medians_ms, bare.round_medians_ms, strict=True)]
-        self.x_bare_paired_ci = median_ci(paired)
+        self.x_bare_paired_ci = median_ci(paired_ratios(self.round_medians_ms, bare.round_medians_ms))
         self.direct_ms += self.hook_median_ms - bare.hook_median_ms  # the hook runs inside backward
 
 
@@ -608,7 +605,7 @@ def gradient_bytes(parameters: int) -> int:
     return parameters * 4  # float32 gradients
 
 
-def print_table(result: BenchResult, parameters: int) -> None:
+def print_results(result: BenchResult, parameters: int) -> None:
     """Two tables. Time: rank 0's step (ms: median, IQR; ``rank1``: rank 1's median); medians of ``check()``,
     ``hook`` (the comm hook's work, inside backward), ``combine`` (reduce_stats, inside check() or
     scaler.step) and ``opt.step`` (scaler.step + update); ``direct``: check() + hook + opt.step beyond bare's,
@@ -616,41 +613,34 @@ def print_table(result: BenchResult, parameters: int) -> None:
     bare config, with a ~95% confidence interval of that median (order statistics). Bytes: all-reduced per
     step after warmup (medians over the timed steps; a * marks steps that differed), by the caller's category."""
     by_name = {m.config: m for m in result.measurements}
-    header = (
-        f"{'config':<23} {'steps':>5} {'median':>7} {'IQR':>13} {'rank1':>7} {'check()':>7} {'hook':>5} "
-        f"{'combine':>7} {'opt.step':>8} {'direct':>14} {'overhead [95% CI]':>26}"
-    )
-    print(header)
-    print("-" * len(header))
+    rows = []
     for m in result.measurements:
         assert m.overhead_pct is not None and m.x_bare_paired_ci is not None
         assert m.direct_ms is not None
         lo, hi = ((x - 1) * 100 for x in m.x_bare_paired_ci)
-        overhead = f"{m.overhead_pct:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
         direct = f"{m.direct_ms:.2f} ({m.direct_ms / by_name[BARE_OF[m.family]].median_ms * 100:+.1f}%)"
-        print(
-            f"{m.config:<23} {len(m.step_ms):>5} {m.median_ms:>7.1f} {f'{m.q1_ms:.1f}-{m.q3_ms:.1f}':>13} "
-            f"{m.median_ms_rank1:>7.1f} {m.check_median_ms:>7.2f} {m.hook_median_ms:>5.2f} "
-            f"{m.combine_median_ms:>7.2f} {m.opt_median_ms:>8.2f} {direct:>14} {overhead:>26}"
+        rows.append(
+            [m.config, len(m.step_ms), f"{m.median_ms:.1f}", f"{m.q1_ms:.1f}-{m.q3_ms:.1f}", f"{m.median_ms_rank1:.1f}"]
+            + [f"{m.check_median_ms:.2f}", f"{m.hook_median_ms:.2f}", f"{m.combine_median_ms:.2f}"]
+            + [f"{m.opt_median_ms:.2f}", direct, f"{m.overhead_pct:+.1f}% [{lo:+.1f}, {hi:+.1f}]"]
         )
+    headers = ["config", "steps", "median", "IQR", "rank1", "check()", "hook", "combine", "opt.step", "direct"]
+    print_table(headers + ["overhead [95% CI]"], rows)
     print()
-    header = (
-        f"{'config':<23} {'inspection B/step':>17} {'calls':>5} {'formula B':>10} {'once B':>6} "
-        f"{'hook gradient B/step (calls)':>28} {'torch B/step (calls)':>20}"
-    )
-    print(header)
-    print("-" * len(header))
+    rows = []
     for m in result.measurements:
         insp = m.traffic_per_step[INSPECTION]
-        insp_bytes = f"{insp.bytes:,.0f}" + ("" if insp.bytes_min == insp.bytes_max else "*")
         grads = m.traffic_per_step[DDP_GRADIENTS]
         torch_own = m.traffic_per_step[TORCH_OWN]
         once = m.one_time[LAYOUT_CHECK][1]
-        print(
-            f"{m.config:<23} {insp_bytes:>17} {insp.calls:>5g} {m.expected_inspection_bytes or 0:>10,} "
-            f"{once if once else '-':>6} {f'{grads.bytes:,.0f} ({grads.calls:g})' if grads.calls else '-':>28} "
-            f"{f'{torch_own.bytes:,.0f} ({torch_own.calls:g})' if torch_own.calls else '-':>20}"
+        rows.append(
+            [m.config, f"{insp.bytes:,.0f}" + ("" if insp.bytes_min == insp.bytes_max else "*"), f"{insp.calls:g}"]
+            + [f"{m.expected_inspection_bytes or 0:,}", once if once else "-"]
+            + [f"{grads.bytes:,.0f} ({grads.calls:g})" if grads.calls else "-"]
+            + [f"{torch_own.bytes:,.0f} ({torch_own.calls:g})" if torch_own.calls else "-"]
         )
+    headers = ["config", "inspection B/step", "calls", "formula B", "once B", "hook gradient B/step (calls)"]
+    print_table(headers + ["torch B/step (calls)"], rows)
     print(
         f"\nonce B: the layout check before the first combine (one all-reduce, in warmup, not in B/step). For scale: "
         f"{parameters:,} parameters = {gradient_bytes(parameters):,} B of float32 gradients per step, which DDP "
@@ -744,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     by_rank = run_ranks(config)
     elapsed = time.perf_counter() - start
-    machine["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    machine["load_average_after"] = load_average()
     parameters = by_rank[0]["parameters"]
     tensors = by_rank[0]["parameter_tensors"]
     model_info: dict[str, object] = {
@@ -771,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, text in formulas.items():
         print(f"# formula {name}: {text}")
     print()
-    print_table(result, parameters)
+    print_results(result, parameters)
     print()
     print_checks(result.checks)
     widest = max(

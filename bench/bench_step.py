@@ -12,12 +12,16 @@ Configurations, each with its own copy of the model (same initial weights), opti
 - ``inspecting_scaler``: InspectingGradScaler, attached with ``attach(model, scaler)`` for module names and
   history; no check() (its unscale pass is the inspection).
 - ``check_every10``: ``attach(model, scaler, every=10)`` and ``insp.check()`` every step.
+- ``inspecting_headroom``: InspectingGradScaler(policy="headroom") + ``attach(model, scaler)``, no check(): timed
+  beside ``inspecting_scaler`` (policy="torch"), whose step it is compared with round by round.
 
 They run interleaved in one process: a few warmup steps each, then rounds in which every configuration takes
 a few steps (the order rotating each round), so drift in machine load touches all of them alike. A step is
 zero_grad, forward and loss under autocast, scaled backward, check() where configured, scaler.step and
 scaler.update, timed from its start to its end (CUDA synchronized at both ends). Overhead against ``bare``
 is the median over rounds of (config's median step in the round / bare's median step in the round).
+The headroom policy's cost is the median over rounds of (its step / policy="torch"'s step in the same round),
+with a ~95% confidence interval of that median: the difference is within the run's spread when it holds 1.
 The passes over the gradients alone (tensor_stats, the InspectingGradScaler's unscale_stats_, GradScaler's
 check, foreach_norm as the roofline proxy) are timed separately to give the inspection's share of a step.
 
@@ -33,7 +37,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import statistics
 import sys
 import time
@@ -42,26 +45,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-# Run from a checkout without installing: the package sits one folder up (bench_tensor_stats, next to this
-# file, is importable because a script's own folder is sys.path[0]).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run from a checkout without installing: the package one folder up, harness and models beside this file.
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
-from bench_tensor_stats import (  # noqa: E402
+from harness import (  # noqa: E402
     RESULTS_DIR,
     SEED,
+    PhaseClock,
+    StepMeasurement,
     TargetCheck,
+    at_most,
     foreach_norm,
     fused,
-    gpt2_style_shapes,
     gradscaler_check,
+    has_cuda_or_says_why,
+    interleave,
+    load_average,
     machine_info,
+    median_ci,
+    paired_ratios,
     print_checks,
+    print_table,
     time_calls,
     write_result,
 )
+from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
@@ -70,6 +80,7 @@ BARE = "bare"
 CHECK = "check"
 INSPECTING_SCALER = "inspecting_scaler"
 CHECK_EVERY10 = "check_every10"
+INSPECTING_HEADROOM = "inspecting_headroom"
 
 # Targets (the lead's acceptance criteria): step-time overhead of a check() every step, and the
 # InspectingGradScaler's step time relative to GradScaler's.
@@ -77,7 +88,6 @@ CPU_MAX_CHECK_OVERHEAD_PCT = 3.0
 CUDA_MAX_CHECK_OVERHEAD_PCT = 1.0
 MAX_SCALER_RATIO = 1.05
 
-INIT_STD = 0.02  # GPT-2's initialisation; residual projections get INIT_STD / sqrt(2 * layers)
 LEARNING_RATE = 3e-4
 DISTINCT_BATCHES = 8  # step k of every configuration uses batch k % DISTINCT_BATCHES
 
@@ -86,20 +96,9 @@ DISTINCT_BATCHES = 8  # step k of every configuration uses batch k % DISTINCT_BA
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    layers: int = 6
-    d_model: int = 384
-    heads: int = 6
-    vocab: int = 8192
-    context: int = 128
-    batch: int = 4
-    mlp_ratio: int = 4
-    tied_embeddings: bool = True
-
-
-@dataclass(frozen=True)
 class StepConfig:
-    """One way to train: ``scaler`` "torch" or "inspecting"; ``attach`` with ``every``; ``check`` each step."""
+    """One way to train: ``scaler`` "torch", "inspecting" or "headroom" (InspectingGradScaler with
+    policy="headroom"); ``attach`` with ``every``; ``check`` each step."""
 
     name: str
     description: str
@@ -114,6 +113,7 @@ CONFIGS: tuple[StepConfig, ...] = (
     StepConfig(CHECK, "attach(model, scaler) + check() every step", attach=True, check=True),
     StepConfig(INSPECTING_SCALER, "InspectingGradScaler + attach, no check()", scaler="inspecting", attach=True),
     StepConfig(CHECK_EVERY10, "attach(model, scaler, every=10) + check()", attach=True, check=True, every=10),
+    StepConfig(INSPECTING_HEADROOM, 'InspectingGradScaler(policy="headroom") + attach', scaler="headroom", attach=True),
 )
 
 
@@ -128,56 +128,6 @@ class BenchConfig:
     steps_per_round: int  # per configuration and round
     kernel_warmup: int
     kernel_repeats: int
-
-
-@dataclass
-class StepMeasurement:
-    """Step times of one configuration (ms), split into phases: forward + backward, check(), and
-    scaler.step + update (where the InspectingGradScaler's unscale pass runs). On CUDA the phases are read
-    from CUDA events (device timeline), the step total from the host clock around synchronized ends."""
-
-    config: str
-    description: str
-    step_ms: list[float]
-    fwd_bwd_ms: list[float]
-    check_ms: list[float]
-    opt_ms: list[float]
-    round_medians_ms: list[float]
-    median_ms: float = 0.0
-    min_ms: float = 0.0
-    max_ms: float = 0.0
-    q1_ms: float = 0.0
-    q3_ms: float = 0.0
-    check_median_ms: float = 0.0
-    opt_median_ms: float = 0.0
-    x_bare: float | None = None  # median step / bare's median step
-    x_bare_paired: float | None = None  # median over rounds of the per-round ratio
-    x_bare_paired_min: float | None = None
-    x_bare_paired_max: float | None = None
-    direct_ms: float | None = None  # check() + scaler.step/update beyond bare's (medians): the inspection's own time
-
-    @property
-    def overhead_pct(self) -> float | None:
-        return None if self.x_bare_paired is None else (self.x_bare_paired - 1.0) * 100.0
-
-    def __post_init__(self) -> None:
-        self.median_ms = statistics.median(self.step_ms)
-        self.min_ms = min(self.step_ms)
-        self.max_ms = max(self.step_ms)
-        if len(self.step_ms) >= 2:
-            self.q1_ms, _, self.q3_ms = statistics.quantiles(self.step_ms, n=4)
-        else:
-            self.q1_ms = self.q3_ms = self.median_ms
-        self.check_median_ms = statistics.median(self.check_ms)
-        self.opt_median_ms = statistics.median(self.opt_ms)
-
-    def compare(self, bare: StepMeasurement) -> None:
-        self.x_bare = self.median_ms / bare.median_ms
-        paired = [mine / theirs for mine, theirs in zip(self.round_medians_ms, bare.round_medians_ms, strict=True)]
-        self.x_bare_paired = statistics.median(paired)
-        self.x_bare_paired_min = min(paired)
-        self.x_bare_paired_max = max(paired)
-        self.direct_ms = self.check_median_ms + self.opt_median_ms - bare.check_median_ms - bare.opt_median_ms
 
 
 @dataclass
@@ -200,99 +150,13 @@ class BenchResult:
     passes: list[PassTiming] = field(default_factory=list)
     agreement: list[TargetCheck] = field(default_factory=list)
     targets: list[TargetCheck] = field(default_factory=list)
-
-
-# ----------------------------------------------------------------------------------------------- model
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: causal self-attention (fused qkv, torch's SDPA) and a GELU MLP."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        d = spec.d_model
-        self.heads = spec.heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, spec.mlp_ratio * d)
-        self.fc2 = nn.Linear(spec.mlp_ratio * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    """GPT-2-style language model; the output projection is tied to the token embedding."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(spec.vocab, spec.d_model)
-        self.wpe = nn.Embedding(spec.context, spec.d_model)
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.layers))
-        self.ln_f = nn.LayerNorm(spec.d_model)
-        residual_std = INIT_STD / math.sqrt(2 * spec.layers)
-        for name, param in self.named_parameters():
-            if param.dim() == 2:
-                nn.init.normal_(param, std=residual_std if name.endswith(("proj.weight", "fc2.weight")) else INIT_STD)
-            elif name.endswith("bias"):
-                nn.init.zeros_(param)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return F.linear(self.ln_f(x), self.wte.weight)
-
-
-def make_model(spec: ModelSpec, device: str) -> GPT:
-    torch.manual_seed(SEED)
-    model = GPT(spec).to(device)
-    shapes = tuple(tuple(p.shape) for p in model.parameters())
-    expected = gpt2_style_shapes(spec.layers, spec.d_model, spec.vocab, spec.context)
-    assert shapes == expected, "the model must have the parameters of bench_tensor_stats' gpt2-style set"
-    return model
-
-
-def make_batches(spec: ModelSpec, device: str) -> list[torch.Tensor]:
-    """Random token ids, (batch, context + 1) each: inputs are [:, :-1], targets [:, 1:]."""
-    g = torch.Generator().manual_seed(SEED + 1)
-    size = (spec.batch, spec.context + 1)
-    return [torch.randint(spec.vocab, size, generator=g).to(device) for _ in range(DISTINCT_BATCHES)]
+    policy_cost: dict[str, object] = field(default_factory=dict)  # policy="headroom" against policy="torch"
 
 
 # ---------------------------------------------------------------------------------------------- timing
 
 
 StepTimes = tuple[float, float, float, float]  # ms: total, forward + backward, check(), scaler.step + update
-
-
-class PhaseClock:
-    """Marks points in a step; on CPU with the host clock, on CUDA with events (read after the step)."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = device == "cuda"
-        self.marks: list[object] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals_ms(self) -> list[float]:
-        pairs = zip(self.marks, self.marks[1:], strict=False)
-        if self.cuda:
-            self.marks[-1].synchronize()
-            return [a.elapsed_time(b) for a, b in pairs]
-        return [(b - a) * 1e3 for a, b in pairs]
 
 
 class Trainer:
@@ -304,12 +168,15 @@ class Trainer:
         self.amp_dtype = amp_dtype
         self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-        scaler_cls = amp_inspect.InspectingGradScaler if spec.scaler == "inspecting" else torch.amp.GradScaler
-        self.scaler = scaler_cls(device)
+        if spec.scaler == "torch":
+            self.scaler: torch.amp.GradScaler = torch.amp.GradScaler(device)
+        else:
+            policy = "headroom" if spec.scaler == "headroom" else "torch"
+            self.scaler = amp_inspect.InspectingGradScaler(device, policy=policy)
         self.inspector = amp_inspect.attach(model, self.scaler, every=spec.every) if spec.attach else None
         self.init_scale = self.scaler.get_scale()
         self.steps = 0
-        self.times: list[list[StepTimes]] = []  # one list per round
+        self.times: list[list[StepTimes]] = []  # one list per timed round
 
     def step(self, batches: Sequence[torch.Tensor]) -> StepTimes:
         """One training step: (total, forward + backward, check, scaler.step + update) in ms."""
@@ -322,9 +189,7 @@ class Trainer:
         start = time.perf_counter()
         clock.mark()
         self.opt.zero_grad(set_to_none=True)
-        with torch.autocast(self.device, dtype=self.amp_dtype):
-            logits = self.model(idx[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
+        loss = next_token_loss(self.model, idx, self.device, self.amp_dtype)
         self.scaler.scale(loss).backward()
         clock.mark()
         if self.spec.check:
@@ -339,17 +204,6 @@ class Trainer:
         total = (time.perf_counter() - start) * 1e3
         fwd_bwd, check, opt = clock.intervals_ms()
         return total, fwd_bwd, check, opt
-
-
-def run_interleaved(trainers: list[Trainer], batches: list[torch.Tensor], config: BenchConfig) -> None:
-    """Warmup, then ``rounds`` rounds of ``steps_per_round`` steps per trainer, the order rotating each round."""
-    for _ in range(config.warmup_steps):
-        for trainer in trainers:
-            trainer.step(batches)
-    n = len(trainers)
-    for r in range(config.rounds):
-        for trainer in trainers[r % n :] + trainers[: r % n]:
-            trainer.times.append([trainer.step(batches) for _ in range(config.steps_per_round)])
 
 
 def measurements_of(trainers: list[Trainer]) -> list[StepMeasurement]:
@@ -407,12 +261,14 @@ def time_passes(trainer: Trainer, config: BenchConfig, bare_step_ms: float) -> l
 def check_agreement(trainers: list[Trainer], device: str) -> list[TargetCheck]:
     """Same data, same weights, no skips: every configuration must end with the bare run's parameters (on
     CPU bit for bit; on CUDA, where backward kernels with atomics are not deterministic, the difference is
-    only shown), and the inspecting ones must not have armed activation hooks."""
+    only shown), and the inspecting ones must not have armed activation hooks. The headroom policy starts at
+    scale 1 and moves the scale every step, so its scale says nothing about skips (its history does)."""
     checks = []
     bare = trainers[0]
     for trainer in trainers:
         scale = trainer.scaler.get_scale()
-        skipped = scale < trainer.init_scale  # a skip halves the scale; growth needs 2000 clean steps
+        # GradScaler's rule: a skip halves the scale; growth needs 2000 clean steps.
+        skipped = trainer.spec.scaler != "headroom" and scale < trainer.init_scale
         detail = f"{trainer.steps} steps, final loss scale {scale:g}"
         if trainer.inspector is not None:
             history = trainer.inspector.history
@@ -437,64 +293,79 @@ def check_targets(device: str, rows: list[StepMeasurement], passes: list[PassTim
     share = {p.method: p.share_of_step for p in passes}
     bare = by_name[BARE]
     max_pct = CPU_MAX_CHECK_OVERHEAD_PCT if device == "cpu" else CUDA_MAX_CHECK_OVERHEAD_PCT
-    checks = []
     m = by_name[CHECK]
-    assert m.x_bare_paired is not None and m.x_bare_paired_min is not None and m.x_bare_paired_max is not None
-    pct = (m.x_bare_paired - 1.0) * 100.0
+    assert m.overhead_pct is not None and m.x_bare_paired_min is not None and m.x_bare_paired_max is not None
     detail = (
-        f"{pct:+.2f}% (rounds: {(m.x_bare_paired_min - 1) * 100:+.1f}% to {(m.x_bare_paired_max - 1) * 100:+.1f}%; "
-        f"medians {m.median_ms:.1f} vs {bare.median_ms:.1f} ms); check() itself {m.check_median_ms:.2f} ms = "
+        f"rounds {(m.x_bare_paired_min - 1) * 100:+.1f}% to {(m.x_bare_paired_max - 1) * 100:+.1f}%; "
+        f"medians {m.median_ms:.1f} vs {bare.median_ms:.1f} ms; check() itself {m.check_median_ms:.2f} ms = "
         f"{m.check_median_ms / bare.median_ms * 100:.2f}% of a bare step, tensor_stats alone "
         f"{share['tensor_stats'] * 100:.2f}%"
     )
-    checks.append(TargetCheck(f"check() every step: step overhead <= {max_pct:g}%", pct <= max_pct, detail))
+    checks = [at_most("check() every step: step overhead", m.overhead_pct, max_pct, detail, unit="%")]
     m = by_name[INSPECTING_SCALER]
     assert m.x_bare_paired is not None and m.x_bare_paired_min is not None and m.x_bare_paired_max is not None
     detail = (
-        f"{m.x_bare_paired:.3f}x (rounds: {m.x_bare_paired_min:.3f}x to {m.x_bare_paired_max:.3f}x); "
+        f"rounds {m.x_bare_paired_min:.3f}x to {m.x_bare_paired_max:.3f}x; "
         f"scaler.step + update {m.opt_median_ms:.2f} ms vs {bare.opt_median_ms:.2f} ms"
     )
-    checks.append(
-        TargetCheck(
-            f"InspectingGradScaler step <= {MAX_SCALER_RATIO:g}x GradScaler's",
-            m.x_bare_paired <= MAX_SCALER_RATIO,
-            detail,
-        )
-    )
+    checks.append(at_most("InspectingGradScaler step vs GradScaler's", m.x_bare_paired, MAX_SCALER_RATIO, detail))
     return checks
+
+
+def policy_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], TargetCheck]:
+    """policy="headroom" against policy="torch" (both InspectingGradScaler + attach, run interleaved): the
+    median over rounds of the per-round step ratio, its ~95% confidence interval (the run's own spread) and
+    the rounds' quartiles. The cost is unmeasurable when the interval holds 1."""
+    by_name = {m.config: m for m in rows}
+    headroom, torch_policy = by_name[INSPECTING_HEADROOM], by_name[INSPECTING_SCALER]
+    ratios = paired_ratios(headroom.round_medians_ms, torch_policy.round_medians_ms)
+    ratio = statistics.median(ratios)
+    low, high = median_ci(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) >= 2 else (ratio, ratio, ratio)
+    opt_ms = headroom.opt_median_ms - torch_policy.opt_median_ms
+    cost = {
+        "ratio": ratio,
+        "ci95": [low, high],
+        "round_ratio_quartiles": [q1, q3],
+        "rounds": len(ratios),
+        "scaler_step_update_ms": [headroom.opt_median_ms, torch_policy.opt_median_ms],
+        "scaler_step_update_extra_ms": opt_ms,
+        "within_spread": low <= 1.0 <= high,
+    }
+    detail = (
+        f"step {ratio:.3f}x policy='torch' (95% CI {low:.3f}-{high:.3f}, rounds' quartiles {q1:.3f}-{q3:.3f}); "
+        f"scaler.step + update {headroom.opt_median_ms:.2f} vs {torch_policy.opt_median_ms:.2f} ms ({opt_ms:+.2f})"
+    )
+    check = TargetCheck(
+        "policy='headroom' per-step cost within the run's spread (CI holds 1)", low <= 1.0 <= high, detail
+    )
+    return cost, check
 
 
 # ----------------------------------------------------------------------------------------------- output
 
 
-def print_table(result: BenchResult) -> None:
+def print_results(result: BenchResult) -> None:
     """Step times in ms. ``overhead`` and ``x bare, paired``: median over rounds of the per-round ratio to bare
     (range: the rounds' extremes); ``x medians``: ratio of the overall medians; ``direct``: the inspection's own
     time (check() + scaler.step/update beyond bare's), also as % of bare's median step."""
     bare_ms = result.measurements[0].median_ms
-    header = (
-        f"{'config':<18} {'steps':>5} {'median':>7} {'min':>7} {'max':>7} {'IQR':>13} {'fwd+bwd':>8} "
-        f"{'check()':>8} {'opt.step':>8} {'overhead':>9} {'x bare, paired [range]':>25} {'x medians':>9} "
-        f"{'direct':>14}"
-    )
-    print(header)
-    print("-" * len(header))
+    headers = ["config", "steps", "median", "min", "max", "IQR", "fwd+bwd", "check()", "opt.step", "overhead"]
+    headers += ["x bare, paired [range]", "x medians", "direct"]
+    rows = []
     for m in result.measurements:
-        assert m.direct_ms is not None and m.overhead_pct is not None
-        paired = f"{m.x_bare_paired:.3f} [{m.x_bare_paired_min:.3f}, {m.x_bare_paired_max:.3f}]"
-        direct = f"{m.direct_ms:.2f} ({m.direct_ms / bare_ms * 100:+.1f}%)"
-        print(
-            f"{m.config:<18} {len(m.step_ms):>5} {m.median_ms:>7.1f} {m.min_ms:>7.1f} {m.max_ms:>7.1f} "
-            f"{f'{m.q1_ms:.1f}-{m.q3_ms:.1f}':>13} {statistics.median(m.fwd_bwd_ms):>8.2f} "
-            f"{m.check_median_ms:>8.2f} {m.opt_median_ms:>8.2f} {m.overhead_pct:>+8.2f}% {paired:>25} "
-            f"{m.x_bare:>9.3f} {direct:>14}"
+        assert m.direct_ms is not None and m.overhead_pct is not None and m.x_bare is not None
+        rows.append(
+            [m.config, len(m.step_ms), f"{m.median_ms:.1f}", f"{m.min_ms:.1f}", f"{m.max_ms:.1f}"]
+            + [f"{m.q1_ms:.1f}-{m.q3_ms:.1f}", f"{statistics.median(m.fwd_bwd_ms):.2f}", f"{m.check_median_ms:.2f}"]
+            + [f"{m.opt_median_ms:.2f}", f"{m.overhead_pct:+.2f}%"]
+            + [f"{m.x_bare_paired:.3f} [{m.x_bare_paired_min:.3f}, {m.x_bare_paired_max:.3f}]", f"{m.x_bare:.3f}"]
+            + [f"{m.direct_ms:.2f} ({m.direct_ms / bare_ms * 100:+.1f}%)"]
         )
+    print_table(headers, rows)
     print()
-    header = f"{'pass over the gradients':<24} {'ms (median)':>11} {'ms (min)':>9} {'% of bare step':>15}"
-    print(header)
-    print("-" * len(header))
-    for p in result.passes:
-        print(f"{p.method:<24} {p.median_ms:>11.3f} {p.min_ms:>9.3f} {p.share_of_step * 100:>15.2f}")
+    rows = [[p.method, f"{p.median_ms:.3f}", f"{p.min_ms:.3f}", f"{p.share_of_step * 100:.2f}"] for p in result.passes]
+    print_table(["pass over the gradients", "ms (median)", "ms (min)", "% of bare step"], rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
@@ -526,15 +397,12 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
-    if config.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+    if not has_cuda_or_says_why(config.device):
         return 2
-    if not _ops.has_kernel(config.device):
-        print(f"warning: amp_inspect has no compiled {config.device} kernel; the inspection runs the reference")
 
     spec = ModelSpec()
-    base = make_model(spec, config.device)
-    batches = make_batches(spec, config.device)
+    base = make_gpt(spec, config.device, SEED)
+    batches = token_batches(spec, DISTINCT_BATCHES, SEED + 1, config.device)
     amp_dtype = getattr(torch, config.amp_dtype)
     trainers = [Trainer(c, copy.deepcopy(base), config.device, amp_dtype) for c in CONFIGS]
     numel = sum(p.numel() for p in base.parameters())
@@ -553,17 +421,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
 
-    run_interleaved(trainers, batches, config)
+    _, timed = interleave(
+        trainers, lambda t: t.step(batches), config.warmup_steps, config.rounds, config.steps_per_round
+    )
+    for trainer, rounds in zip(trainers, timed, strict=True):
+        trainer.times = rounds
     result.measurements = measurements_of(trainers)
     bare_ms = result.measurements[0].median_ms
     result.passes = time_passes(trainers[0], config, bare_ms)
     result.agreement = check_agreement(trainers, config.device)
     result.targets = check_targets(config.device, result.measurements, result.passes)
+    result.policy_cost, cost_check = policy_cost(result.measurements)
+    result.targets.append(cost_check)
     # Load during the run, beside the load before it: high values mean the timings shared the CPUs.
-    result.machine["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    result.machine["load_average_after"] = load_average()
 
     print()
-    print_table(result)
+    print_results(result)
     print()
     print_checks(result.agreement + result.targets)
     widest = max(

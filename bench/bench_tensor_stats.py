@@ -22,31 +22,42 @@ Prints a table and PASS/MISS lines for the targets and writes bench/results/tens
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-# Run from a checkout without installing: the package sits one folder up.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Run from a checkout without installing (also through runpy, as `amp-inspect bench` does): the package one
+# folder up, harness and models beside this file.
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
+
+from harness import (  # noqa: E402
+    RESULTS_DIR,
+    SEED,
+    TargetCheck,
+    at_least,
+    at_most,
+    foreach_norm,
+    fused,
+    gradscaler_check,
+    has_cuda_or_says_why,
+    load_average,
+    machine_info,
+    print_checks,
+    print_table,
+    time_calls,
+    write_result,
+)
+from models import gpt2_style_shapes  # noqa: E402
 
 import amp_inspect  # noqa: E402
-from amp_inspect import _ops  # noqa: E402
 from amp_inspect.baselines import per_tensor_checks  # noqa: E402
 from amp_inspect.reference import tensor_stats_reference  # noqa: E402
 
-SEED = 20240601
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ROOFLINE = "foreach_norm"
 PURE_PYTHON = "pure_python"
 FUSED = "fused_fp16"
@@ -134,13 +145,6 @@ class LaunchCount:
 
 
 @dataclass
-class TargetCheck:
-    name: str
-    passed: bool
-    detail: str
-
-
-@dataclass
 class BenchResult:
     machine: dict[str, object]
     config: dict[str, object]
@@ -152,23 +156,6 @@ class BenchResult:
 
 
 # --------------------------------------------------------------------------------------- gradient sets
-
-
-def gpt2_style_shapes(
-    layers: int = 6, d_model: int = 384, vocab: int = 8192, context: int = 256
-) -> tuple[tuple[int, ...], ...]:
-    """Parameter shapes of a small GPT-2 in ``model.parameters()`` order (tied lm_head: no extra tensor)."""
-    d, hidden = d_model, 4 * d_model
-    shapes: list[tuple[int, ...]] = [(vocab, d), (context, d)]
-    for _ in range(layers):
-        shapes += [(d,), (d,)]  # ln1 weight, bias
-        shapes += [(3 * d, d), (3 * d,)]  # attn.qkv
-        shapes += [(d, d), (d,)]  # attn.proj
-        shapes += [(d,), (d,)]  # ln2 weight, bias
-        shapes += [(hidden, d), (hidden,)]  # mlp.fc
-        shapes += [(d, hidden), (d,)]  # mlp.proj
-    shapes += [(d,), (d,)]  # ln_f weight, bias
-    return tuple(shapes)
 
 
 def spread_sizes(count: int, total: int, decades: float, seed: int) -> tuple[tuple[int, ...], ...]:
@@ -215,24 +202,6 @@ def make_gradients(grad_set: GradSet, device: str) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------------------------- methods
 
 
-def fused(formats: tuple[str, ...] = ("fp16",), scale: float | None = None) -> Callable:
-    def prepare(grads: list[torch.Tensor]) -> Callable[[], object]:
-        return lambda: amp_inspect.tensor_stats(grads, formats=formats, scale=scale)
-
-    return prepare
-
-
-def foreach_norm(grads: list[torch.Tensor]) -> Callable[[], object]:
-    return lambda: torch._foreach_norm(grads)
-
-
-def gradscaler_check(grads: list[torch.Tensor]) -> Callable[[], object]:
-    # inv_scale 1 leaves the values as they are, so the in-place write does not disturb later methods.
-    found_inf = torch.zeros((), device=grads[0].device)
-    inv_scale = torch.ones((), device=grads[0].device)
-    return lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-
-
 def reference(grads: list[torch.Tensor]) -> Callable[[], object]:
     return lambda: tensor_stats_reference(grads, None, None, ["fp16"])
 
@@ -253,29 +222,6 @@ METHODS: tuple[MethodSpec, ...] = (
 
 
 # ---------------------------------------------------------------------------------------------- timing
-
-
-def time_calls(fn: Callable[[], object], device: str, warmup: int, repeats: int) -> list[float]:
-    """Milliseconds of each of ``repeats`` calls after ``warmup`` untimed ones. On CUDA, events recorded on
-    an idle stream around each call, so the time covers host launch overhead and the kernels."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def count_launches(fn: Callable[[], object]) -> tuple[int, int, int]:
@@ -324,33 +270,20 @@ def check_agreement(set_name: str, grads: list[torch.Tensor]) -> TargetCheck:
 
 def check_targets(device: str, result: BenchResult) -> list[TargetCheck]:
     checks = []
-    fused_rows = [m for m in result.measurements if m.method == FUSED]
-    for m in fused_rows:
+    for m in (m for m in result.measurements if m.method == FUSED):
         assert m.x_roofline is not None
         if device == "cpu":
-            ok = m.x_roofline <= CPU_MAX_X_ROOFLINE
-            checks.append(
-                TargetCheck(f"{m.set_name}: fused <= {CPU_MAX_X_ROOFLINE}x foreach_norm", ok, f"{m.x_roofline:.2f}x")
-            )
+            checks.append(at_most(f"{m.set_name}: fused vs foreach_norm", m.x_roofline, CPU_MAX_X_ROOFLINE))
             speedup = m.speedup_vs_python or 0.0
-            ok = speedup >= CPU_MIN_SPEEDUP_VS_PYTHON
-            checks.append(
-                TargetCheck(
-                    f"{m.set_name}: fused >= {CPU_MIN_SPEEDUP_VS_PYTHON:.0f}x faster than pure-Python",
-                    ok,
-                    f"{speedup:.1f}x",
-                )
-            )
+            checks.append(at_least(f"{m.set_name}: speedup vs pure-Python", speedup, CPU_MIN_SPEEDUP_VS_PYTHON))
         else:
             limit = CUDA_MAX_X_ROOFLINE_TINY if m.set_name == TINY_SET else CUDA_MAX_X_ROOFLINE
-            ok = m.x_roofline <= limit
-            checks.append(TargetCheck(f"{m.set_name}: fused <= {limit}x foreach_norm", ok, f"{m.x_roofline:.2f}x"))
+            checks.append(at_most(f"{m.set_name}: fused vs foreach_norm", m.x_roofline, limit))
     if device == "cuda":
         for m in result.measurements:
             if m.method == "fused_4formats" and m.set_name != TINY_SET and m.x_roofline is not None:
-                ok = m.x_roofline <= CUDA_MAX_X_ROOFLINE_4FORMATS
-                name = f"{m.set_name}: fused, 4 formats <= {CUDA_MAX_X_ROOFLINE_4FORMATS}x foreach_norm"
-                checks.append(TargetCheck(name, ok, f"{m.x_roofline:.2f}x"))
+                name = f"{m.set_name}: fused, 4 formats vs foreach_norm"
+                checks.append(at_most(name, m.x_roofline, CUDA_MAX_X_ROOFLINE_4FORMATS))
     fused_launches = [c for c in result.launches if c.method == FUSED]
     if fused_launches:
         kernels = {c.kernels for c in fused_launches}
@@ -389,65 +322,18 @@ def measure_set(grad_set: GradSet, config: BenchConfig, result: BenchResult) -> 
     result.measurements += rows
 
 
-def machine_info(device: str) -> dict[str, object]:
-    cpu_model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    info: dict[str, object] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "amp_inspect": amp_inspect.__version__,
-        "amp_inspect_build": _ops.build_info(),
-        "git": commit,
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_before": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
-def print_table(result: BenchResult) -> None:
-    header = (
-        f"{'set':<12} {'method':<18} {'ms (median)':>12} {'ms (min)':>9} {'GB/s':>8} "
-        f"{'x roofline':>11} {'speedup vs py':>14}"
-    )
-    print(header)
-    print("-" * len(header))
-    for m in result.measurements:
-        print(
-            f"{m.set_name:<12} {m.method:<18} {m.median_ms:>12.3f} {m.min_ms:>9.3f} {m.gb_per_s:>8.2f} "
-            f"{m.x_roofline:>11.2f} {m.speedup_vs_python:>14.1f}"
-        )
+def print_results(result: BenchResult) -> None:
+    headers = ["set", "method", "ms (median)", "ms (min)", "GB/s", "x roofline", "speedup vs py"]
+    rows = [
+        [m.set_name, m.method, f"{m.median_ms:.3f}", f"{m.min_ms:.3f}", f"{m.gb_per_s:.2f}", f"{m.x_roofline:.2f}"]
+        + [f"{m.speedup_vs_python:.1f}"]
+        for m in result.measurements
+    ]
+    print_table(headers, rows)
     if result.launches:
         print()
-        print(f"{'set':<12} {'method':<18} {'tensors':>8} {'kernels':>8} {'memcpy':>7} {'memset':>7}")
-        for c in result.launches:
-            print(f"{c.set_name:<12} {c.method:<18} {c.tensors:>8} {c.kernels:>8} {c.memcpy:>7} {c.memset:>7}")
-
-
-def print_checks(checks: Sequence[TargetCheck]) -> None:
-    for c in checks:
-        print(f"{'PASS' if c.passed else 'MISS'}  {c.name}: {c.detail}")
+        rows = [[c.set_name, c.method, c.tensors, c.kernels, c.memcpy, c.memset] for c in result.launches]
+        print_table(["set", "method", "tensors", "kernels", "memcpy", "memset"], rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
@@ -464,12 +350,8 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
-    if config.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+    if not has_cuda_or_says_why(config.device):
         return 2
-    if not _ops.has_kernel(config.device):
-        # The op would fall back to the reference; say so rather than publish its timings as the kernel's.
-        print(f"warning: amp_inspect has no compiled {config.device} kernel; 'fused' rows time the reference")
     torch.manual_seed(SEED)
 
     result = BenchResult(machine_info(config.device), {k: str(v) for k, v in asdict(config).items()})
@@ -477,24 +359,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure_set(grad_set, config, result)
     result.targets = check_targets(config.device, result)
     # Load during the run, beside the load before it: high values mean the timings shared the CPUs.
-    result.machine["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    result.machine["load_average_after"] = load_average()
 
     print()
-    print_table(result)
+    print_results(result)
     print()
     print_checks(result.agreement + result.targets)
     if config.out_dir is not None:
         write_result(result, config.out_dir, f"tensor_stats_{config.device}", config.quick)
     return 0
-
-
-def write_result(result: object, out_dir: Path, stem: str, quick: bool) -> Path:
-    """Writes a result dataclass as JSON to out_dir/<stem>[_quick].json and says where."""
-    path = out_dir / f"{stem}{'_quick' if quick else ''}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(result), indent=2) + "\n")
-    print(f"\nwrote {path}")
-    return path
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ same under CUDA graph capture (one launch per group of tensors). Prints one line
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
@@ -23,7 +25,10 @@ def tensors(count: int = 6) -> list[torch.Tensor]:
     return out
 
 
-def main() -> None:
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("error: sanitize_small.py calls the CUDA kernels, and torch sees no CUDA GPU here")
+        return 2
     import amp_inspect  # noqa: F401  (loads the ops)
 
     ops = torch.ops.amp_inspect
@@ -49,7 +54,8 @@ def main() -> None:
     print("40 tensors under graph capture: inline launches, replayed")
     torch.cuda.synchronize()
     print("ok")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 MODES = ("plain", "scaled", "unscale")
@@ -59,12 +60,18 @@ def loops(function_sass: str) -> set[tuple[int, int, int, int]]:
     return found
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("object", help="a cubin-holding object or library (e.g. the nvcc output of the .cu)")
     parser.add_argument("--cuobjdump", default=default_cuobjdump())
     args = parser.parse_args()
-    sass = subprocess.run([args.cuobjdump, "-sass", args.object], capture_output=True, text=True, check=True).stdout
+    try:
+        done = subprocess.run([args.cuobjdump, "-sass", args.object], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        said = getattr(error, "stderr", None) or error
+        print(f"error: {args.cuobjdump} -sass {args.object} failed: {str(said).strip()}")
+        return 2
+    sass = done.stdout
     for function in re.split(r"\n\s*Function : ", sass)[1:]:
         name = function.split("\n", 1)[0].strip()
         variant = re.search(r"stats_kernelILi(\d)ELi(\d)E", name)
@@ -76,7 +83,8 @@ def main() -> None:
                 f"{mode:8} formats={formats} loads={loads} elements={elements:2}: "
                 f"static {static / elements:5.1f}/element, common path {common / elements:5.1f}/element"
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
