@@ -9,7 +9,8 @@ import warnings
 
 import torch
 
-from .reference import FIXED_COUNT_COLUMNS, HIST_BINS, tensor_stats_reference
+from .formats import HIST_BINS
+from .reference import FIXED_COUNT_COLUMNS, tensor_stats_reference
 
 OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"

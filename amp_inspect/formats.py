@@ -23,6 +23,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+# The exponent histogram every statistic carries: one bin per value of a float32's exponent field,
+# (bits >> 23) & 0xFF, so bin 127 holds [1, 2), bin 0 zeros and float32 subnormals, bin 255 Inf and NaN.
+HIST_BINS = 256
+EXPONENT_BIAS = 127
+ZERO_BIN = 0
+NONFINITE_BIN = HIST_BINS - 1
+
 
 @dataclass(frozen=True)
 class FormatBounds:

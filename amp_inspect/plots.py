@@ -28,14 +28,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
-from .runlog import HIST_BINS
+from .formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN, ZERO_BIN
 from .scale_policy import HEADROOM, MARGIN, NO_DATA, NONFINITE_NOT_FROM_SCALE, OVERFLOW, START
 from .scale_timeline import POLICY_TORCH, REASON_WORDS
 from .series import (
-    EXPONENT_BIAS,
     MEMORY_KEYS,
-    NONFINITE_BIN,
-    ZERO_BIN,
     Bands,
     RunSeries,
     scale_shift,

@@ -11,9 +11,8 @@ import struct
 
 import torch
 
-from .formats import FORMAT_BOUNDS
+from .formats import FORMAT_BOUNDS, HIST_BINS
 
-HIST_BINS = 256
 FIXED_COUNT_COLUMNS = 5  # numel, nan, posinf, neginf, zero
 
 _ABS32 = 0x7FFFFFFF

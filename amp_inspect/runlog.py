@@ -64,8 +64,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .formats import HIST_BINS
+
 SCHEMA_VERSION = 1
-HIST_BINS = 256  # the float32 exponent field: one bin per value of (bits >> 23) & 0xFF
 
 # Fields whose values are floats and may be non-finite; read_log decodes "nan"/"inf"/"-inf" under these keys
 # and inside the per-module records of "modules". amin_nonzero is +inf by definition when nothing is nonzero.

@@ -25,16 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from .formats import FORMAT_BOUNDS, float32_from_bits
-from .runlog import HIST_BINS, dense_hist
+from .formats import FORMAT_BOUNDS, NONFINITE_BIN, float32_from_bits
+from .runlog import dense_hist
 from .scale_policy import ScaleDecision
 from .scale_timeline import ScaleChange, decision_from_record, policy_of, scale_changes
 
-EXPONENT_BIAS = 127  # float32: bin 127 is [1, 2)
 FLOAT32_LIMIT = 2.0**128  # above float32's largest finite value
 HARDWARE_LIMIT = 2.0**62  # bytes, percent, degrees: no machine reports more (matplotlib's ticks fail near 1e308)
-ZERO_BIN = 0  # zeros and float32 subnormals
-NONFINITE_BIN = HIST_BINS - 1  # Inf and NaN
 DEFAULT_FORMAT = "fp16"
 MAX_ANNOTATED_SKIPS = 8
 # The "hardware" fields a series keeps (amp_inspect/hardware.py writes them): memory, then GPU readings.

@@ -32,15 +32,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN
+
 if TYPE_CHECKING:
     from ..inspector import Inspector
     from ..report import StepReport
 
 PREFIX = "amp_inspect/"
 ALL_MODULES = "(all)"  # the histogram of all modules together
-EXPONENT_BIAS = 127
-NONFINITE_BIN = 255
-HIST_BINS = 256
 
 
 def require(module: str, extra: str, integration: str, package: str | None = None) -> ModuleType:
