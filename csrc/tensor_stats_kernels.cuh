@@ -4,6 +4,9 @@
 //   - the host C++ compiler, through tensor_stats_emu.cpp with cuda_emu.h in front: the same source run on the
 //     CPU, each CUDA thread of a block a real host thread (tests only; see tests/test_cuda_emu.py).
 // Nothing in this file may depend on which of the two compiles it, beyond what cuda_emu.h defines.
+// Why one file of about 700 lines: the kernels and the launch sequence that sizes their grid, zeroes their
+// workspace and orders their launches must be compiled together by both compilers, or the emulation would
+// test a launch sequence the GPU never runs.
 //
 // Work layout. The call's tensors are cut into chunks of `chunk_elems` elements (never crossing a tensor) and
 // each block takes one contiguous run of chunks. A block walks its run tensor by tensor: every thread counts

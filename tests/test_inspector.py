@@ -2,6 +2,9 @@
 
 Oracles: torch's own gradient norm and clipping, GradScaler's own skip decision, numpy's float16 cast of the
 actual gradients, and the module that owns each parameter as ``named_parameters`` spells it.
+
+Over 600 lines on purpose: every behaviour of check() on one plain GradScaler loop, sharing its helpers; the
+scaler, activation, integration and distributed variants have files of their own.
 """
 
 from __future__ import annotations
