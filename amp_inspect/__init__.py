@@ -16,10 +16,11 @@ The names below are imported on first use, so ``import amp_inspect.runlog`` (and
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from ._lazy import lazy_names
 
 if TYPE_CHECKING:
     from .ddp import ddp_comm_hook
@@ -77,17 +78,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
 
 
 class _Package(types.ModuleType):

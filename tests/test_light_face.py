@@ -8,6 +8,7 @@ even inside a ``try: import torch / except ImportError``), and which also report
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 POISON = "raise RuntimeError('torch was imported')\n"
 # The modules that read, summarise and draw a run log: none may import torch.
 TORCH_FREE = (
+    "amp_inspect._lazy",
     "amp_inspect.attribution",
     "amp_inspect.console",
     "amp_inspect.formats",
@@ -153,6 +155,16 @@ def test_face_names_are_the_modules_objects() -> None:
     assert len(dir(amp_inspect)) == len(set(dir(amp_inspect)))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         amp_inspect.nope  # noqa: B018
+
+
+def test_integrations_names_are_listed_once_after_use() -> None:
+    import amp_inspect.integrations as integrations
+
+    assert integrations.WandbLogger is importlib.import_module("amp_inspect.integrations.wandb").WandbLogger
+    assert set(integrations.__all__) <= set(dir(integrations))
+    assert len(dir(integrations)) == len(set(dir(integrations)))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        integrations.nope  # noqa: B018
 
 
 def test_doctor_stays_the_function_after_its_module_is_imported(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ package raises an ImportError that names the extra to install. Usage::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from .hf import AmpInspectTrainerCallback
@@ -34,14 +35,4 @@ _MODULE_OF = {
 __all__ = ["AmpInspectCallback", "AmpInspectTrainerCallback", "TensorBoardLogger", "WandbLogger"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
