@@ -55,14 +55,23 @@ This module imports neither torch nor the rest of the package, so reading a log 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
+import stat
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one writer per file is then the user's to keep
+    fcntl = None  # type: ignore[assignment]
 
 from .formats import HIST_BINS
 
@@ -78,7 +87,11 @@ _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last
 # Every line RunLog writes starts with these bytes (json.dumps keeps "schema" first, compact separators): how an
 # existing file is recognised as a run log before anything is appended to it or cut from it.
 _LINE_START = b'{"schema":'
-_HEAD_BYTES = 4096  # bytes read from the start of an existing file to recognise it
+# Every line RunLog writes names the writer right after the version (json.dumps keeps insertion order):
+# {"schema":1,"log":"amp_inspect",... A file is ours when its first line starts so (also when torn).
+WRITER_NAME = "amp_inspect"
+_NAMED_START = re.compile(rb'\{"schema":([0-9]{1,9}),"log":"' + WRITER_NAME.encode() + rb'"[,}]')
+_MAX_FIRST_LINE = 1 << 26  # bytes read at most to find an existing file's first line (records are far smaller)
 _MAX_INT = 2**63  # counts and steps are int64 wherever they are used (numpy, torch)
 _MAX_STEP = 2**53  # steps are exact in float64 (plots, JSON readers in other languages)
 _MAX_HEADROOM = 1024  # doublings or halvings: beyond float64's exponent range a headroom means nothing
@@ -255,80 +268,183 @@ def _recover_glued(raw: bytes) -> dict[str, Any] | None:
         return None
 
 
-def is_run_log(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a file whose first non-blank line starts as RunLog starts every line (also when torn)."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        return False
+def _first_line(path: Path) -> tuple[bytes, bool]:
+    """The first non-blank line of ``path`` (without its newline) and whether it is whole (a newline follows);
+    at most ``_MAX_FIRST_LINE`` bytes are read."""
     with open(path, "rb") as f:
-        head = f.read(_HEAD_BYTES)
-    return head.lstrip().startswith(_LINE_START)
+        head = b""
+        while len(head) < _MAX_FIRST_LINE:
+            chunk = f.read(_TAIL_SCAN_CHUNK)
+            if not chunk:
+                break
+            head += chunk
+            stripped = head.lstrip()
+            if b"\n" in stripped:
+                break
+    stripped = head.lstrip()
+    line, newline, _ = stripped.partition(b"\n")
+    return line, bool(newline)
+
+
+def _named_version(line: bytes) -> int | None:
+    """The schema version of a line that names this writer (``{"schema":N,"log":"amp_inspect",``), or None."""
+    match = _NAMED_START.match(line)
+    return int(match.group(1)) if match else None
+
+
+def _our_start() -> bytes:
+    return b'{"schema":%d,"log":"%s",' % (SCHEMA_VERSION, WRITER_NAME.encode())
+
+
+def _is_legacy_record(line: bytes) -> bool:
+    """Whether ``line`` is a whole, valid record of schema 1 written before lines carried the writer's name."""
+    try:
+        record = _read_record(line)
+    except ValueError:
+        return False
+    schema = record.get("schema")
+    return type(schema) is int and schema == 1
+
+
+def _recognise(path: Path) -> str:
+    """ "ours", "blank", "newer" (our name, a newer schema) or "foreign", from the first non-blank line."""
+    line, whole = _first_line(path)
+    if not line.strip():
+        return "blank"
+    version = _named_version(line)
+    if version is None and not whole and _our_start().startswith(line):
+        return "ours"  # our first line caught mid-write, before it even names the writer
+    if version is not None:
+        return "ours" if 1 <= version <= SCHEMA_VERSION else "newer"
+    return "ours" if whole and _is_legacy_record(line) else "foreign"
+
+
+def is_run_log(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file whose first non-blank line is one of this writer's: it starts with
+    the writer's name and schema version (``{"schema":1,"log":"amp_inspect",``, also when torn), or it is a
+    whole valid record of schema 1 (the logs written before lines carried the name). Never opens anything but
+    a regular file (a FIFO would block)."""
+    path = Path(path).expanduser()
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        return _recognise(path) in ("ours", "newer")
+    except OSError:
+        return False
+
+
+def _refuse_unusable(path: Path) -> None:
+    """ValueError unless ``path`` is absent or a regular file whose parent is a folder: a directory, a FIFO (whose
+    reading blocks), a device or a socket is refused before anything opens it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise ValueError(f"log={str(path)!r}: a part of its parent path is a file, not a folder") from None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"log={str(path)!r} is a directory; give a file path such as {str(path / 'run.jsonl')!r}")
+    if not stat.S_ISREG(mode):
+        raise ValueError(
+            f"log={str(path)!r} is not a regular file (a FIFO, device or socket); give a file path, or log=None "
+            "for no log"
+        )
 
 
 def _refuse_foreign(path: Path) -> None:
-    """ValueError unless ``path`` is absent, empty (blank) or recognisably a run log: never write to another
-    file (a checkpoint, a text file) that ``log=`` was pointed at by mistake."""
+    """ValueError unless ``path`` is absent, blank or recognisably a run log of this schema: never write to
+    another file (a checkpoint, a text file, another tool's JSONL) that ``log=`` was pointed at by mistake."""
+    _refuse_unusable(path)
     if not path.exists():
         return
-    if path.is_dir():
-        raise ValueError(f"log={str(path)!r} is a directory; give a file path such as {str(path / 'run.jsonl')!r}")
-    if is_run_log(path):
-        return
-    with open(path, "rb") as f:
-        blank = not f.read(_HEAD_BYTES).strip() and f.read(1) == b""
-    if not blank:
+    kind = _recognise(path)
+    if kind == "newer":
+        raise ValueError(
+            f"log={str(path)!r} is a run log of a newer amp_inspect (schema above {SCHEMA_VERSION}); refusing to "
+            "append older records to it. Give a new file name."
+        )
+    if kind == "foreign":
         raise ValueError(
             f"log={str(path)!r} exists and is not an amp_inspect run log (its first line is not a run-log "
             "record); refusing to write to it. Give a new file name, or an earlier run log to append to."
         )
 
 
-def _tail_start(path: Path) -> int:
-    """Offset just past the last newline of the file (0 when it has none): where a torn tail would start."""
-    with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        pos = end
-        while pos > 0:
-            step = min(_TAIL_SCAN_CHUNK, pos)
-            pos -= step
-            f.seek(pos)
-            newline = f.read(step).rfind(b"\n")
-            if newline >= 0:
-                return pos + newline + 1
-        return 0
+def _tail_start(f: BinaryIO) -> int:
+    """Offset just past the last newline of the open file (0 when it has none): where a torn tail would start."""
+    end = f.seek(0, os.SEEK_END)
+    pos = end
+    while pos > 0:
+        step = min(_TAIL_SCAN_CHUNK, pos)
+        pos -= step
+        f.seek(pos)
+        newline = f.read(step).rfind(b"\n")
+        if newline >= 0:
+            return pos + newline + 1
+    return 0
 
 
-def _repair_tail(path: Path) -> None:
-    """Make an existing log end on a line boundary, so appended records do not glue onto a torn line.
+def _repair_tail(f: BinaryIO, path: Path, *, may_cut: bool) -> bool:
+    """Make an open log end on a line boundary, so appended records do not glue onto a torn line.
 
     A tail that is a whole record missing only its newline gets the newline; a torn record is cut off (it holds
-    nothing ``read_log`` would return) with a RuntimeWarning saying how many bytes went.
+    nothing ``read_log`` would return) with a RuntimeWarning saying how many bytes went, but only when
+    ``may_cut`` (this writer holds the file's lock, so the tail is no other writer's line in progress).
+    Returns whether the tail was left torn (the next line must then start with a newline).
     """
-    if not path.exists():
-        return
-    start = _tail_start(path)
-    size = path.stat().st_size
+    start = _tail_start(f)
+    size = f.seek(0, os.SEEK_END)
     if start == size:
-        return
-    with open(path, "rb") as f:
-        f.seek(start)
-        tail = f.read()
-    if not tail.strip():  # blank tail: nothing to cut, only the line to end
-        with open(path, "ab") as f:
-            f.write(b"\n")
-        return
+        return False
+    f.seek(start)
+    tail = f.read()
+    if tail.strip():
+        try:
+            _parse_line(tail)
+        except ValueError:
+            if not may_cut:
+                return True
+            os.ftruncate(f.fileno(), start)
+            warnings.warn(
+                f"{path}: removed a torn last line ({size - start} bytes, a run killed mid-write?) before appending",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return False
+    f.write(b"\n")  # a whole record (or blank) missing only its newline
+    return False
+
+
+class LogInUseError(RuntimeError):
+    """Another RunLog (in this process or another) is writing the file: one writer per file."""
+
+
+# The RunLogs of this process that hold their file's lock, by (device, inode): names the writer in the refusal.
+_OPEN_HERE: dict[tuple[int, int], weakref.ref[RunLog]] = {}
+
+
+def _lock(fd: int, path: Path, key: tuple[int, int]) -> bool:
+    """Take the file's exclusive advisory lock without waiting: True when held, False where the file system
+    has no locks (then nothing is cut); LogInUseError when another writer holds it."""
+    if fcntl is None:
+        return False
     try:
-        _parse_line(tail)
-    except ValueError:
-        os.truncate(path, start)
-        warnings.warn(
-            f"{path}: removed a torn last line ({size - start} bytes, a run killed mid-write?) before appending",
-            RuntimeWarning,
-            stacklevel=3,
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        here = _OPEN_HERE.get(key)
+        who = (
+            "another RunLog in this process (an inspector attached with the same log= and not detached?)"
+            if here is not None and here() is not None
+            else "another process (a second job started with the same log=?)"
         )
-        return
-    with open(path, "ab") as f:
-        f.write(b"\n")
+        raise LogInUseError(
+            f"log={str(path)!r} is being written by {who}; one writer per file: give each run its own log= path"
+        ) from None
+    except OSError as err:
+        if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    return True
 
 
 class RunLog:
@@ -350,12 +466,40 @@ class RunLog:
         self.path = Path(path).expanduser()  # "~/runs/x.jsonl" is the home folder's, never a folder named "~"
         self.hist_every = hist_every
         self.fsync = fsync
-        _refuse_foreign(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _repair_tail(self.path)
-        self._torn = False  # the last write failed part-way: the next line starts with a newline
-        # Unbuffered: FileIO.write is one write(2), and O_APPEND puts each line at the end as a whole.
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+        self._warned_gone = False
+        _refuse_foreign(self.path)  # read-only: a foreign file is refused before it is opened for writing
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ValueError(f"log={str(path)!r}: a part of its parent path is a file, not a folder") from None
+        # O_NONBLOCK: a FIFO swapped in after the check above fails to open instead of blocking; a regular file
+        # ignores it. Read-write so the tail can be checked and repaired through the same locked descriptor.
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"log={str(path)!r} is not a regular file; give a file path, or log=None for no log")
+            self._key = (info.st_dev, info.st_ino)
+            self.locked = _lock(fd, self.path, self._key)
+            # Unbuffered: FileIO.write is one write(2), and O_APPEND puts each line at the end as a whole.
+            self._file = open(fd, "r+b", buffering=0, closefd=True)  # noqa: SIM115 (closed by close())
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            _refuse_foreign(self.path)  # again under the lock: another writer's first line may have landed
+            self._torn = _repair_tail(self._file, self.path, may_cut=self.locked)
+        except BaseException:
+            self._file.close()
+            raise
+        if self.locked:
+            _OPEN_HERE[self._key] = weakref.ref(self)
+        else:
+            warnings.warn(
+                f"{self.path}: this file system has no file locks; make sure no other run writes this log",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     @property
     def closed(self) -> bool:
@@ -369,7 +513,12 @@ class RunLog:
         """Append ``record`` as one line, with ``"schema"`` and ``"time"`` added when absent. Does not modify it."""
         if self.closed:
             raise ValueError(f"write to a closed RunLog ({self.path})")
-        line = _dumps({"schema": SCHEMA_VERSION, "time": time.time(), **record})
+        if "log" in record:
+            raise ValueError(f"\"log\" is the run log's own field (the writer's name, {WRITER_NAME!r})")
+        head = {"schema": record.get("schema", SCHEMA_VERSION), "log": WRITER_NAME, "time": record.get("time")}
+        if head["time"] is None:
+            head["time"] = time.time()
+        line = _dumps({**head, **{k: v for k, v in record.items() if k not in head}})
         if self._torn:
             line = b"\n" + line
         self._torn = True  # until the whole line is written
@@ -378,6 +527,26 @@ class RunLog:
         self._file.flush()  # a no-op for unbuffered files; kept so a buffered file would still be flushed
         if self.fsync:
             os.fsync(self._file.fileno())
+        self._check_still_there()
+
+    def _check_still_there(self) -> None:
+        """Warn once when the path no longer names the file being written (deleted or replaced mid-run): the
+        records go on into the unlinked file and are lost. One stat call per record."""
+        if self._warned_gone:
+            return
+        try:
+            info = os.stat(self.path)
+            here = (info.st_dev, info.st_ino) == self._key
+        except OSError:
+            here = False
+        if not here:
+            self._warned_gone = True
+            warnings.warn(
+                f"amp_inspect: the run log {self.path} was deleted or replaced while this run was writing it; this "
+                "record and the later ones are not in any file at that path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _write_all(self, line: bytes) -> None:
         view = memoryview(line)
@@ -386,7 +555,10 @@ class RunLog:
             view = view[written:]
 
     def close(self) -> None:
-        """Close the file; closing twice is harmless."""
+        """Close the file (which releases its lock); closing twice is harmless."""
+        entry = _OPEN_HERE.get(self._key)
+        if not self._file.closed and entry is not None and entry() in (self, None):
+            del _OPEN_HERE[self._key]
         self._file.close()
 
     def __enter__(self) -> RunLog:
@@ -448,6 +620,8 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             bad.append((number, _GLUED if record is not None else str(err)[:120]))
             if record is None:
                 continue
+        if record.get("log") == WRITER_NAME:
+            del record["log"]  # the file format's marker, not a field of the step
         schema = record.get("schema")
         if isinstance(schema, int) and schema > newest:
             newest = schema
