@@ -43,6 +43,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .formats import check_formats
 from .naming import module_names
+from .printable import shown_name
 from .stats import SUPPORTED_DTYPES, TensorStats, tensor_stats
 
 FORWARD_OUTPUT = "forward output"
@@ -69,9 +70,9 @@ class ActivationFinding:
 
     def __str__(self) -> str:
         if self.problem == NONFINITE:
-            text = f"{self.module}: {self.direction} went non-finite ({self.nonfinite} NaN/Inf)"
+            text = f"{shown_name(self.module)}: {self.direction} went non-finite ({self.nonfinite} NaN/Inf)"
         else:
-            text = f"{self.module}: {self.direction} {self.problem}, amax {self.amax:.1e}"
+            text = f"{shown_name(self.module)}: {self.direction} {self.problem}, amax {self.amax:.1e}"
         return text if self.step is None else f"{text}, step {self.step}"
 
 
@@ -208,6 +209,12 @@ class ActivationWatcher:
         nothing. Records are kept."""
         self._closed = True
         self.disarm()
+
+    def close_when_dropped(self, owner: object) -> None:
+        """Closes this watcher (its hooks leave the model) once ``owner`` is garbage-collected: an Inspector
+        dropped without ``detach()`` leaves no hooks behind. The hooks reference this watcher, never the owner,
+        so they do not keep it alive."""
+        weakref.finalize(owner, self.close).atexit = False  # at exit the model goes too: nothing to remove
 
     def disarm(self) -> None:
         """Removes every forward hook and every output-gradient hook not yet run; records are kept."""

@@ -18,12 +18,20 @@ ORIGIN_HEADINGS = {
 }
 
 
+def count(module: dict[str, Any], key: str) -> int:
+    """A module record's count ``key``, 0 when the record lacks it (a hand-made or foreign log: the log reader
+    checks the types of the fields present, not that every field is there)."""
+    value = module.get(key, 0)
+    return value if isinstance(value, int) else 0
+
+
 def modules_in_trouble(modules: dict[str, dict[str, Any]]) -> list[str]:
     """Module names with NaN/Inf, overflow, underflow or subnormal gradients (first format), worst first:
     by NaN/Inf count, then overflow, underflow, subnormal."""
 
     def trouble(name: str) -> tuple[int, ...]:
         m = modules[name]
-        return (m["nan"] + m["posinf"] + m["neginf"], m["overflow"], m["underflow"], m["subnormal"])
+        bad = count(m, "nan") + count(m, "posinf") + count(m, "neginf")
+        return (bad, count(m, "overflow"), count(m, "underflow"), count(m, "subnormal"))
 
     return sorted((n for n in modules if any(trouble(n))), key=lambda n: tuple(-x for x in trouble(n)))

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .printable import shown_name
+
 if TYPE_CHECKING:
     from .findings import Finding
 
@@ -48,7 +50,8 @@ def _one_line_warnings(command: str) -> Iterator[None]:
             yield
         finally:
             for w in caught:
-                print(f"amp-inspect {command}: warning: {' '.join(str(w.message).split())}", file=sys.stderr)
+                text = shown_name(" ".join(str(w.message).split()), limit=None)
+                print(f"amp-inspect {command}: warning: {text}", file=sys.stderr)
 
 
 def _file_command(command: str, path_of: Callable[[argparse.Namespace], Path | None]):
@@ -61,7 +64,8 @@ def _file_command(command: str, path_of: Callable[[argparse.Namespace], Path | N
                 try:
                     return func(args)
                 except (OSError, ValueError) as error:  # UnicodeError, json's errors and ours are ValueErrors
-                    print(f"amp-inspect {command}: {_error_text(error, path_of(args))}", file=sys.stderr)
+                    text = shown_name(_error_text(error, path_of(args)), limit=None)
+                    print(f"amp-inspect {command}: {text}", file=sys.stderr)
                     return 2
 
         return run

@@ -3,7 +3,8 @@ rich is installed (``pip install amp_inspect[report]``), plain fixed-width text 
 reads host values, so call it when you want to look, not every step.
 
 Names come from users' models and logs, so nothing here is rich markup: every title and cell is a literal
-``Text`` (a module called ``[/bold]`` or ``[red]x[/red]`` prints as it is named)."""
+``Text`` (a module called ``[/bold]`` or ``[red]x[/red]`` prints as it is named), and every cell goes through
+``printable.shown_name`` (terminal escapes, newlines and bidi overrides print escaped, huge names cut)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from .attribution import modules_in_trouble
+from .attribution import count, modules_in_trouble
 from .history import Summary
+from .printable import shown_name
 from .scale_timeline import scale_text, shown_changes
 from .table import fixed_width
 
@@ -38,7 +40,7 @@ def _fmt(x: Any) -> str:
 
 
 def _plain_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    return "\n".join([title, *fixed_width(headers, [[_fmt(c) for c in r] for r in rows])])
+    return "\n".join([title, *fixed_width(headers, [[shown_name(_fmt(c)) for c in r] for r in rows])])
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -50,7 +52,7 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
     for i, h in enumerate(headers):
         table.add_column(Text(h), justify="left" if i == 0 else "right", overflow="fold")
     for r in rows:
-        table.add_row(*(Text(_fmt(c)) for c in r))
+        table.add_row(*(Text(shown_name(_fmt(c))) for c in r))
     Console(width=shutil.get_terminal_size((120, 40)).columns).print(table)
 
 
@@ -59,10 +61,12 @@ def module_rows(modules: dict[str, dict[str, Any]], limit: int = MAX_MODULE_ROWS
     rows = []
     for name in modules_in_trouble(modules)[:limit]:
         m = modules[name]
-        numel = max(m["numel"], 1)
+        numel = max(count(m, "numel"), 1)
+        share = {k: f"{count(m, k) / numel:.2%}" for k in ("underflow", "subnormal", "zero")}
+        bad = count(m, "nan") + count(m, "posinf") + count(m, "neginf")
         rows.append(
-            [name, m["nan"] + m["posinf"] + m["neginf"], m["overflow"], f"{m['underflow'] / numel:.2%}"]
-            + [f"{m['subnormal'] / numel:.2%}", f"{m['zero'] / numel:.2%}", float(m["amax"]), float(m["grad_norm"])]
+            [name, bad, count(m, "overflow"), share["underflow"], share["subnormal"], share["zero"]]
+            + [float(m.get("amax", math.nan)), float(m.get("grad_norm", math.nan))]
         )
     return rows
 

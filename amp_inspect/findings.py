@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .printable import shown_name
+
 if TYPE_CHECKING:
     from .setup_checks import Setup
 
@@ -115,7 +117,7 @@ def environment_check(fn: Callable[[], Iterable[Finding]]) -> Callable[[], Itera
 
 def listing(names: Sequence[str], limit: int = MAX_LISTED) -> str:
     """The first ``limit`` names, then "and N more"."""
-    shown = ", ".join(names[:limit])
+    shown = ", ".join(shown_name(n) for n in names[:limit])
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS
 from .headroom import Headroom
+from .printable import shown_name
 from .scale_policy import MARGIN, NONFINITE_NOT_FROM_SCALE, SKIP_OVERFLOW, ScaleDecision
 from .scale_timeline import (
     POLICY_HEADROOM,
@@ -138,7 +139,7 @@ class Summary:
             lines[-1] += f"; policy {self.policy!r}: {len(self.decisions)} decisions changed the scale or skipped"
             lines[-1] += f" ({counts})" if counts else ""
         if self.offenders:
-            top = ", ".join(f"{m} ({n})" for m, n in self.offenders.most_common(5))
+            top = ", ".join(f"{shown_name(m)} ({n})" for m, n in self.offenders.most_common(5))
             lines.append(f"modules behind skipped steps: {top}")
         if self.ranks:
             lines.append(f"{self.ranks_heading}: " + ", ".join(f"{r} ({n})" for r, n in self.ranks.most_common(8)))
@@ -189,7 +190,7 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
     if not ((last.scale is not None and last.scale < 1.0) or run >= collapse_skips):
         return None
     culprits = Counter(m for r in history[len(history) - max(run, 1) :] for m in r.offenders)
-    named = ", ".join(m for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
+    named = ", ".join(shown_name(m) for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
     scale = "none" if last.scale is None else f"{last.scale:g}"
     if run == 0:
         return f"loss scale collapse at step {last.step}: scale {scale} is below 1"
@@ -219,7 +220,7 @@ def summarize(
     summary.poisoned = len(poisoned)
     if poisoned:
         summary.poisoned_offenders = where = Counter(m for r in poisoned for m in r.offenders)
-        named = ", ".join(m for m, _ in where.most_common(3)) or "no module named"
+        named = ", ".join(shown_name(m) for m, _ in where.most_common(3)) or "no module named"
         summary.advice.append(
             f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients ({named}) and no enabled "
             "GradScaler to skip them: the optimizer applied them, so the weights may be NaN from there on. bf16 needs "
@@ -230,7 +231,8 @@ def summarize(
     warning = collapse_warning(history, collapse_skips)
     run, _ = longest_skip_run(history)
     if warning is None and run >= collapse_skips:
-        warning = f"{run} skipped steps in a row earlier in the run (offenders: {', '.join(offenders) or 'none'})"
+        named = ", ".join(map(shown_name, offenders)) or "none"
+        warning = f"{run} skipped steps in a row earlier in the run (offenders: {named})"
     if warning:
         summary.warnings.append(warning)
 
@@ -316,7 +318,7 @@ def _headroom_policy_advice(history: list[StepRecord], decisions: list[ScaleChan
     innocent = [c for c in decisions if c.decision.reason == NONFINITE_NOT_FROM_SCALE]
     if innocent:
         where = Counter(m for c in innocent for m in c.decision.offenders)
-        named = ", ".join(m for m, _ in where.most_common(3)) or "no module named"
+        named = ", ".join(shown_name(m) for m, _ in where.most_common(3)) or "no module named"
         advice.append(
             f"{len(innocent)} skipped steps (first: step {innocent[0].step}) held NaN/Inf that the loss scale did not "
             f"cause ({named}): the headroom policy skipped them without collapsing the scale. No scaler setting "

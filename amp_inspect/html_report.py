@@ -337,7 +337,7 @@ def check_outputs(log_path: str | os.PathLike[str], targets: Sequence[Path], *, 
         names += f" and {len(existing) - 3} more" if len(existing) > 3 else ""
         raise FileExistsError(
             f"{names} already exist{'s' if len(existing) == 1 else ''}; overwrite with --force (force=True), "
-            "or write elsewhere with -o NEW.html"
+            f"or write into another folder with -o OTHER_FOLDER/{targets[0].name} (the figures go beside the page)"
         )
 
 
@@ -355,8 +355,8 @@ def write_report(
     overwritten (ValueError), so ``-o run.jsonl`` cannot destroy the run. Both are checked before writing."""
     log_path, out_html = Path(log_path), Path(out_html)
     targets = output_paths(out_html, png_dir)
+    records = read_log(log_path)  # first: a missing or unreadable log is the error to report, not the outputs
     check_outputs(log_path, targets, force=force)
-    records = read_log(log_path)
     series = RunSeries.from_records(records)
     summary, error = _summary(records)
     out_html.parent.mkdir(parents=True, exist_ok=True)

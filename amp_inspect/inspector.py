@@ -37,8 +37,9 @@ from .distributed import Combiners, global_ranks, is_distributed, local_shards, 
 from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches
 from .history import StepRecord, Summary, collapse_warning, summarize
-from .naming import ParamEntry, grads_of, module_names, param_entries
+from .naming import ParamEntry, grads_of, module_names, param_entries, parameter_layout
 from .options import AttachOptions, takes_attach_options
+from .printable import shown_name
 from .report import BEFORE_ALLREDUCE, SHARDS, StepReport
 from .runlog import RunLog
 from .scaler import InspectingGradScaler
@@ -102,7 +103,7 @@ class Inspector:
         self._module_of_param = {id(e.param): e.module for e in self.entries}
         # Parameters added or removed after attach are noticed at check() (FSDP2 swaps its parameters itself).
         self._watch_params = not has_fsdp2_modules(model)
-        self._param_ids = tuple(map(id, model.parameters())) if self._watch_params else ()
+        self._param_ids = parameter_layout(model) if self._watch_params else ()
         self._check_lock = threading.Lock()  # check() from a second thread at once is refused
         self._check_thread: threading.Thread | None = None  # the thread that calls check() (its first caller)
         self._collect_lock = threading.RLock()  # history read from another thread while check() collects
@@ -129,6 +130,8 @@ class Inspector:
         log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
         self._log = RunLog(log_path, hist_every=opts.hist_every) if log_path is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
+        if self._watcher is not None:
+            self._watcher.close_when_dropped(self)  # dropped without detach(): its hooks leave the model
         self._armed_until = -1
         self._findings: dict[int, str] = {}  # activation findings of steps that had no report yet
         self.scaler: torch.amp.GradScaler | None = None
@@ -299,11 +302,12 @@ class Inspector:
         return report
 
     def _refresh_params(self) -> None:
-        """Notices parameters added to or removed from the model since attach (one pass over
-        ``model.parameters()``, no device work) and inspects the current set from now on, with a warning."""
+        """Notices parameters added to or removed from the model since attach, with a warning, and modules
+        wrapped or moved in place (the same parameters under new names), silently (one pass over
+        ``model.named_parameters()``, no device work); inspects the current set, by its current names, from now on."""
         if not self._watch_params:
             return
-        ids = tuple(map(id, self.model.parameters()))
+        ids = parameter_layout(self.model)
         if ids == self._param_ids:
             return
         old = {id(e.param): e.name for e in self.entries}
@@ -321,7 +325,7 @@ class Inspector:
                 self._arm_watcher()
         if added or removed:
             parts = [
-                f"{label} {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+                f"{label} {', '.join(map(shown_name, names[:10]))}{' ...' if len(names) > 10 else ''}"
                 for label, names in (("added", added), ("removed", removed))
                 if names
             ]

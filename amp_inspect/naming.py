@@ -27,6 +27,13 @@ _DATA_PARALLEL_TYPES = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 _PEFT_WRAPPER_COMPONENTS = frozenset({"base_model", "model", "base_layer", "original_module"})
 
 
+def parameter_layout(model: nn.Module) -> tuple[tuple[str, int], ...]:
+    """Each parameter's raw qualified name and identity, in order: changes when a parameter is added or removed
+    and when a module is wrapped or moved in place (``net.b = Wrap(net.b)``: same parameters, new names). Costs
+    what ``model.parameters()`` costs (it walks ``named_parameters`` too), plus the tuple."""
+    return tuple((name, id(p)) for name, p in model.named_parameters())
+
+
 def _is_peft(module: nn.Module) -> bool:
     return type(module).__module__.partition(".")[0] == "peft"
 

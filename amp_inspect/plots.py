@@ -29,6 +29,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from .formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN, ZERO_BIN
+from .printable import shown_name
 from .scale_policy import HEADROOM, MARGIN, NO_DATA, NONFINITE_NOT_FROM_SCALE, OVERFLOW, START
 from .scale_timeline import POLICY_TORCH, REASON_WORDS
 from .series import (
@@ -108,7 +109,7 @@ def short_name(name: str, width: int = NAME_WIDTH) -> str:
 
 def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
     """``short_name`` of each name, widened where two would read the same, and made safe for matplotlib."""
-    out = [short_name(n, width) for n in names]
+    out = [short_name(shown_name(n), width) for n in names]
     for _ in range(4):
         counts = Counter(out)
         clashes = [i for i, s in enumerate(out) if counts[s] > 1]
@@ -116,7 +117,7 @@ def short_names(names: Sequence[str], width: int = NAME_WIDTH) -> list[str]:
             break
         width += 12
         for i in clashes:
-            out[i] = short_name(names[i], width)
+            out[i] = short_name(shown_name(names[i]), width)
     return [mpl_text(s) for s in out]
 
 

@@ -33,6 +33,7 @@ import torch
 
 from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble
 from .headroom import Headroom, balanced_scale, measure_headroom
+from .printable import shown_name
 from .stats import TensorStats
 from .table import fixed_width
 
@@ -385,19 +386,20 @@ class StepReport:
         if self.scale_problem is not None:
             lines.append(f"WARNING: {self.scale_problem}")
         if self.sparse_modules:
-            shown_sparse = ", ".join(self.sparse_modules[:MAX_TABLE_ROWS])
+            shown_sparse = ", ".join(map(shown_name, self.sparse_modules[:MAX_TABLE_ROWS]))
             lines.append(f"sparse gradients (numel counts their stored values): {shown_sparse}")
         rec = self.recommended_scale
         advice = "" if rec is None else f"; recommended scale 2^{round(math.log2(rec))}"
         lines.append(f"headroom ({fmt}): {self.headroom}{advice}")
         if self.first_nonfinite:
-            lines.append(f"first non-finite producer: {self.first_nonfinite}")
+            lines.append(f"first non-finite producer: {shown_name(self.first_nonfinite, limit=None)}")
         if self.scale_decision is not None:
             lines.append(f"headroom policy: {self.scale_decision}")
         if self.offenders:
-            lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
+            lines.append("offenders: " + ", ".join(map(shown_name, self.offenders[:MAX_TABLE_ROWS])))
         for rank, modules in (self.inf_by_rank or {}).items():
-            shown_modules = ", ".join(f"{name} ({count})" for name, count in list(modules.items())[:MAX_TABLE_ROWS])
+            listed = list(modules.items())[:MAX_TABLE_ROWS]
+            shown_modules = ", ".join(f"{shown_name(name)} ({count})" for name, count in listed)
             where = f"NaN/Inf came from rank {rank}" if self.inf_origin == BEFORE_ALLREDUCE else f"rank {rank}'s shards"
             lines.append(f"{where}: {shown_modules}")
         modules = self.by_module
@@ -411,7 +413,7 @@ class StepReport:
         for name in shown[:MAX_TABLE_ROWS]:
             m = modules[name]
             rows.append(
-                [name, str(m["numel"]), str(m["nan"]), str(m["posinf"] + m["neginf"]), str(m["overflow"])]
+                [shown_name(name), str(m["numel"]), str(m["nan"]), str(m["posinf"] + m["neginf"]), str(m["overflow"])]
                 + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), f"{m['amax']:.3g}"]
                 + [f"{m['grad_norm']:.3g}"]
             )

@@ -2,7 +2,7 @@
 
 Record schema, as the Inspector writes it (one line per inspected step)::
 
-    {"schema": 1, "time": float, "step": int,
+    {"schema": 1, "log": "amp_inspect", "time": float, "step": int,
      "scale": float | null,            # GradScaler scale, null without a scaler
      "skipped": bool,                  # an enabled GradScaler skipped the step (non-finite gradients)
      "poisoned": bool,                 # non-finite gradients and no enabled GradScaler: the optimizer applied them
@@ -41,14 +41,21 @@ killed at any moment leaves at most one torn line, at the end. ``read_log`` skip
 warning, and a new ``RunLog`` on the same file (a resumed run) removes it before appending. A write that
 fails part-way (disk full) and a loop that goes on leave a torn line in the middle: the writer starts its
 next line on a fresh line, and ``read_log`` skips any invalid line (torn, garbage, fields of the wrong type)
-with one warning naming the line numbers, and returns every valid record. One process writes one file: in a
-distributed run the Inspector logs on rank 0 only (every rank holds the same report), or to one file per rank
-with ``log_all_ranks=True``.
+with one warning naming the line numbers, and returns every valid record.
 
-Other people's files: a ``RunLog`` only appends to a file that is empty or recognisably a run log (its first
-line starts as this writer starts every line, ``{"schema":``). Anything else (a checkpoint, a text file, a
-directory) is refused with a ValueError before anything is written or cut, so ``log=`` pointed at the wrong
-path never modifies that file.
+One writer per file: a ``RunLog`` holds an exclusive advisory lock (``fcntl.flock``) on its file from open to
+close, and a second ``RunLog`` on the same file (this process or another, through any path) is refused with
+``LogInUseError`` before it writes or cuts anything. The torn-tail repair runs only under that lock, so it
+never cuts another writer's line in progress. In a distributed run the Inspector logs on rank 0 only (every
+rank holds the same report), or to one file per rank with ``log_all_ranks=True``. A log deleted or replaced
+while it is written is said once (RuntimeWarning).
+
+Other people's files: a ``RunLog`` only appends to a file that is empty or recognisably a run log: its first
+line names this writer and schema (every line starts ``{"schema":1,"log":"amp_inspect",``, also when torn),
+or is a whole valid record of schema 1 (logs written before lines carried the name). Anything else (a
+checkpoint, a text file, another tool's JSONL with a "schema" field, a directory, a FIFO) is refused with a
+ValueError before anything is written or cut, so ``log=`` pointed at the wrong path never modifies that
+file. ``read_log`` drops the ``"log"`` marker from the records it returns.
 
 This module imports neither torch nor the rest of the package, so reading a log is cheap.
 """
@@ -193,8 +200,9 @@ def _check_record(record: Mapping[str, Any]) -> None:
     """ValueError naming the first field whose type is not the schema's (see the module docstring).
 
     Only the fields this package reads are checked, and each only when present, so records of a newer
-    schema with fields of their own pass. Float fields hold numbers after ``_decode`` (non-finite allowed:
-    a NaN gradient has a NaN norm); counts and steps are ints in int64's range.
+    schema with fields of their own pass. A module record may lack fields: its readers take a missing count
+    as 0 and a missing float as NaN (attribution.count, as series.py does). Float fields hold numbers after
+    ``_decode`` (non-finite allowed: a NaN gradient has a NaN norm); counts and steps are ints in int64's range.
     """
     if not _is_int(record.get("step"), -_MAX_STEP) or record["step"] >= _MAX_STEP:
         raise ValueError(f'"step" must be an integer below 2^53 in size, got {record.get("step")!r:.40}')
@@ -241,12 +249,12 @@ def _check_record(record: Mapping[str, Any]) -> None:
         raise ValueError(f'"{_MODULES_KEY}" must be an object, got {type(modules).__name__}')
     for name, m in modules.items():
         if not isinstance(m, dict):
-            raise ValueError(f'"{_MODULES_KEY}" entry {name!r:.60} must be an object')
+            raise ValueError(f'"{_MODULES_KEY}" entry {name[:60]!r} must be an object')
         for key, value in m.items():
             if key in _COUNT_FIELDS and not _is_int(value, 0):
-                raise ValueError(f"module {name!r:.60}: {key!r} must be a count, got {value!r:.40}")
+                raise ValueError(f"module {name[:60]!r}: {key!r} must be a count, got {value!r:.40}")
             if key in FLOAT_FIELDS and not _is_number(value):
-                raise ValueError(f"module {name!r:.60}: {key!r} must be a number, got {value!r:.40}")
+                raise ValueError(f"module {name[:60]!r}: {key!r} must be a number, got {value!r:.40}")
 
 
 def _read_record(raw: bytes) -> dict[str, Any]:
@@ -631,7 +639,7 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: not an amp_inspect run log (no valid record; line {number}: {why})")
     if len(bad) == 1 and bad[0][0] == len(lines) and bad[0][1] != _GLUED:
         warnings.warn(
-            f"{path}: line {bad[0][0]} is incomplete or invalid (a run killed mid-write?); skipped",
+            f"{path}: line {bad[0][0]} is incomplete or invalid (a run killed mid-write?); skipped ({bad[0][1]})",
             RuntimeWarning,
             stacklevel=2,
         )

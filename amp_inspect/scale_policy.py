@@ -34,8 +34,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .checked import positive_number, whole_number
 from .formats import FORMAT_BOUNDS, float32_from_bits
 from .headroom import doublings_below
+from .printable import shown_name
 
 START = "start"
 HEADROOM = "headroom"
@@ -84,7 +86,7 @@ class ScaleDecision:
         if self.room is not None:
             text += f", {self.room:+d} binades of measured room ({self.room_from}), margin {self.margin}"
         if self.skip == SKIP_NONFINITE:
-            shown = ", ".join(self.offenders[:5]) or "all gradients"
+            shown = ", ".join(map(shown_name, self.offenders[:5])) or "all gradients"
             text += f"; step skipped: non-finite not caused by the scale ({shown})"
         elif self.skip == SKIP_OVERFLOW:
             text += "; step skipped: overflow caused by the scale"
@@ -107,26 +109,50 @@ class HeadroomPolicy:
         min_scale: float = 2.0**-24,
         max_scale: float = 2.0**32,
     ) -> None:
-        if fmt not in FORMAT_BOUNDS:
-            raise ValueError(f"HeadroomPolicy: fmt must be one of {sorted(FORMAT_BOUNDS)}, got {fmt!r}")
-        if not 0 <= margin <= max_margin:
-            raise ValueError(f"HeadroomPolicy: margin must be in [0, max_margin={max_margin}], got {margin}")
-        self.fmt = fmt
-        self.ceiling = float32_from_bits(FORMAT_BOUNDS[fmt].overflow_from)  # scaled |grad| >= this overflows
-        self.margin = margin
-        self.max_margin = max_margin
-        self.far_binades = far_binades
-        self.nonfinite_backoff_binades = nonfinite_backoff_binades
-        self.patience = patience
-        self.probe_scale = probe_scale
-        self.min_scale = min_scale
-        self.max_scale = max_scale
+        options = dict(
+            fmt=fmt,
+            margin=margin,
+            max_margin=max_margin,
+            far_binades=far_binades,
+            nonfinite_backoff_binades=nonfinite_backoff_binades,
+            patience=patience,
+            probe_scale=probe_scale,
+            min_scale=min_scale,
+            max_scale=max_scale,
+        )
         # Run state (state_dict): whether a clean step has set the scale yet, the unscaled amax of the last
         # clean step, the scale before the current run of non-finite steps and that run's length.
-        self.calibrated = False
-        self.ref_amax: float | None = None
-        self.anchor: float | None = None
-        self.nonfinite_run = 0
+        state = dict(calibrated=False, ref_amax=None, anchor=None, nonfinite_run=0)
+        self._set(self._checked({**options, **state}, "HeadroomPolicy"))
+
+    @staticmethod
+    def _checked(values: dict[str, Any], owner: str) -> dict[str, Any]:
+        """``values`` (every option and state field) checked and converted, or ValueError naming the first bad one:
+        the constructor and load_state_dict share it, so a state dict is loaded whole or not at all."""
+        fmt = values["fmt"]
+        if not isinstance(fmt, str) or fmt not in FORMAT_BOUNDS:
+            raise ValueError(f"{owner}: fmt must be one of {sorted(FORMAT_BOUNDS)}, got {fmt!r:.60}")
+        out = dict(values)
+        out["max_margin"] = whole_number(owner, "max_margin", values["max_margin"], 0)
+        out["margin"] = whole_number(owner, "margin", values["margin"], 0, out["max_margin"])
+        for name in ("far_binades", "nonfinite_backoff_binades", "patience"):
+            out[name] = whole_number(owner, name, values[name], 0)
+        for name in ("probe_scale", "min_scale", "max_scale"):
+            out[name] = positive_number(owner, name, values[name])
+        if out["min_scale"] > out["max_scale"]:
+            raise ValueError(f"{owner}: min_scale ({out['min_scale']:g}) is above max_scale ({out['max_scale']:g})")
+        if not isinstance(values["calibrated"], bool):
+            raise ValueError(f"{owner}: calibrated must be True or False, got {values['calibrated']!r:.60}")
+        for name in ("ref_amax", "anchor"):  # None until a clean step measured them; an amax may be 0
+            if values[name] is not None:
+                out[name] = positive_number(owner, name, values[name], zero_ok=name == "ref_amax")
+        out["nonfinite_run"] = whole_number(owner, "nonfinite_run", values["nonfinite_run"], 0)
+        return out
+
+    def _set(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            setattr(self, key, value)
+        self.ceiling = float32_from_bits(FORMAT_BOUNDS[self.fmt].overflow_from)  # scaled |grad| >= this overflows
 
     def first_scale(self, init_scale: float) -> float:
         """The scale of the first step: no higher than the probe, where nothing overflows that a scale can fix."""
@@ -198,11 +224,19 @@ class HeadroomPolicy:
     def state_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._STATE + self._OPTIONS}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def checked_state(self, state: Any) -> dict[str, Any]:
+        """The options and run state ``load_state_dict(state)`` would set, checked; ValueError (or KeyError for a
+        missing run-state field) before anything is set."""
+        owner = "HeadroomPolicy.load_state_dict"
+        if not isinstance(state, dict):
+            raise ValueError(f"{owner}: the state must be a dict, got {type(state).__name__}")
         missing = [k for k in self._STATE if k not in state]
         if missing:
-            raise KeyError(f"HeadroomPolicy.load_state_dict: the state lacks {', '.join(missing)}")
-        for k in self._STATE + self._OPTIONS:
-            if k in state:
-                setattr(self, k, state[k])
-        self.ceiling = float32_from_bits(FORMAT_BOUNDS[self.fmt].overflow_from)
+            raise KeyError(f"{owner}: the state lacks {', '.join(missing)}")
+        return self._checked(
+            {**self.state_dict(), **{k: state[k] for k in self._STATE + self._OPTIONS if k in state}}, owner
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Sets the options and run state of ``state`` (from ``state_dict``): all of them, or, when any is bad, none."""
+        self._set(self.checked_state(state))

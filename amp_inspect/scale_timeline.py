@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .printable import shown_name
 from .scale_policy import (
     HEADROOM,
     MARGIN,
@@ -90,7 +91,7 @@ class ScaleChange:
         if d.skip is not None:
             text += f"; skipped: {self.skip_text}"
             if d.skip == SKIP_NONFINITE and d.offenders:
-                text += f" ({', '.join(d.offenders[:3])}{', ...' if len(d.offenders) > 3 else ''})"
+                text += f" ({', '.join(map(shown_name, d.offenders[:3]))}{', ...' if len(d.offenders) > 3 else ''})"
         return text
 
 

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ._ops import unscale_stats_op
+from .checked import positive_number, whole_number
 from .distributed import DEFAULT_TIMEOUT_S, Combiner, Combiners, GlobalStats, local_shards, sharded_groups
 from .report import SHARDS, StepReport
 from .scale_policy import HeadroomPolicy, ScaleDecision, StepStats
@@ -99,6 +100,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             raise TypeError(
                 f"InspectingGradScaler: policy must be a str or a HeadroomPolicy, got {type(policy).__name__}"
             )
+        _check_scaler_options(*args, **kwargs)
         super().__init__(*args, **kwargs)
         self._policy: HeadroomPolicy | None = (
             HeadroomPolicy() if policy == "headroom" else policy if isinstance(policy, HeadroomPolicy) else None
@@ -340,8 +342,20 @@ class InspectingGradScaler(torch.amp.GradScaler):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        if self._enabled and self._policy is not None and "headroom_policy" in state_dict:
+        """GradScaler's load_state_dict, and the headroom policy's state when it holds one: every field is checked
+        first (ValueError naming it), so a bad state dict changes nothing, neither the scale nor the policy."""
+        if not self._enabled:
+            return  # GradScaler's own rule: a disabled scaler ignores the state
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"InspectingGradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
+        policy_state = None
+        if state_dict:
+            _check_scaler_state(state_dict)
+            if self._policy is not None and "headroom_policy" in state_dict:
+                policy_state = self._policy.checked_state(state_dict["headroom_policy"])
+        super().load_state_dict(state_dict)  # an empty state: GradScaler's own RuntimeError
+        if policy_state is not None:
+            assert self._policy is not None
             self._policy.load_state_dict(state_dict["headroom_policy"])
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -366,3 +380,34 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._step_groups = []
         if self._listener is not None:
             self._listener.step_ended(ended)
+
+
+_GRADSCALER_ARGS = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+
+
+def _check_scaler_options(*args: Any, **kwargs: Any) -> None:
+    """GradScaler's numeric arguments checked where they are given (torch takes ``init_scale=nan`` or "big" and
+    fails, or not, steps later): ValueError naming the first bad one. Unknown names are left to torch."""
+    given = dict(zip(_GRADSCALER_ARGS, args, strict=False)) | kwargs
+    owner = "InspectingGradScaler"
+    if "init_scale" in given:
+        positive_number(owner, "init_scale", given["init_scale"])
+    if "growth_interval" in given:
+        whole_number(owner, "growth_interval", given["growth_interval"], 1)
+    for name in ("growth_factor", "backoff_factor"):
+        if name in given:
+            positive_number(owner, name, given[name])
+
+
+def _check_scaler_state(state: dict[str, Any]) -> None:
+    """The GradScaler fields of a state dict checked before any is loaded: ValueError naming the first bad one."""
+    owner = "InspectingGradScaler.load_state_dict"
+    missing = [
+        k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker") if k not in state
+    ]
+    if missing:
+        raise ValueError(f"{owner}: the state lacks {', '.join(missing)} (not a GradScaler state_dict?)")
+    for name in ("scale", "growth_factor", "backoff_factor"):
+        positive_number(owner, name, state[name])
+    whole_number(owner, "growth_interval", state["growth_interval"], 1)
+    whole_number(owner, "_growth_tracker", state["_growth_tracker"], 0)

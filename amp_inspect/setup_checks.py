@@ -22,6 +22,7 @@ from torch import nn
 from .findings import Finding, check, listing, plural
 from .history import COLLAPSE_SKIPS, StepRecord, collapse_warning, longest_skip_run, summarize
 from .naming import clean_module_names, param_entries
+from .printable import shown_name
 
 if TYPE_CHECKING:
     from .clipping import ClipWatch
@@ -234,7 +235,7 @@ def loss_scale_collapse(setup: Setup) -> Iterator[Finding]:
     if run < setup.collapse_skips or start == 0:
         return
     culprits = Counter(m for r in history[start : end + 1] for m in r.offenders)
-    named = ", ".join(m for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
+    named = ", ".join(shown_name(m) for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
     before, after = history[start].scale, history[end + 1].scale if end + 1 < len(history) else None
     fall = f", the scale falling from {before:g} to {after:g}" if before and after else ""
     yield Finding(

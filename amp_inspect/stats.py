@@ -152,6 +152,8 @@ def _check_tensors(tensors: object) -> list[torch.Tensor]:
             raise TypeError(f"tensor {i} is None (a parameter without a gradient? leave it out of the list)")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensor {i} is a {type(t).__name__}, not a torch.Tensor")
+        if t.is_nested:  # a strided nested tensor claims torch.strided, and the op has no nested kernel
+            raise TypeError(f"tensor {i} is a nested tensor; pass its components instead (list(t.unbind()))")
         if t.layout != torch.strided:
             raise TypeError(f"tensor {i} has layout {t.layout}; only dense tensors are supported")
         if t.dtype not in SUPPORTED_DTYPES:

@@ -1,0 +1,170 @@
+"""Hostile names and logs are harmless (issue 18, cases 5, 6, 14).
+
+- Terminal escapes, OSC sequences, newlines and bidi overrides in module names print escaped everywhere a
+  name is printed: ``amp-inspect summary``, ``print(insp.summary())``, ``print(report)``, the console tables,
+  the PNG heatmap's labels, the CLI's one-line errors and warnings. HTML escapes on its own.
+- A 30-million-character module name is shown cut in its middle (how many characters left out).
+- A module record that lacks a count field is an invalid line (skipped with a warning), not a KeyError.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import amp_inspect
+from amp_inspect import cli
+from amp_inspect.printable import MAX_SHOWN, shown_name
+from amp_inspect.runlog import RunLog
+
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+RED = "\x1b[31mred"
+OSC = "\x1b]0;owned\x07title"
+FORGED = "fc\nadvice: set init_scale=1e30"
+BIDI = "a\u202eevil"
+HOSTILE = [RED, OSC, FORGED, BIDI]
+RAW_BITS = ["\x1b", "\x07", "\u202e", "\nadvice: set"]
+
+
+def _module(nan: int = 0, drop: str = "") -> dict:
+    m = {
+        "numel": 10,
+        "nan": nan,
+        "posinf": 0,
+        "neginf": 0,
+        "zero": 1,
+        "overflow": 0,
+        "subnormal": 2,
+        "underflow": 1,
+        "amax": 2.0,
+        "grad_norm": 1.0,
+    }
+    return {k: v for k, v in m.items() if k != drop}
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    with RunLog(path) as log:
+        for r in records:
+            log.write(r)
+    return path
+
+
+def _skipped_step(step: int, names: list[str]) -> dict:
+    return {
+        "step": step,
+        "scale": 1024.0,
+        "skipped": True,
+        "total_norm": math.nan,
+        "offenders": names,
+        "headroom": {"up": 0, "down": 3},
+        "modules": {n: _module(nan=1) for n in names},
+        "first_nonfinite": names[0],
+    }
+
+
+def _assert_clean(text: str) -> None:
+    for bit in RAW_BITS:
+        assert bit not in text, (bit, text[:400])
+
+
+def test_shown_name_escapes_what_cannot_print_and_keeps_the_rest() -> None:
+    assert shown_name("blocks.1.mlp.fc2") == "blocks.1.mlp.fc2"
+    assert shown_name("层.权重 ünïcode") == "层.权重 ünïcode"
+    assert shown_name(RED) == "\\x1b[31mred"
+    assert shown_name(BIDI) == "a\\u202eevil"
+    assert shown_name(FORGED) == "fc\\nadvice: set init_scale=1e30"
+    assert shown_name("lone\ud800") == "lone\\ud800"  # would crash a UTF-8 print
+    long = "x" * 3_000_000 + "\x1b"
+    shown = shown_name(long)
+    assert len(shown) < MAX_SHOWN + 40 and "[2999861 characters]" in shown and shown.endswith("\\x1b")
+    assert shown_name(long, limit=None).endswith("\\x1b") and len(shown_name(long, limit=None)) == 3_000_004
+
+
+def test_summary_cli_prints_hostile_names_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Case 14: before, the escapes reached the terminal raw and the newline forged an advice line."""
+    path = _write(tmp_path / "run.jsonl", [_skipped_step(0, HOSTILE), _skipped_step(1, HOSTILE)])
+    assert cli.main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    _assert_clean(out)
+    assert "\\x1b[31mred" in out and "a\\u202eevil" in out
+    assert not any(line.startswith("advice: set init_scale") for line in out.splitlines())
+
+
+def test_inspector_summary_and_report_print_hostile_names_escaped() -> None:
+    """Case 14 through the public API: print(insp.summary()) and print(report)."""
+
+    class Hostile(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name in HOSTILE:
+                self.add_module(name, nn.Linear(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return sum(m(x) for m in self.children())
+
+    model = Hostile()
+    insp = amp_inspect.attach(model)
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        for p in model.parameters():
+            p.grad.fill_(math.inf)
+        report = insp.check()
+        model.zero_grad()
+    insp.detach()
+    assert set(report.offenders) == set(HOSTILE)  # the data keeps the names as they are
+    _assert_clean(str(report))
+    _assert_clean(str(insp.summary()))
+    assert "\\x1b[31mred" in str(report) and "a\\u202eevil" in str(insp.summary())
+
+
+def test_cli_errors_and_warnings_print_hostile_text_escaped(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "x\x1b[2Jy.jsonl"
+    assert cli.main(["summary", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "x\\x1b[2Jy.jsonl: no such file" in err
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="needs matplotlib")
+def test_png_heatmap_labels_are_escaped() -> None:
+    from amp_inspect.plots import short_names
+
+    labels = short_names(HOSTILE)
+    assert all(c.isprintable() for label in labels for c in label)
+    assert any("\\u202e" in label for label in labels)
+
+
+def test_a_30_million_character_name_is_summarised_quickly(tmp_path: Path, capsys) -> None:
+    """Case 5: before, the table folded the whole name (1.6 M characters: 3 s, 30 M: over 300 s). The output
+    is bounded by the cut, whatever the name's length (no timing: the size of what is printed is the measure)."""
+    name = "n" * 30_000_000
+    path = tmp_path / "run.jsonl"
+    record = {"schema": 1, "log": "amp_inspect", "time": 1.0, **_skipped_step(0, [name])}
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    assert cli.main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "[29999860 characters]" in out
+    assert len(out) < 20_000
+
+
+def test_a_module_record_lacking_a_count_is_summarised(tmp_path: Path, capsys) -> None:
+    """Case 6: before, KeyError 'nan' (attribution) or 'amax' (console) from amp-inspect summary; report and
+    doctor already took a missing count as 0. Now summary does too (a missing float shows as nan)."""
+    for missing in ("nan", "amax", "numel"):
+        path = tmp_path / f"{missing}.jsonl"
+        step = _skipped_step(0, ["fc", "other"])
+        step["modules"]["fc"] = _module(nan=1, drop=missing)
+        _write(path, [step])
+        assert cli.main(["summary", str(path)]) == 0, missing
+        captured = capsys.readouterr()
+        assert "1 inspected steps, 1 skipped" in captured.out and "Traceback" not in captured.err
+        table = captured.out[captured.out.index("last inspected step") :]
+        fc_row = next(line for line in table.splitlines() if " fc " in line)
+        assert ("nan" in fc_row) == (missing == "amax")
+        assert " other " in table  # fc without a NaN count is still in trouble (subnormal, underflow)

@@ -1,0 +1,120 @@
+"""Readable errors and things left behind (issue 18, cases 10, 13, 15, 16).
+
+- ``amp-inspect report`` of a missing log says "no such file", even where report outputs exist, and its
+  advice for existing outputs is one that works.
+- A nested tensor given to ``tensor_stats`` is a one-line TypeError.
+- A submodule wrapped in place after attach is reported under its new name.
+- An inspector dropped without ``detach()`` leaves no forward hooks on the model.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import amp_inspect
+from amp_inspect import cli
+from amp_inspect.runlog import RunLog
+
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="the report needs matplotlib")
+def test_report_of_a_missing_log_says_no_such_file_even_beside_old_outputs(tmp_path: Path, capsys, monkeypatch):
+    """Case 10: before, "loss_scale.png ... already exist" and the advice "-o NEW.html", which cannot help."""
+    from amp_inspect.plots import FIGURES
+
+    monkeypatch.chdir(tmp_path)
+    for name in FIGURES:
+        (tmp_path / f"{name}.png").write_bytes(b"old")
+    assert cli.main(["report", str(tmp_path / "nonexistent"), "-o", "x.html"]) == 2
+    err = capsys.readouterr().err
+    assert "nonexistent: no such file" in err and "already exist" not in err
+
+    log = tmp_path / "run.jsonl"
+    with RunLog(log) as writer:
+        writer.write({"step": 0, "scale": 1.0, "skipped": False, "total_norm": 1.0, "offenders": []})
+    assert cli.main(["report", str(log), "-o", "x.html"]) == 2
+    err = capsys.readouterr().err
+    assert "already exist" in err and "-o OTHER_FOLDER/x.html" in err and "NEW.html" not in err
+    assert cli.main(["report", str(log), "-o", str(tmp_path / "other" / "x.html")]) == 0  # the advice works
+    assert all((tmp_path / f"{name}.png").read_bytes() == b"old" for name in FIGURES)
+
+
+def test_a_nested_tensor_is_refused_in_one_line() -> None:
+    """Case 13: before, NotImplementedError from the dispatcher ('AutogradNestedTensor' backend)."""
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(TypeError, match=r"tensor 1 is a nested tensor; pass its components instead"):
+        amp_inspect.tensor_stats([torch.ones(2), nested])
+    stats = amp_inspect.tensor_stats(list(nested.unbind()))  # what the message says to do works
+    assert int(stats.numel.sum()) == 5
+
+
+class _Wrap(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_a_submodule_wrapped_in_place_is_reported_by_its_new_name() -> None:
+    """Case 15: before, the parameters were unchanged, so the names never refreshed: "b", not "b.inner"."""
+    net = nn.Sequential()
+    net.add_module("a", nn.Linear(4, 4))
+    net.add_module("b", nn.Linear(4, 4))
+    insp = amp_inspect.attach(net)
+
+    def step() -> amp_inspect.StepReport:
+        net(torch.randn(2, 4)).sum().backward()
+        for p in net.b.parameters():
+            p.grad.fill_(math.inf)
+        report = insp.check()
+        net.zero_grad()
+        return report
+
+    assert step().offenders == ["b"]
+    net.b = _Wrap(net.b)
+    assert step().offenders == ["b.inner"]
+    insp.detach()
+
+
+def _forward_hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) for m in model.modules())
+
+
+def test_an_inspector_dropped_without_detach_leaves_no_hooks() -> None:
+    """Case 16: before, its forward hooks (one per module) stayed on the model for good."""
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(50)])
+    insp = amp_inspect.attach(model, activations="always")
+    model(torch.randn(2, 4)).sum().backward()
+    insp.check()
+    assert _forward_hooks(model) >= 50
+    del insp
+    gc.collect()
+    assert _forward_hooks(model) == 0
+    kept = amp_inspect.attach(model, activations="always")  # one still referenced keeps its hooks
+    gc.collect()
+    assert _forward_hooks(model) >= 50
+    kept.detach()
+    assert _forward_hooks(model) == 0
+
+
+def test_the_docs_and_the_kernel_agree_on_float64_casts() -> None:
+    """Case 17: tensor_stats.md said "cast means v.to(dtype)", which float64 inputs do not follow."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    below = math.nextafter(65520.0, 0.0)
+    x = torch.tensor([below], dtype=torch.float64)
+    assert torch.isinf(x.to(torch.float16)).item()  # torch's cast rounds through float32: Inf
+    assert int(amp_inspect.tensor_stats([x]).overflow.sum()) == 0  # one rounding: finite, no overflow
+    for page in ("tensor_stats.md", "numerics.md"):
+        text = " ".join((docs / page).read_text(encoding="utf-8").split())
+        assert "nextafter(65520.0, 0.0)" in text and "through float32" in text, page
+    assert "means `v.to(dtype)`: round" not in (docs / "tensor_stats.md").read_text(encoding="utf-8")
