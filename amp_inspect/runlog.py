@@ -98,6 +98,7 @@ _LINE_START = b'{"schema":'
 # {"schema":1,"log":"amp_inspect",... A file is ours when its first line starts so (also when torn).
 WRITER_NAME = "amp_inspect"
 _NAMED_START = re.compile(rb'\{"schema":([0-9]{1,9}),"log":"' + WRITER_NAME.encode() + rb'"[,}]')
+_LEGACY_START = b'{"schema":1,'  # how every line started before lines named the writer
 _MAX_FIRST_LINE = 1 << 26  # bytes read at most to find an existing file's first line (records are far smaller)
 _MAX_INT = 2**63  # counts and steps are int64 wherever they are used (numpy, torch)
 _MAX_STEP = 2**53  # steps are exact in float64 (plots, JSON readers in other languages)
@@ -277,20 +278,23 @@ def _recover_glued(raw: bytes) -> dict[str, Any] | None:
 
 
 def _first_line(path: Path) -> tuple[bytes, bool]:
-    """The first non-blank line of ``path`` (without its newline) and whether it is whole (a newline follows);
-    at most ``_MAX_FIRST_LINE`` bytes are read."""
+    """The first non-blank line of ``path`` (without its newline) and whether it is whole (a newline follows).
+
+    Past the first chunk, reading goes on only while the line could be a schema-1 record written before lines
+    named the writer (that one is judged whole), and stops at ``_MAX_FIRST_LINE`` bytes: a checkpoint with
+    no newline costs one chunk.
+    """
+    head = bytearray()
     with open(path, "rb") as f:
-        head = b""
         while len(head) < _MAX_FIRST_LINE:
             chunk = f.read(_TAIL_SCAN_CHUNK)
             if not chunk:
                 break
             head += chunk
             stripped = head.lstrip()
-            if b"\n" in stripped:
+            if b"\n" in stripped or (stripped and not stripped.startswith(_LEGACY_START[: len(stripped)])):
                 break
-    stripped = head.lstrip()
-    line, newline, _ = stripped.partition(b"\n")
+    line, newline, _ = bytes(head.lstrip()).partition(b"\n")
     return line, bool(newline)
 
 

@@ -25,6 +25,7 @@ the process group, and hands it each step's report at ``update()``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -353,6 +354,13 @@ class InspectingGradScaler(torch.amp.GradScaler):
             _check_scaler_state(state_dict)
             if self._policy is not None and "headroom_policy" in state_dict:
                 policy_state = self._policy.checked_state(state_dict["headroom_policy"])
+            elif "headroom_policy" in state_dict:
+                warnings.warn(
+                    "InspectingGradScaler.load_state_dict: the state was saved under policy='headroom' and this "
+                    "scaler's policy is 'torch': its scale is loaded, the policy's state is not used",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         super().load_state_dict(state_dict)  # an empty state: GradScaler's own RuntimeError
         if policy_state is not None:
             assert self._policy is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -108,3 +109,18 @@ def test_a_good_state_round_trips() -> None:
     policy = HeadroomPolicy()
     policy.load_state_dict(HeadroomPolicy(fmt="bf16", margin=3).state_dict())
     assert policy.fmt == "bf16" and policy.margin == 3 and policy.ceiling == HeadroomPolicy(fmt="bf16").ceiling
+
+
+def test_a_headroom_state_loaded_into_a_torch_policy_scaler_says_so() -> None:
+    """Like case 9: before, the policy's state was dropped without a word."""
+    saved = InspectingGradScaler("cpu", init_scale=2.0**10, policy="headroom")
+    saved.scale(torch.ones(()))
+    target = InspectingGradScaler("cpu")
+    target.scale(torch.ones(()))
+    with pytest.warns(RuntimeWarning, match="saved under policy='headroom'"):
+        target.load_state_dict(saved.state_dict())
+    plain = InspectingGradScaler("cpu")
+    plain.scale(torch.ones(()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.load_state_dict(plain.state_dict())  # a torch-policy state: nothing to say

@@ -34,9 +34,13 @@ _WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     from amp_inspect.runlog import RunLog
+    import time
     path, ready, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    go = Path(ready + ".go")
     with RunLog(path) as log:
         Path(ready).touch()
+        while not go.exists():  # the test has seen the log held once
+            time.sleep(0.01)
         for step in range(n):
             log.write({"step": step, "pad": "x" * size})
     """
@@ -75,18 +79,18 @@ def test_a_second_process_opening_the_log_loses_none_of_the_first_ones_records(t
     path, ready, n = tmp_path / "run.jsonl", tmp_path / "ready", 40
     writer = _start(_WRITER, str(path), str(ready), str(n), str(1 << 20))
     _wait_for(ready, writer)
-    refusals = 0
-    while writer.poll() is None:
+    with pytest.raises(LogInUseError):
+        RunLog(path)
+    Path(str(ready) + ".go").touch()
+    while writer.poll() is None:  # B opens again and again while A writes (before: each open cut A's line)
         try:
             RunLog(path).close()
         except LogInUseError as err:
             assert "another process" in str(err) and "one writer per file" in str(err)
-            refusals += 1
     assert writer.wait(timeout=60) == 0, writer.stderr.read().decode()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not one torn or cut line
         assert [r["step"] for r in read_log(path)] == list(range(n))
-    assert refusals > 0
 
 
 @needs_posix
@@ -223,7 +227,7 @@ def test_a_fifo_as_log_is_refused_without_blocking(tmp_path: Path) -> None:
         "print('is_run_log', amp_inspect.runlog.is_run_log(sys.argv[1]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(runlog.__file__).parents[1])}
-    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, timeout=300, env=env)
     out = proc.stdout.decode()
     assert "is not a regular file" in out and "log=None" in out, proc.stderr.decode()
     assert "is_run_log False" in out
