@@ -37,7 +37,7 @@ MAX_SHOWN = 16  # decisions listed one by one; the rest are counted
 REASON_WORDS = {
     START: "start: set from the first measured step",
     HEADROOM: "headroom: set from the measured room",
-    MARGIN: "margin: overflow with measured room left, margin widened",
+    MARGIN: "margin widened: an overflow with measured room left, or NaN/Inf gone at a lower scale",
     OVERFLOW: "overflow caused by the scale",
     NONFINITE_NOT_FROM_SCALE: "non-finite not caused by the scale",
     NO_DATA: "no data: every gradient zero",
