@@ -16,12 +16,24 @@ then halves it. InspectingGradScaler measures, in its unscale pass, the largest 
   the scale caused it: back off by ``backoff_factor`` or to ``margin`` below the measured amax, whichever
   is lower;
 - **nonfinite_not_from_scale** (NaN while the finite gradients had >= margin binades of room, or Inf while
-  they had >= margin + ``far_binades``): a bad batch or a forward overflow, which no loss scale fixes. The
-  step is skipped as always, but the backoff is bounded: never more than ``nonfinite_backoff_binades``
-  below the scale before the run of such steps, so a burst of them does not collapse the scale into
-  underflow. When the step's gradients are all non-finite, the room is that of the last clean step's amax
-  at the current scale. After ``patience`` non-finite steps in a row the policy stops believing the scale is
-  innocent and backs off as for an overflow.
+  they had >= margin + ``far_binades``): not explained by the measured gradients: a bad batch, a forward
+  overflow, or an intermediate of backward larger than every parameter gradient that overflowed (into NaN:
+  inf - inf inside a matmul). The step is skipped as always. When every gradient is non-finite (a NaN loss),
+  the room is that of the last clean step's amax at the current scale and the backoff is bounded: never more
+  than ``nonfinite_backoff_binades`` below the scale before the run of such steps (nor, when the policy had
+  just raised the scale, below the last clean step's), so a burst of them does not collapse the scale into
+  underflow. When some gradients are finite, the scale halves every step, as GradScaler's does (above the last
+  clean step's scale, which the policy raised untested: 1, 2, 4, ... binades a step, down to that scale).
+  After ``patience`` non-finite steps in a row the policy stops believing the scale is innocent and backs off
+  as for an overflow;
+- **margin**, learned from NaN: when such a run ends with a clean step at a scale lower than the lowest one
+  that failed, the scale caused it after all (``ScaleDecision.unsafe_scale`` names the failing scale). The
+  margin becomes one binade more than the room at that scale, so the next scale stays below it: the first
+  time for ``growth_interval`` clean steps (a bad batch followed by a good one looks the same, and GradScaler
+  too waits that long before growing back), from the second time for the rest of the run. A run whose last
+  failing scale also ran clean (a NaN burst at one scale) teaches nothing;
+- **no_data** (a clean step whose gradients are all zero: nothing to measure): the scale grows by
+  ``growth_factor`` once per ``growth_interval`` such steps in a row, never faster than GradScaler.
 
 Scales are powers of two (unscaling is exact), within [min_scale, max_scale]. The policy is pure host
 arithmetic on four numbers per step (``StepStats``); it never touches a device. Distributed runs: the caller
@@ -169,7 +181,7 @@ class HeadroomPolicy:
         scale = s.scale
         if not (math.isfinite(scale) and scale > 0):  # a broken scale (the report says so): start again
             self.calibrated, self.anchor, self.nonfinite_run = False, None, 0
-            self.run_lowest, self.run_unexplained = None, False
+            self.run_lowest, self.run_lowest_room, self.run_unexplained = None, None, False
             return self._decision(self.probe_scale, scale, START, None, None, None, s)
         finite_amax = s.amax if 0.0 < s.amax < math.inf else 0.0
         if s.nan == 0 and s.inf == 0:
@@ -285,6 +297,7 @@ class HeadroomPolicy:
     _LEARNED = (
         "ref_scale",
         "run_lowest",
+        "run_lowest_room",
         "run_unexplained",
         "evidence_margin",
         "evidence_left",
