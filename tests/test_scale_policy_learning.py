@@ -13,6 +13,7 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect.scale_policy import MARGIN, NO_DATA, HeadroomPolicy, StepStats
+from amp_inspect.scale_timeline import scale_changes
 from tests import models
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,6 +82,10 @@ def test_the_learned_margin_is_said_and_kept_after_a_second_lesson() -> None:
     assert lessons[0].unsafe_scale == 2.0**16 and lessons[0].skip is None
     assert "NaN/Inf at scale 65536 vanished at 32768: the scale caused it" in str(lessons[0])
     assert policy.margin == 3 and sum(bool(d.skip) for d in decisions) == 2
+    change = scale_changes(range(len(decisions)), decisions)
+    said = [str(c) for c in change if c.decision.unsafe_scale is not None]
+    assert said and "(the NaN/Inf at 2^16 (65,536) vanished at this step's scale)" in said[0]
+    assert not any("vanished" in str(c) for c in change if c.decision.unsafe_scale is None)
 
 
 def test_a_nan_burst_at_one_scale_teaches_nothing() -> None:
