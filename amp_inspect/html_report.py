@@ -28,7 +28,7 @@ from .history import StepRecord, Summary, summarize
 from .plots import FIGURES, save_all, unavailable
 from .runlog import is_run_log, read_log
 from .scale_timeline import POLICY_TORCH, scale_text, shown_changes
-from .series import RunSeries
+from .series import RunSeries, grouped_findings
 
 MAX_OFFENDER_ROWS = 8
 MAX_FINDINGS_PER_MODULE = 3
@@ -249,14 +249,10 @@ def render_html(
 
     # The activation hooks' findings come first: once NaN spreads through the backward pass every module's
     # gradient is an offender, and the first producer is the answer a reader wants.
-    producers: dict[str, int] = {}
-    for finding in series.first_nonfinite:
-        if finding:
-            where = finding.split(",")[0]  # "module: forward output overflowed fp16"
-            producers[where] = producers.get(where, 0) + 1
+    producers = grouped_findings(series.first_nonfinite)  # "module: forward output overflowed fp16", steps
     if producers:
         out.append("<section><h2>First non-finite producers (activation hooks, armed after skipped steps)</h2><ul>")
-        for where, count in sorted(producers.items(), key=lambda item: -item[1]):
+        for where, count in producers:
             out.append(f"<li>{_e(where)} &mdash; on {count} inspected step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")
     out.append("<section><h2>Offenders: modules with NaN/Inf gradients on skipped steps</h2>")

@@ -36,6 +36,7 @@ from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
 from .distributed import Combiners, global_ranks, is_distributed, local_shards, log_path_of_rank, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches
+from .hist_schedule import HistogramSchedule
 from .history import StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, module_names, param_entries, parameter_layout
 from .options import AttachOptions, takes_attach_options
@@ -129,6 +130,7 @@ class Inspector:
         report_group = ddp.process_group if ddp is not None else group
         log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
         self._log = RunLog(log_path, hist_every=opts.hist_every) if log_path is not None else None
+        self._hists = HistogramSchedule(opts.hist_every)  # regular steps, and those of an incident
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         if self._watcher is not None:
             self._watcher.close_when_dropped(self)  # dropped without detach(): its hooks leave the model
@@ -464,7 +466,10 @@ class Inspector:
         record = StepRecord.from_report(report)
         self._history.append(record)
         if self._log is not None:
-            entry = report.to_record(with_hist=self._log.wants_hist(report.step))
+            wants = self._hists.wants(
+                report.step, skipped=record.skipped or record.poisoned, total_norm=record.total_norm
+            )
+            entry = report.to_record(with_hist=wants)
             entry["hardware"] = report.hardware
             if not self._hardware_note_written:
                 self._hardware_note_written = True

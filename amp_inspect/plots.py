@@ -440,8 +440,9 @@ def heatmap_over_time(records: Sequence[Mapping[str, Any]] | RunSeries, module: 
         x_edges = np.array([steps[0] - 0.5, steps[0] + 0.5])
     # Each column is centred on its step; the outer halves stop half a step beyond the log's first and last
     # steps (with histograms every 5 steps from step 0, the axis would otherwise start at step -2.5).
-    x_edges[0] = max(x_edges[0], float(s.steps.min()) - 0.5)
-    x_edges[-1] = min(x_edges[-1], float(s.steps.max()) + 0.5)
+    run_lo, run_hi = float(s.steps.min()) - 0.5, float(s.steps.max()) + 0.5
+    x_edges[0] = max(x_edges[0], run_lo)
+    x_edges[-1] = min(x_edges[-1], run_hi)
 
     fig = _figure(6.0)
     gs = fig.add_gridspec(3, 2, height_ratios=[0.6, 14, 0.6], width_ratios=[40, 0.6], hspace=0.02)
@@ -453,9 +454,10 @@ def heatmap_over_time(records: Sequence[Mapping[str, Any]] | RunSeries, module: 
     cmap = "viridis"
     # Bands over every record's step, held until the next record (the scale in force at that step).
     shown = s.by_step()
-    shown = shown[(s.steps[shown] >= x_edges[0]) & (s.steps[shown] <= x_edges[-1])]
-    xs = np.append(s.steps[shown].astype(float), x_edges[-1])
-    xs[0] = min(xs[0], x_edges[0])
+    # The x axis is the whole run, however few steps have histograms: one column sits at its step, among the
+    # run's skips and bands, not alone on an axis one step wide.
+    xs = np.append(s.steps[shown].astype(float), run_hi)
+    xs[0] = min(xs[0], run_lo)
     e = np.vstack([edge_series[shown], edge_series[shown][-1:]])
     for region, (a, b) in {
         "underflow": (np.full(len(xs), lo), e[:, 2]),
@@ -478,12 +480,12 @@ def heatmap_over_time(records: Sequence[Mapping[str, Any]] | RunSeries, module: 
         strip.set_facecolor("#f4f4f4")
     ax_inf.tick_params(labelbottom=False)
     ax.tick_params(labelbottom=False)
-    xlabel = "step (columns: steps with histograms)"
+    xlabel = f"step (columns: the {len(cols)} of {len(s.steps)} logged steps with histograms)"
     if far:
         xlabel += "\nband edges off the plot: " + "; ".join(far)
     ax_zero.set_xlabel(xlabel)
     ax_zero.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_zero.set_xlim(x_edges[0], x_edges[-1])
+    ax_zero.set_xlim(run_lo, run_hi)
     trans = blended_transform_factory(ax_inf.transData, ax_inf.transAxes)
     skipped = s.steps[shown][s.skipped[shown]]
     if skipped.size:

@@ -16,12 +16,24 @@ then halves it. InspectingGradScaler measures, in its unscale pass, the largest 
   the scale caused it: back off by ``backoff_factor`` or to ``margin`` below the measured amax, whichever
   is lower;
 - **nonfinite_not_from_scale** (NaN while the finite gradients had >= margin binades of room, or Inf while
-  they had >= margin + ``far_binades``): a bad batch or a forward overflow, which no loss scale fixes. The
-  step is skipped as always, but the backoff is bounded: never more than ``nonfinite_backoff_binades``
-  below the scale before the run of such steps, so a burst of them does not collapse the scale into
-  underflow. When the step's gradients are all non-finite, the room is that of the last clean step's amax
-  at the current scale. After ``patience`` non-finite steps in a row the policy stops believing the scale is
-  innocent and backs off as for an overflow.
+  they had >= margin + ``far_binades``): not explained by the measured gradients: a bad batch, a forward
+  overflow, or an intermediate of backward larger than every parameter gradient that overflowed (into NaN:
+  inf - inf inside a matmul). The step is skipped as always. When every gradient is non-finite (a NaN loss),
+  the room is that of the last clean step's amax at the current scale and the backoff is bounded: never more
+  than ``nonfinite_backoff_binades`` below the scale before the run of such steps (nor, when the policy had
+  just raised the scale, below the last clean step's), so a burst of them does not collapse the scale into
+  underflow. When some gradients are finite, the scale halves every step, as GradScaler's does (above the last
+  clean step's scale, which the policy raised untested: 1, 2, 4, ... binades a step, down to that scale).
+  After ``patience`` non-finite steps in a row the policy stops believing the scale is innocent and backs off
+  as for an overflow;
+- **margin**, learned from NaN: when such a run ends with a clean step at a scale lower than the lowest one
+  that failed, the scale caused it after all (``ScaleDecision.unsafe_scale`` names the failing scale). The
+  margin becomes one binade more than the room at that scale, so the next scale stays below it: the first
+  time for ``growth_interval`` clean steps (a bad batch followed by a good one looks the same, and GradScaler
+  too waits that long before growing back), from the second time for the rest of the run. A run whose last
+  failing scale also ran clean (a NaN burst at one scale) teaches nothing;
+- **no_data** (a clean step whose gradients are all zero: nothing to measure): the scale grows by
+  ``growth_factor`` once per ``growth_interval`` such steps in a row, never faster than GradScaler.
 
 Scales are powers of two (unscaling is exact), within [min_scale, max_scale]. The policy is pure host
 arithmetic on four numbers per step (``StepStats``); it never touches a device. Distributed runs: the caller
@@ -38,6 +50,8 @@ from .checked import positive_number, whole_number
 from .formats import FORMAT_BOUNDS, float32_from_bits
 from .headroom import doublings_below
 from .printable import shown_name
+
+DEFAULT_GROWTH_INTERVAL = 2000  # GradScaler's
 
 START = "start"
 HEADROOM = "headroom"
@@ -74,6 +88,7 @@ class ScaleDecision:
     room: int | None  # measured doublings before the largest finite scaled |grad| overflows (None: no data)
     room_from: str | None  # "this step" or "last clean step" (all gradients non-finite)
     offenders: tuple[str, ...] = field(default_factory=tuple)
+    unsafe_scale: float | None = None  # a scale whose NaN/Inf vanished at this (lower) one: margin learned
 
     def to_record(self) -> dict[str, Any]:
         record = asdict(self)
@@ -85,6 +100,8 @@ class ScaleDecision:
         text = f"next loss scale {self.scale:g} (x{change:g}): {self.reason}"
         if self.room is not None:
             text += f", {self.room:+d} binades of measured room ({self.room_from}), margin {self.margin}"
+        if self.unsafe_scale is not None:
+            text += f"; the NaN/Inf at scale {self.unsafe_scale:g} vanished at {self.previous:g}: the scale caused it"
         if self.skip == SKIP_NONFINITE:
             shown = ", ".join(map(shown_name, self.offenders[:5])) or "all gradients"
             text += f"; step skipped: non-finite not caused by the scale ({shown})"
@@ -122,7 +139,21 @@ class HeadroomPolicy:
         )
         # Run state (state_dict): whether a clean step has set the scale yet, the unscaled amax of the last
         # clean step, the scale before the current run of non-finite steps and that run's length.
-        state = dict(calibrated=False, ref_amax=None, anchor=None, nonfinite_run=0)
+        # What the policy learns from NaN (see the module docstring): the scale of the last clean step, the
+        # current run's lowest failing scale and whether the gradients left any of its steps unexplained; the
+        # margin the last evidence against a scale asks for and the clean steps it still lasts; how many pieces
+        # of evidence were seen; clean all-zero steps in a row.
+        learned = dict(
+            ref_scale=None,
+            run_lowest=None,
+            run_lowest_room=None,
+            run_unexplained=False,
+            evidence_margin=0,
+            evidence_left=0,
+            evidence_seen=0,
+            no_data_run=0,
+        )
+        state = dict(calibrated=False, ref_amax=None, anchor=None, nonfinite_run=0, **learned)
         self._set(self._checked({**options, **state}, "HeadroomPolicy"))
 
     @staticmethod
@@ -141,12 +172,16 @@ class HeadroomPolicy:
             out[name] = positive_number(owner, name, values[name])
         if out["min_scale"] > out["max_scale"]:
             raise ValueError(f"{owner}: min_scale ({out['min_scale']:g}) is above max_scale ({out['max_scale']:g})")
-        if not isinstance(values["calibrated"], bool):
-            raise ValueError(f"{owner}: calibrated must be True or False, got {values['calibrated']!r:.60}")
-        for name in ("ref_amax", "anchor"):  # None until a clean step measured them; an amax may be 0
+        for name in ("calibrated", "run_unexplained"):
+            if not isinstance(values[name], bool):
+                raise ValueError(f"{owner}: {name} must be True or False, got {values[name]!r:.60}")
+        for name in ("ref_amax", "anchor", "ref_scale", "run_lowest"):  # None until measured; an amax may be 0
             if values[name] is not None:
                 out[name] = positive_number(owner, name, values[name], zero_ok=name == "ref_amax")
-        out["nonfinite_run"] = whole_number(owner, "nonfinite_run", values["nonfinite_run"], 0)
+        if values["run_lowest_room"] is not None:  # measured room: any whole number of binades, also negative
+            out["run_lowest_room"] = whole_number(owner, "run_lowest_room", values["run_lowest_room"], -(2**10))
+        for name in ("nonfinite_run", "evidence_margin", "evidence_left", "evidence_seen", "no_data_run"):
+            out[name] = whole_number(owner, name, values[name], 0)
         return out
 
     def _set(self, values: dict[str, Any]) -> None:
@@ -165,24 +200,27 @@ class HeadroomPolicy:
     def _room(self, amax_scaled: float) -> int:
         return doublings_below(amax_scaled, self.ceiling)
 
-    def decide(self, s: StepStats, growth_factor: float = 2.0, backoff_factor: float = 0.5) -> ScaleDecision:
-        """The next scale after a step that ran at ``s.scale`` and measured ``s``; updates the run state."""
+    def decide(
+        self,
+        s: StepStats,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    ) -> ScaleDecision:
+        """The next scale after a step that ran at ``s.scale`` and measured ``s``; updates the run state.
+        ``growth_interval`` (GradScaler's): the clean steps that an all-zero stretch waits per growth, and that
+        a first piece of evidence against a scale lasts."""
         scale = s.scale
         if not (math.isfinite(scale) and scale > 0):  # a broken scale (the report says so): start again
             self.calibrated, self.anchor, self.nonfinite_run = False, None, 0
+            self.run_lowest, self.run_lowest_room, self.run_unexplained = None, None, False
             return self._decision(self.probe_scale, scale, START, None, None, None, s)
         finite_amax = s.amax if 0.0 < s.amax < math.inf else 0.0
         if s.nan == 0 and s.inf == 0:
-            self.anchor, self.nonfinite_run = None, 0
-            if finite_amax == 0.0:  # every gradient zero: nothing to measure; grow as GradScaler would
-                return self._decision(scale * growth_factor, scale, NO_DATA, None, None, None, s)
-            room = self._room(finite_amax)
-            self.ref_amax = finite_amax / scale
-            reason = HEADROOM if self.calibrated else START
-            self.calibrated = True
-            return self._decision(math.ldexp(scale, room - self.margin), scale, reason, None, room, "this step", s)
+            return self._clean(s, finite_amax, growth_factor, growth_interval)
 
         # A non-finite step: skipped. Was the scale the cause?
+        self.no_data_run = 0
         self.nonfinite_run += 1
         if self.anchor is None:
             self.anchor = scale
@@ -191,19 +229,86 @@ class HeadroomPolicy:
             room, room_from = self._room(finite_amax), "this step"
         elif self.ref_amax is not None:
             room, room_from = self._room(self.ref_amax * scale), "last clean step"
+        if self.run_lowest is None or scale <= self.run_lowest:
+            self.run_lowest, self.run_lowest_room = scale, room if room_from == "this step" else None
         backoff = scale * backoff_factor
+        margin = self.effective_margin
         if room is None or self.nonfinite_run > self.patience:
             return self._decision(backoff, scale, OVERFLOW, SKIP_OVERFLOW, room, room_from, s)
-        if (s.nan > 0 and room >= self.margin) or room >= self.margin + self.far_binades:
+        if (s.nan > 0 and room >= margin) or room >= margin + self.far_binades:
+            # Not explained by the measured gradients. When some gradients were finite, an intermediate of
+            # backward larger than every parameter gradient may have overflowed (into NaN: inf - inf in a
+            # matmul): keep halving, as GradScaler does, until a step is clean (which then learns the margin,
+            # in _clean). So too when the run began at a scale raised since the last clean step, down to that
+            # step's scale. Otherwise (no finite gradient: a NaN loss) the backoff is bounded.
+            self.run_unexplained = True
             floor = math.ldexp(self.anchor, -self.nonfinite_backoff_binades)
+            if room_from == "this step":
+                floor = backoff
+                if self.ref_scale is not None and scale > self.ref_scale:
+                    # Above the last clean step's scale (the policy raised it untested): 1, 2, 4, ... binades
+                    # per step, never below that scale, so a long way up costs few skips on the way down.
+                    floor = max(scale * backoff_factor ** (2 ** (self.nonfinite_run - 1)), self.ref_scale)
+                    backoff = min(backoff, floor)
+            elif self.ref_scale is not None and self.anchor > self.ref_scale:
+                floor = max(backoff, min(floor, self.ref_scale))
             chosen = min(scale, max(backoff, floor))
             return self._decision(chosen, scale, NONFINITE_NOT_FROM_SCALE, SKIP_NONFINITE, room, room_from, s)
-        if room >= self.margin:  # overflow with measured room left: a hidden gradient is larger
+        if room >= margin:  # overflow with measured room left: a hidden gradient is larger
             self.margin = min(room + 1, self.max_margin)
-            chosen = min(backoff, math.ldexp(scale, room - self.margin))
+            chosen = min(backoff, math.ldexp(scale, room - self.effective_margin))
             return self._decision(chosen, scale, MARGIN, SKIP_OVERFLOW, room, room_from, s)
-        chosen = min(backoff, math.ldexp(scale, room - self.margin))
+        chosen = min(backoff, math.ldexp(scale, room - margin))
         return self._decision(chosen, scale, OVERFLOW, SKIP_OVERFLOW, room, room_from, s)
+
+    @property
+    def effective_margin(self) -> int:
+        """The margin kept now: the learned one, or the one the last evidence against a scale asks for while
+        that evidence lasts."""
+        return max(self.margin, self.evidence_margin) if self.evidence_left > 0 else self.margin
+
+    def _clean(self, s: StepStats, finite_amax: float, growth_factor: float, growth_interval: int) -> ScaleDecision:
+        """A clean step: the scale from its measured room, after what the run of non-finite steps before it
+        (if any) showed."""
+        scale = s.scale
+        lowest, lowest_room, unexplained = self.run_lowest, self.run_lowest_room, self.run_unexplained
+        self.anchor, self.nonfinite_run, self.run_unexplained = None, 0, False
+        self.run_lowest = self.run_lowest_room = None
+        if self.evidence_left > 0:
+            self.evidence_left -= 1
+        if finite_amax == 0.0:  # every gradient zero: nothing to measure; grow no faster than GradScaler would
+            self.no_data_run += 1
+            if self.no_data_run < growth_interval:
+                return self._decision(scale, scale, NO_DATA, None, None, None, s)
+            self.no_data_run = 0
+            return self._decision(scale * growth_factor, scale, NO_DATA, None, None, None, s)
+        self.no_data_run = 0
+        room = self._room(finite_amax)
+        self.ref_amax, self.ref_scale = finite_amax / scale, scale
+        reason = HEADROOM if self.calibrated else START
+        self.calibrated = True
+        unsafe = None
+        if unexplained and lowest is not None and scale < lowest:
+            # NaN/Inf the gradients did not explain, gone at a lower scale: evidence that the scale caused it.
+            # The margin that keeps the scale below the lowest failing one: one binade more than the room at
+            # it, as an overflow with room left teaches. The first time for growth_interval clean steps (a
+            # bad batch followed by a good one looks the same; GradScaler, too, waits that long to grow
+            # back), the second time for the rest of the run.
+            # The room there: as this step measures it, or as the failing step measured its finite gradients
+            # (the larger: gradients vary from batch to batch).
+            at_lowest = room - round(math.log2(lowest / scale))
+            if lowest_room is not None:
+                at_lowest = max(at_lowest, lowest_room)
+            needed = min(at_lowest + 1, self.max_margin)
+            if needed > self.effective_margin:
+                unsafe, reason = lowest, MARGIN
+                if self.evidence_seen:
+                    self.margin = max(self.margin, needed)
+                else:
+                    self.evidence_margin, self.evidence_left = needed, growth_interval
+                self.evidence_seen += 1
+        next_scale = math.ldexp(scale, room - self.effective_margin)
+        return self._decision(next_scale, scale, reason, None, room, "this step", s, unsafe)
 
     def _decision(
         self,
@@ -214,15 +319,28 @@ class HeadroomPolicy:
         room: int | None,
         room_from: str | None,
         s: StepStats,
+        unsafe: float | None = None,
     ) -> ScaleDecision:
-        return ScaleDecision(self._clamp(scale), previous, reason, skip, self.margin, room, room_from, s.offenders)
+        margin = self.effective_margin
+        return ScaleDecision(self._clamp(scale), previous, reason, skip, margin, room, room_from, s.offenders, unsafe)
 
     _STATE = ("margin", "calibrated", "ref_amax", "anchor", "nonfinite_run")
+    # Added later: a state_dict saved before them loads, with their starting values.
+    _LEARNED = (
+        "ref_scale",
+        "run_lowest",
+        "run_lowest_room",
+        "run_unexplained",
+        "evidence_margin",
+        "evidence_left",
+        "evidence_seen",
+        "no_data_run",
+    )
     _OPTIONS = ("fmt", "max_margin", "far_binades", "nonfinite_backoff_binades", "patience", "probe_scale")
     _OPTIONS += ("min_scale", "max_scale")
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._STATE + self._OPTIONS}
+        return {k: getattr(self, k) for k in self._STATE + self._LEARNED + self._OPTIONS}
 
     def checked_state(self, state: Any) -> dict[str, Any]:
         """The options and run state ``load_state_dict(state)`` would set, checked; ValueError (or KeyError for a
@@ -234,7 +352,8 @@ class HeadroomPolicy:
         if missing:
             raise KeyError(f"{owner}: the state lacks {', '.join(missing)}")
         return self._checked(
-            {**self.state_dict(), **{k: state[k] for k in self._STATE + self._OPTIONS if k in state}}, owner
+            {**self.state_dict(), **{k: state[k] for k in self._STATE + self._LEARNED + self._OPTIONS if k in state}},
+            owner,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

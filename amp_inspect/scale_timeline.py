@@ -4,7 +4,8 @@
 the scale chosen for the next step, why (``reason``) and, for a skipped step, the skip kind. The run log
 carries it as ``"scale_decision"``; a log whose records carry one was written under ``policy="headroom"``, any
 other under GradScaler's own rule (``policy="torch"``). A decision is **shown** on the timeline when it changed
-the scale or skipped the step (a decision that kept the scale on a clean step says nothing new).
+the scale, skipped the step, or learned from NaN that a scale was unsafe (a decision that kept the scale on a
+clean step otherwise says nothing new).
 
 Torch-free: the summary (history.py), the console, the loss-scale figure (plots.py) and the HTML report share it.
 """
@@ -38,7 +39,7 @@ MAX_SHOWN = 16  # decisions listed one by one; the rest are counted
 REASON_WORDS = {
     START: "start: set from the first measured step",
     HEADROOM: "headroom: set from the measured room",
-    MARGIN: "margin: overflow with measured room left, margin widened",
+    MARGIN: "margin widened: an overflow with measured room left, or NaN/Inf gone at a lower scale",
     OVERFLOW: "overflow caused by the scale",
     NONFINITE_NOT_FROM_SCALE: "non-finite not caused by the scale",
     NO_DATA: "no data: every gradient zero",
@@ -88,6 +89,8 @@ class ScaleChange:
     def __str__(self) -> str:
         d = self.decision
         text = f"step {self.step}: scale {scale_text(d.previous)} -> {scale_text(d.scale)}, {self.reason_text}"
+        if d.unsafe_scale is not None:
+            text += f" (the NaN/Inf at {scale_text(d.unsafe_scale)} vanished at this step's scale)"
         if d.skip is not None:
             text += f"; skipped: {self.skip_text}"
             if d.skip == SKIP_NONFINITE and d.offenders:
@@ -96,11 +99,11 @@ class ScaleChange:
 
 
 def scale_changes(steps: Sequence[int], decisions: Sequence[ScaleDecision | None]) -> list[ScaleChange]:
-    """The decisions that changed the scale or skipped their step, in log order."""
+    """The decisions that changed the scale, skipped their step or learned from NaN, in log order."""
     return [
         ScaleChange(int(step), d)
         for step, d in zip(steps, decisions, strict=True)
-        if d is not None and (d.skip is not None or d.scale != d.previous)
+        if d is not None and (d.skip is not None or d.scale != d.previous or d.unsafe_scale is not None)
     ]
 
 

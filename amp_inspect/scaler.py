@@ -371,7 +371,9 @@ class InspectingGradScaler(torch.amp.GradScaler):
         report = self.last_report
         if self._policy is not None and self._enabled and new_scale is None and self._unscaled_this_step:
             assert report is not None
-            decision = self._policy.decide(self._policy_stats(report), self._growth_factor, self._backoff_factor)
+            decision = self._policy.decide(
+                self._policy_stats(report), self._growth_factor, self._backoff_factor, self._growth_interval
+            )
             report.scale_decision = decision
             self.last_decision = decision
         ended = report if self._unscaled_this_step else None

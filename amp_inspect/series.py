@@ -18,6 +18,7 @@ Cost: one pass over the records (dense histograms only for the records that have
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -294,3 +295,15 @@ class RunSeries:
 def series_of(records: Sequence[Mapping[str, Any]] | RunSeries) -> RunSeries:
     """``records`` as a RunSeries (a RunSeries is returned as it is, so callers can share one)."""
     return records if isinstance(records, RunSeries) else RunSeries.from_records(records)
+
+
+def grouped_findings(findings: Sequence[str | None]) -> list[tuple[str, int]]:
+    """The activation hooks' first non-finite findings, one line per producer and kind (the text before the
+    first comma, without its NaN/Inf count: "m: output gradient went non-finite"), with the number of steps it
+    was found on, most first. Findings that differ only in a count are one line."""
+    counts: dict[str, int] = {}
+    for finding in findings:
+        if finding:
+            where = re.sub(r" \(\d+ NaN/Inf\)", "", finding.split(",")[0])
+            counts[where] = counts.get(where, 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])

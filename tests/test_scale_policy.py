@@ -125,7 +125,10 @@ def test_a_long_run_of_nonfinite_steps_is_finally_blamed_on_the_scale() -> None:
 
 def test_nothing_measured_grows_as_gradscaler_and_nothing_known_backs_off() -> None:
     policy = HeadroomPolicy()
-    d = policy.decide(StepStats(scale=4.0, amax=0.0, nan=0, inf=0))
+    # All-zero steps: GradScaler's pace, one growth per growth_interval of them (issue 16, case 11).
+    scales = [policy.decide(StepStats(scale=4.0, amax=0.0, nan=0, inf=0), growth_interval=3).scale for _ in range(3)]
+    assert scales == [4.0, 4.0, 8.0]
+    d = policy.decide(StepStats(scale=4.0, amax=0.0, nan=0, inf=0), growth_interval=1)
     assert (d.reason, d.scale) == (NO_DATA, 8.0)
     d = policy.decide(StepStats(scale=4.0, amax=0.0, nan=5, inf=0))  # no clean step yet: nothing to judge by
     assert (d.reason, d.skip, d.scale) == (OVERFLOW, SKIP_OVERFLOW, 2.0)
