@@ -12,6 +12,12 @@ Terms:
 - **output gradient**: the gradient of the loss with respect to such a tensor, as autograd hands it to the
   op that produced it (a later in-place op does not change which gradient this is: it is the one for the
   value the module returned).
+- **judged against a format**: a tensor is judged for overflow of ``formats[0]`` only where that format can hold
+  it: a tensor of a low-precision dtype (fp16, bf16), or a float32 forward output made inside an autocast region
+  (the next autocast op would cast it). A float32 output gradient is never judged for overflow: it is the loss's
+  own gradient (the loss scale, 65536 by default, which fp16 cannot hold and never has to) or the gradient of an
+  op autocast runs in float32; an fp16 gradient that overflowed is already Inf. Non-finite values are judged in
+  every dtype.
 - **execution order**: forward hooks run when a module's ``forward`` returns, so a child is recorded before
   the container that called it; output gradients are recorded in the order backward computes them. The
   two orders are kept apart: a forward problem is reported before any backward one.
@@ -49,6 +55,7 @@ FORWARD_OUTPUT = "forward output"
 OUTPUT_GRADIENT = "output gradient"
 NONFINITE = "non-finite"
 MAX_RECORDS = 4096  # records held per direction before they are folded into their first finding (one sync)
+LOW_PRECISION = (torch.float16, torch.bfloat16)  # dtypes judged for overflow of the format wherever they appear
 
 # Path components that wrappers insert into named_modules() names. "_orig_mod" is torch.compile's
 # OptimizedModule; the FSDP and activation-checkpoint wrappers use the other two. "module" is only a wrapper
@@ -85,6 +92,7 @@ class ActivationRecord:
     direction: str
     stats: TensorStats
     step: int | None
+    judged: tuple[bool, ...] = ()  # per row: whether overflow of the format counts (see "judged"); () = all rows
 
 
 def _float_tensors(output: object) -> list[torch.Tensor]:
@@ -255,9 +263,9 @@ class ActivationWatcher:
             return  # nothing to judge, or the first forward finding of this step is known already
         with torch.no_grad():
             stats = tensor_stats([t.detach() for t in tensors], formats=self.formats)
-        self._add(
-            self._forward, ActivationRecord(self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step)
-        )
+        judged = tuple(t.dtype in LOW_PRECISION or _autocast_casts(t) for t in tensors)
+        record = ActivationRecord(self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step, judged)
+        self._add(self._forward, record)
         epoch = self._epoch
         for t in tensors:
             # A leaf (a parameter returned as is) would keep the hook across steps; its .grad is the
@@ -284,7 +292,8 @@ class ActivationWatcher:
             return  # the first output-gradient finding of this step is known already
         with torch.no_grad():
             stats = tensor_stats([grad.detach()], formats=self.formats)
-        record = ActivationRecord(self._next_seq(OUTPUT_GRADIENT), name, OUTPUT_GRADIENT, stats, self.step)
+        judged = (grad.dtype in LOW_PRECISION,)
+        record = ActivationRecord(self._next_seq(OUTPUT_GRADIENT), name, OUTPUT_GRADIENT, stats, self.step, judged)
         self._add(self._backward, record)
 
     def _next_seq(self, direction: str) -> int:
@@ -321,12 +330,12 @@ class ActivationWatcher:
         return found
 
     def _findings_of(self, records: Sequence[ActivationRecord]) -> list[ActivationFinding]:
-        summaries = _summarize(records, self.formats[0])
+        summaries = _summarize(records)
         found = []
         for record, (nonfinite, overflow, amax) in zip(records, summaries, strict=True):
             if nonfinite == 0 and overflow == 0:
                 continue
-            problem = NONFINITE if nonfinite else f"overflowed {self.formats[0]}"
+            problem = NONFINITE if nonfinite else f"overflowed {record.stats.formats[0]}"
             found.append(
                 ActivationFinding(record.module, record.direction, problem, amax, nonfinite, overflow, record.step)
             )
@@ -340,8 +349,9 @@ class ActivationWatcher:
         return found[0] if found else None
 
 
-def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int, int, float]]:
-    """(nonfinite, overflow of ``fmt``, amax) per record, with one device-to-host copy per device."""
+def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, float]]:
+    """(nonfinite, overflow of the record's first format, amax) per record, with one device-to-host copy per device
+    (a record keeps the formats it was made with: an Inspector's formats may follow the autocast dtype later)."""
     if not records:
         return []
     by_device: dict[torch.device, list[int]] = {}
@@ -350,12 +360,11 @@ def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int,
     rows: list[list[list[float]]] = [[] for _ in records]
     for indices in by_device.values():
         group = [records[i].stats for i in indices]
-        col = group[0].column(fmt)
         # float64 holds counts exactly up to 2**53 elements.
         table = torch.stack(
             [
                 torch.cat([s.nonfinite for s in group]).double(),
-                torch.cat([s.overflow[:, col] for s in group]).double(),
+                torch.cat([s.overflow[:, 0] for s in group]).double(),
                 torch.cat([s.amax for s in group]).double(),
             ],
             dim=1,
@@ -364,6 +373,20 @@ def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int,
         for i, s in zip(indices, group, strict=True):
             rows[i] = table[start : start + len(s)]
             start += len(s)
-    return [
-        (int(sum(r[0] for r in rs)), int(sum(r[1] for r in rs)), max((r[2] for r in rs), default=0.0)) for rs in rows
-    ]
+    out = []
+    for record, rs in zip(records, rows, strict=True):
+        judged = record.judged or (True,) * len(rs)
+        overflow = sum(r[1] for r, j in zip(rs, judged, strict=True) if j)
+        out.append((int(sum(r[0] for r in rs)), int(overflow), max((r[2] for r in rs), default=0.0)))
+    return out
+
+
+def _autocast_casts(t: torch.Tensor) -> bool:
+    """Whether ``t`` (a forward output) sits in an autocast region that casts to a low-precision dtype: the next
+    autocast op would cast it, so the format's range applies to it."""
+    if t.dtype not in (torch.float32, torch.float64):
+        return False
+    try:
+        return torch.is_autocast_enabled(t.device.type) and torch.get_autocast_dtype(t.device.type) in LOW_PRECISION
+    except (TypeError, RuntimeError):
+        return False

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,8 @@ from torch import nn
 
 from . import hardware
 from .activations import ActivationWatcher
+from .autocast_watch import AUTOCAST_OFF, AutocastWatch
+from .backward_order import BackwardOrder
 from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
 from .distributed import Combiners, global_ranks, is_distributed, local_shards, log_path_of_rank, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
@@ -94,12 +97,19 @@ class Inspector:
             )
         self.model = model
         self.formats = opts.formats
+        # formats= left to its default follows the autocast dtype the run is seen to use (a bf16 run: bf16), unless
+        # a GradScaler is attached: a loss scale is fp16's tool, and its headroom is judged against fp16.
+        self._formats_follow_autocast = "formats" not in options
         self.every = opts.every
         self.activations = activations
         self.arm_steps = opts.arm_steps
         self.collapse_skips = opts.collapse_skips
         self.entries: list[ParamEntry] = param_entries(model)
         self._module_of_param = {id(e.param): e.module for e in self.entries}
+        # The order autograd makes the modules' gradients in, from the first backward (the blame of a skipped step).
+        self._backward_order = BackwardOrder((e.param, e.module) for e in self.entries)
+        device_type = self.entries[0].param.device.type if self.entries else "cpu"
+        self._autocast = AutocastWatch(model, "cuda" if device_type == "meta" else device_type)
         # Parameters added or removed after attach are noticed at check() (FSDP2 swaps its parameters itself).
         self._watch_params = not has_fsdp2_modules(model)
         self._param_ids = tuple(map(id, model.parameters())) if self._watch_params else ()
@@ -128,6 +138,9 @@ class Inspector:
         report_group = ddp.process_group if ddp is not None else group
         log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
         self._log = RunLog(log_path, hist_every=opts.hist_every) if log_path is not None else None
+        # A run that ends without close() or detach() still closes its log at exit (no ResourceWarning, no lost
+        # buffered lines of the steps already written).
+        self._log_closer = weakref.finalize(self, self._log.close) if self._log is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         self._armed_until = -1
         self._findings: dict[int, str] = {}  # activation findings of steps that had no report yet
@@ -349,7 +362,19 @@ class Inspector:
             set_dynamo_stance(self._prior_stance)
             self._prior_stance = None
 
+    def _follow_autocast(self) -> None:
+        """formats= left to its default: judge against the format of the autocast dtype the forward ran under."""
+        seen = self._autocast.seen
+        if not self._formats_follow_autocast or seen in (None, AUTOCAST_OFF) or self.formats[0] == seen:
+            return
+        if self.scaler is not None and self.scaler.is_enabled():
+            return
+        self.formats = (seen, *(f for f in self.formats if f != seen))
+        if self._watcher is not None:
+            self._watcher.formats = self.formats
+
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
+        self._follow_autocast()
         whole, rows = grads_of(self.entries)
         for grad, row in zip(whole, rows, strict=True):
             # Named here: tensor_stats would only say "tensor i".
@@ -404,6 +429,10 @@ class Inspector:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
         if report.first_nonfinite is None:
             report.first_nonfinite = self._findings.pop(report.step, None)
+        report.backward_order = self._backward_order.take()
+        report.autocast = self._autocast.seen
+        self._autocast.settle()
+        self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
         origin = self._nonfinite_by_rank
         if origin is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
             counts = origin.take(report.step)
@@ -564,7 +593,9 @@ class Inspector:
         self._collect(wait=True)
         if self._log is not None:
             self._log.close()
-            self._log = None  # later steps are still inspected, no longer logged
+            self._log = None
+            if self._log_closer is not None:
+                self._log_closer.detach()  # later steps are still inspected, no longer logged
 
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
@@ -572,6 +603,8 @@ class Inspector:
             self._disarm_watcher()
             self._watcher.close()  # for good: a later check() does not re-arm, hooks on model copies go quiet
         self._scaler_patches.remove()
+        self._backward_order.remove()
+        self._autocast.remove()
         if isinstance(self.scaler, InspectingGradScaler):
             self.scaler.remove_listener(self)  # a scaler that reports to another inspector keeps it
         ddp = ddp_of(self.model)

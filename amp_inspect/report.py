@@ -14,6 +14,9 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
   (a repeated index is one row, as the optimizer sees it), so numel counts those stored values, not the
   parameter's elements; ``sparse_modules`` names them.
 - **offenders**: modules with any NaN/Inf gradient, most non-finite values first.
+- **nonfinite_origin**: of the offenders, the one whose gradients autograd computed first (closest to the
+  output: ``backward_order``, recorded by the Inspector on the first backward); the others may have received
+  its NaN/Inf (amp_inspect/attribution.py says how blame is decided).
 - **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.
   total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_.
 - **headroom** and ``recommended_scale``: defined in amp_inspect/headroom.py.
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble
+from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble, origin_in_order
 from .headroom import Headroom, balanced_scale, measure_headroom
 from .stats import TensorStats
 from .table import fixed_width
@@ -118,6 +121,12 @@ class StepReport:
         self.formats = stats.formats
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
+        # Module names in the order autograd made their gradients (closest to the output first), set by the
+        # Inspector; empty when unknown (nonfinite_origin is then None).
+        self.backward_order: Sequence[str] = ()
+        self.autocast: str | None = None  # the autocast format the forward ran under, as the Inspector saw it
+        # The recommended scales of recent steps (the Inspector's history): str() shows their median with this one's.
+        self.recent_recommended: Sequence[float] = ()
         # Whether an enabled GradScaler skips this step on NaN/Inf (default: a loss scale is there). Without one
         # the optimizer applies them: ``poisoned``, not ``skipped``.
         self.skips = scale is not None if skips is None else bool(skips)
@@ -289,6 +298,13 @@ class StepReport:
         return self._get()["offenders"]
 
     @property
+    def nonfinite_origin(self) -> str | None:
+        """The offender closest to the output in backward order (None without offenders or without the order)."""
+        if not self.backward_order:
+            return None
+        return origin_in_order(self.offenders, self.backward_order)
+
+    @property
     def by_module(self) -> dict[str, dict[str, Any]]:
         return self._get_modules()["by_module"]
 
@@ -355,6 +371,10 @@ class StepReport:
         }
         if self.first_nonfinite is not None:
             record["first_nonfinite"] = self.first_nonfinite
+        if self.nonfinite_origin is not None:
+            record["nonfinite_origin"] = self.nonfinite_origin
+        if self.autocast is not None:
+            record["autocast"] = self.autocast
         if self.sparse_modules:
             record["sparse_modules"] = self.sparse_modules
         if self.scale_problem is not None:
@@ -394,8 +414,13 @@ class StepReport:
             lines.append(f"first non-finite producer: {self.first_nonfinite}")
         if self.scale_decision is not None:
             lines.append(f"headroom policy: {self.scale_decision}")
+        origin = self.nonfinite_origin
+        if origin is not None:
+            others = len(self.offenders) - 1
+            received = f"; {others} module{'s' if others != 1 else ''} upstream received it" if others else ""
+            lines.append(f"NaN/Inf started in: {origin} (closest to the output in backward order){received}")
         if self.offenders:
-            lines.append("offenders: " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
+            lines.append("offenders (most NaN/Inf first): " + ", ".join(self.offenders[:MAX_TABLE_ROWS]))
         for rank, modules in (self.inf_by_rank or {}).items():
             shown_modules = ", ".join(f"{name} ({count})" for name, count in list(modules.items())[:MAX_TABLE_ROWS])
             where = f"NaN/Inf came from rank {rank}" if self.inf_origin == BEFORE_ALLREDUCE else f"rank {rank}'s shards"
