@@ -73,12 +73,17 @@ class ActivationFinding:
     nonfinite: int  # NaN + Inf elements
     overflow: int  # finite elements that overflow the judged format
     step: int | None
+    # An output gradient is computed by the backward of whatever consumed the output: the module whose output
+    # gradient was recorded just before this one (finite: this is the first finding) ran that backward.
+    made_by: str | None = None
 
     def __str__(self) -> str:
         if self.problem == NONFINITE:
             text = f"{self.module}: {self.direction} went non-finite ({self.nonfinite} NaN/Inf)"
         else:
             text = f"{self.module}: {self.direction} {self.problem}, amax {self.amax:.1e}"
+        if self.made_by is not None:
+            text += f" (made in the backward of {self.made_by})"
         return text if self.step is None else f"{text}, step {self.step}"
 
 
@@ -332,12 +337,17 @@ class ActivationWatcher:
     def _findings_of(self, records: Sequence[ActivationRecord]) -> list[ActivationFinding]:
         summaries = _summarize(records)
         found = []
-        for record, (nonfinite, overflow, amax) in zip(records, summaries, strict=True):
+        for i, (record, (nonfinite, overflow, amax)) in enumerate(zip(records, summaries, strict=True)):
             if nonfinite == 0 and overflow == 0:
                 continue
             problem = NONFINITE if nonfinite else f"overflowed {record.stats.formats[0]}"
+            made_by = None
+            if record.direction == OUTPUT_GRADIENT and not found and i > 0:
+                made_by = _maker(record.module, records[:i])
             found.append(
-                ActivationFinding(record.module, record.direction, problem, amax, nonfinite, overflow, record.step)
+                ActivationFinding(
+                    record.module, record.direction, problem, amax, nonfinite, overflow, record.step, made_by
+                )
             )
         return found
 
@@ -379,6 +389,16 @@ def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, floa
         overflow = sum(r[1] for r, j in zip(rs, judged, strict=True) if j)
         out.append((int(sum(r[0] for r in rs)), int(overflow), max((r[2] for r in rs), default=0.0)))
     return out
+
+
+def _maker(module: str, before: Sequence[ActivationRecord]) -> str | None:
+    """The module whose backward made ``module``'s output gradient: the last output gradient recorded before it (all
+    of them finite) that is not ``module`` itself or a module containing it (a container's output gradient arrives
+    before its children's, and says nothing about who computed theirs)."""
+    for record in reversed(before):
+        if record.module != module and not module.startswith(record.module + "."):
+            return record.module
+    return None
 
 
 def _autocast_casts(t: torch.Tensor) -> bool:

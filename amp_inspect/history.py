@@ -357,8 +357,8 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
     first = history[trailing.start].scale
     if last.scale is not None and fall >= COLLAPSE_FACTOR:
         return (
-            f"loss scale collapse at step {last.step}: the scale fell from {first:g} to {scale} (by more than "
-            f"{COLLAPSE_FACTOR:g}x) over {trailing.length} skipped steps in a row and stayed down; the NaN/Inf "
+            f"loss scale collapse at step {last.step}: the scale fell from {first:g} to {scale} ({fall:g}x, at "
+            f"least {COLLAPSE_FACTOR:g}x) over {trailing.length} skipped steps in a row and stayed down; the NaN/Inf "
             f"started in {where}"
         )
     held = f"at loss scale {scale}" if fall == 1 else f"while the scale fell only from {first:g} to {scale}"

@@ -20,6 +20,7 @@ DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import warnings
@@ -39,12 +40,13 @@ from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
 from .distributed import Combiners, global_ranks, is_distributed, local_shards, log_path_of_rank, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches
-from .history import StepRecord, Summary, collapse_warning, summarize
+from .history import RECENT_STEPS, StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, module_names, param_entries
 from .options import AttachOptions, takes_attach_options
 from .report import BEFORE_ALLREDUCE, SHARDS, StepReport
 from .runlog import RunLog
 from .scaler import InspectingGradScaler
+from .spikes import SPIKE_WINDOW, is_spike
 from .stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 from .wrappers import (
     eager_stance,
@@ -131,6 +133,7 @@ class Inspector:
         self.last_report: StepReport | None = None
         self._pending: deque[StepReport] = deque()
         self._history: list[StepRecord] = []
+        self._previous_report: StepReport | None = None  # the last finalized one (spikes compare with it)
         self._warned_collapse = False
         self.group = group
         self.timeout = opts.timeout
@@ -432,6 +435,9 @@ class Inspector:
         report.backward_order = self._backward_order.take()
         report.autocast = self._autocast.seen
         self._autocast.settle()
+        # Finalized records only (no sync): str(report) shows the median of these and its own recommendation.
+        recent = [r.recommended_scale for r in self._history[-(RECENT_STEPS - 1) :] if not r.skipped]
+        report.recent_recommended = [x for x in recent if x]
         self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
         origin = self._nonfinite_by_rank
         if origin is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
@@ -485,8 +491,20 @@ class Inspector:
         it does not wait): one step behind on CUDA. ``detach()`` removes the listeners."""
         self._listeners.append(listener)
 
+    def _module_norms(self, report: StepReport) -> dict[str, float | None]:
+        return {name: m["grad_norm"] for name, m in report.by_module.items()}
+
     def _finalize(self, report: StepReport) -> None:
         record = StepRecord.from_report(report)
+        # Per-module norms (a loop over the rows) where the log makes them anyway, or on a spike, with the step
+        # before's (kept as its report): the summary names the modules whose norm rose most.
+        spike = is_spike(record.total_norm, [r.total_norm for r in self._history[-SPIKE_WINDOW:]]) is not None
+        if self._log is not None or spike:
+            record = dataclasses.replace(record, module_norms=self._module_norms(report))
+        before = self._previous_report
+        if spike and before is not None and self._history and self._history[-1].module_norms is None:
+            self._history[-1] = dataclasses.replace(self._history[-1], module_norms=self._module_norms(before))
+        self._previous_report = report
         self._history.append(record)
         if self._log is not None:
             entry = report.to_record(with_hist=self._log.wants_hist(report.step))

@@ -18,7 +18,9 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
   output: ``backward_order``, recorded by the Inspector on the first backward); the others may have received
   its NaN/Inf (amp_inspect/attribution.py says how blame is decided).
 - **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.
-  total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_.
+  total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_. A module's
+  amax is over its finite values, and **unknown** (NaN) when it has none; its grad_norm is unknown (NaN) when any of
+  its values is NaN/Inf: a norm of the finite rest, or 0 for a module that is all NaN, would read as a measurement.
 - **headroom** and ``recommended_scale``: defined in amp_inspect/headroom.py.
 
 Building a report never syncs the host: it holds device tensors (copied to pinned host memory
@@ -46,6 +48,11 @@ __all__ = ["BEFORE_ALLREDUCE", "ORIGIN_HEADINGS", "SHARDS", "Headroom", "StepRep
 _FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
 MAX_TABLE_ROWS = 12
+
+
+def known(value: float) -> str:
+    """A measured value for a table: "unknown" for NaN (nothing finite to measure)."""
+    return "unknown" if math.isnan(value) else f"{value:.3g}"
 
 
 class HostCopy:
@@ -248,7 +255,10 @@ class StepReport:
             sumsq[name] += float(h["sumsq"][row])
             hists[name] += h["hist"][row]
         for name, m in modules.items():
-            m["grad_norm"] = math.sqrt(sumsq[name]) / unscale
+            bad = m["nan"] + m["posinf"] + m["neginf"]
+            m["grad_norm"] = math.nan if bad else math.sqrt(sumsq[name]) / unscale
+            if bad and bad >= m["numel"]:
+                m["amax"] = math.nan  # no finite value to take a maximum of: unknown, not 0
         return {"by_module": modules, "module_hist": hists}
 
     def _total_norm(self, h: dict[str, np.ndarray], scale: float | None) -> float:
@@ -407,9 +417,7 @@ class StepReport:
         if self.sparse_modules:
             shown_sparse = ", ".join(self.sparse_modules[:MAX_TABLE_ROWS])
             lines.append(f"sparse gradients (numel counts their stored values): {shown_sparse}")
-        rec = self.recommended_scale
-        advice = "" if rec is None else f"; recommended scale 2^{round(math.log2(rec))}"
-        lines.append(f"headroom ({fmt}): {self.headroom}{advice}")
+        lines.append(f"headroom ({fmt}): {self.headroom}{self._recommendation()}")
         if self.first_nonfinite:
             lines.append(f"first non-finite producer: {self.first_nonfinite}")
         if self.scale_decision is not None:
@@ -437,13 +445,26 @@ class StepReport:
             m = modules[name]
             rows.append(
                 [name, str(m["numel"]), str(m["nan"]), str(m["posinf"] + m["neginf"]), str(m["overflow"])]
-                + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), f"{m['amax']:.3g}"]
-                + [f"{m['grad_norm']:.3g}"]
+                + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), known(m["amax"])]
+                + [known(m["grad_norm"])]
             )
         lines += fixed_width(headers, rows, rule=False)
         if len(shown) > MAX_TABLE_ROWS:
             lines.append(f"... and {len(shown) - MAX_TABLE_ROWS} more modules")
         return "\n".join(lines)
+
+    def _recommendation(self) -> str:
+        """The scale to recommend in str(): none under a loss-scale policy (its next scale, on the policy's line, is
+        the one that acts: two disagreeing numbers would leave the reader to choose) and none for a non-finite
+        step; else the median of this step's and the recent steps' recommendations (one step's follows its single
+        smallest gradient and jumps by binades from step to step)."""
+        rec = self.recommended_scale
+        if self.scale_decision is not None or rec is None or self.found_inf:
+            return ""
+        values = sorted([*self.recent_recommended, rec])
+        median = values[len(values) // 2]
+        over = f" (median of the last {len(values)} steps)" if len(values) > 1 else ""
+        return f"; recommended scale 2^{round(math.log2(median))}{over}"
 
     def __repr__(self) -> str:
         return f"StepReport(step={self.step}, formats={self.formats})"

@@ -155,7 +155,8 @@ def test_gradient_only_problem_names_the_module_whose_output_received_it():
     assert (first.module, first.direction, first.problem) == ("act", OUTPUT_GRADIENT, "non-finite")
     assert first.nonfinite == 5 * 8
     assert [f.module for f in findings] == ["act", "inp"]
-    assert str(first) == "act: output gradient went non-finite (40 NaN/Inf), step 3"
+    assert first.made_by == "bomb"  # and the finding says so
+    assert str(first) == "act: output gradient went non-finite (40 NaN/Inf) (made in the backward of bomb), step 3"
 
 
 def test_clean_model_has_no_finding():
