@@ -156,11 +156,12 @@ def top_offender(history: list[StepRecord]) -> str | None:
 
 
 def uses_fp16(history: list[StepRecord]) -> bool:
-    """Whether the run's low-precision format is fp16: the autocast dtype seen, else the format judged against."""
+    """Whether fp16's range is the run's concern: the gradients were judged against fp16, and either the forward
+    ran fp16 autocast (or its dtype was not seen) or a loss scaler acted (its scale is set against fp16's range,
+    whatever autocast ran). A bf16 run without a scaler is not an fp16 run, whatever it was judged against."""
+    fmt = next((r.fmt for r in reversed(history) if r.fmt), "fp16")
     seen = next((r.autocast for r in reversed(history) if r.autocast), None)
-    if seen is not None:
-        return seen == "fp16"
-    return next((r.fmt for r in reversed(history) if r.fmt), "fp16") == "fp16"
+    return fmt == "fp16" and (seen in (None, "fp16", "off") or has_scaler(history))
 
 
 def has_scaler(history: list[StepRecord]) -> bool:
@@ -420,7 +421,8 @@ def summarize(
     if summary.spikes and not summary.scaler:
         first = summary.spikes[0]
         summary.advice.append(
-            f"{len(summary.spikes)} gradient spikes over {SPIKE_FACTOR:g}x the recent median (first: step "
+            f"{len(summary.spikes)} gradient spike{'s' if len(summary.spikes) > 1 else ''} over {SPIKE_FACTOR:g}x "
+            f"the recent median (first: step "
             f"{first.step}): with no loss scaler nothing skips them and the optimizer takes the whole step; look at "
             "those batches and the learning rate, or clip the gradient norm"
         )
