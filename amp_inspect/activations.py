@@ -12,6 +12,12 @@ Terms:
 - **output gradient**: the gradient of the loss with respect to such a tensor, as autograd hands it to the
   op that produced it (a later in-place op does not change which gradient this is: it is the one for the
   value the module returned).
+- **judged against a format**: a tensor is judged for overflow of ``formats[0]`` only where that format can hold
+  it: a tensor of a low-precision dtype (fp16, bf16), or a float32 forward output made inside an autocast region
+  (the next autocast op would cast it). A float32 output gradient is never judged for overflow: it is the loss's
+  own gradient (the loss scale, 65536 by default, which fp16 cannot hold and never has to) or the gradient of an
+  op autocast runs in float32; an fp16 gradient that overflowed is already Inf. Non-finite values are judged in
+  every dtype.
 - **execution order**: forward hooks run when a module's ``forward`` returns, so a child is recorded before
   the container that called it; output gradients are recorded in the order backward computes them. The
   two orders are kept apart: a forward problem is reported before any backward one.
@@ -50,6 +56,7 @@ FORWARD_OUTPUT = "forward output"
 OUTPUT_GRADIENT = "output gradient"
 NONFINITE = "non-finite"
 MAX_RECORDS = 4096  # records held per direction before they are folded into their first finding (one sync)
+LOW_PRECISION = (torch.float16, torch.bfloat16)  # dtypes judged for overflow of the format wherever they appear
 
 # Path components that wrappers insert into named_modules() names. "_orig_mod" is torch.compile's
 # OptimizedModule; the FSDP and activation-checkpoint wrappers use the other two. "module" is only a wrapper
@@ -67,12 +74,17 @@ class ActivationFinding:
     nonfinite: int  # NaN + Inf elements
     overflow: int  # finite elements that overflow the judged format
     step: int | None
+    # An output gradient is computed by the backward of whatever consumed the output: the module whose output
+    # gradient was recorded just before this one (finite: this is the first finding) ran that backward.
+    made_by: str | None = None
 
     def __str__(self) -> str:
         if self.problem == NONFINITE:
             text = f"{shown_name(self.module)}: {self.direction} went non-finite ({self.nonfinite} NaN/Inf)"
         else:
             text = f"{shown_name(self.module)}: {self.direction} {self.problem}, amax {self.amax:.1e}"
+        if self.made_by is not None:
+            text += f" (made in the backward of {shown_name(self.made_by)})"
         return text if self.step is None else f"{text}, step {self.step}"
 
 
@@ -86,6 +98,7 @@ class ActivationRecord:
     direction: str
     stats: TensorStats
     step: int | None
+    judged: tuple[bool, ...] = ()  # per row: whether overflow of the format counts (see "judged"); () = all rows
 
 
 def _float_tensors(output: object) -> list[torch.Tensor]:
@@ -262,9 +275,9 @@ class ActivationWatcher:
             return  # nothing to judge, or the first forward finding of this step is known already
         with torch.no_grad():
             stats = tensor_stats([t.detach() for t in tensors], formats=self.formats)
-        self._add(
-            self._forward, ActivationRecord(self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step)
-        )
+        judged = tuple(t.dtype in LOW_PRECISION or _autocast_casts(t) for t in tensors)
+        record = ActivationRecord(self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step, judged)
+        self._add(self._forward, record)
         epoch = self._epoch
         for t in tensors:
             # A leaf (a parameter returned as is) would keep the hook across steps; its .grad is the
@@ -291,7 +304,8 @@ class ActivationWatcher:
             return  # the first output-gradient finding of this step is known already
         with torch.no_grad():
             stats = tensor_stats([grad.detach()], formats=self.formats)
-        record = ActivationRecord(self._next_seq(OUTPUT_GRADIENT), name, OUTPUT_GRADIENT, stats, self.step)
+        judged = (grad.dtype in LOW_PRECISION,)
+        record = ActivationRecord(self._next_seq(OUTPUT_GRADIENT), name, OUTPUT_GRADIENT, stats, self.step, judged)
         self._add(self._backward, record)
 
     def _next_seq(self, direction: str) -> int:
@@ -328,14 +342,19 @@ class ActivationWatcher:
         return found
 
     def _findings_of(self, records: Sequence[ActivationRecord]) -> list[ActivationFinding]:
-        summaries = _summarize(records, self.formats[0])
+        summaries = _summarize(records)
         found = []
-        for record, (nonfinite, overflow, amax) in zip(records, summaries, strict=True):
+        for i, (record, (nonfinite, overflow, amax)) in enumerate(zip(records, summaries, strict=True)):
             if nonfinite == 0 and overflow == 0:
                 continue
-            problem = NONFINITE if nonfinite else f"overflowed {self.formats[0]}"
+            problem = NONFINITE if nonfinite else f"overflowed {record.stats.formats[0]}"
+            made_by = None
+            if record.direction == OUTPUT_GRADIENT and not found and i > 0:
+                made_by = _maker(record.module, records[:i])
             found.append(
-                ActivationFinding(record.module, record.direction, problem, amax, nonfinite, overflow, record.step)
+                ActivationFinding(
+                    record.module, record.direction, problem, amax, nonfinite, overflow, record.step, made_by
+                )
             )
         return found
 
@@ -347,8 +366,9 @@ class ActivationWatcher:
         return found[0] if found else None
 
 
-def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int, int, float]]:
-    """(nonfinite, overflow of ``fmt``, amax) per record, with one device-to-host copy per device."""
+def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, float]]:
+    """(nonfinite, overflow of the record's first format, amax) per record, with one device-to-host copy per device
+    (a record keeps the formats it was made with: an Inspector's formats may follow the autocast dtype later)."""
     if not records:
         return []
     by_device: dict[torch.device, list[int]] = {}
@@ -357,12 +377,11 @@ def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int,
     rows: list[list[list[float]]] = [[] for _ in records]
     for indices in by_device.values():
         group = [records[i].stats for i in indices]
-        col = group[0].column(fmt)
         # float64 holds counts exactly up to 2**53 elements.
         table = torch.stack(
             [
                 torch.cat([s.nonfinite for s in group]).double(),
-                torch.cat([s.overflow[:, col] for s in group]).double(),
+                torch.cat([s.overflow[:, 0] for s in group]).double(),
                 torch.cat([s.amax for s in group]).double(),
             ],
             dim=1,
@@ -371,6 +390,30 @@ def _summarize(records: Sequence[ActivationRecord], fmt: str) -> list[tuple[int,
         for i, s in zip(indices, group, strict=True):
             rows[i] = table[start : start + len(s)]
             start += len(s)
-    return [
-        (int(sum(r[0] for r in rs)), int(sum(r[1] for r in rs)), max((r[2] for r in rs), default=0.0)) for rs in rows
-    ]
+    out = []
+    for record, rs in zip(records, rows, strict=True):
+        judged = record.judged or (True,) * len(rs)
+        overflow = sum(r[1] for r, j in zip(rs, judged, strict=True) if j)
+        out.append((int(sum(r[0] for r in rs)), int(overflow), max((r[2] for r in rs), default=0.0)))
+    return out
+
+
+def _maker(module: str, before: Sequence[ActivationRecord]) -> str | None:
+    """The module whose backward made ``module``'s output gradient: the last output gradient recorded before it (all
+    of them finite) that is not ``module`` itself or a module containing it (a container's output gradient arrives
+    before its children's, and says nothing about who computed theirs)."""
+    for record in reversed(before):
+        if record.module != module and not module.startswith(record.module + "."):
+            return record.module
+    return None
+
+
+def _autocast_casts(t: torch.Tensor) -> bool:
+    """Whether ``t`` (a forward output) sits in an autocast region that casts to a low-precision dtype: the next
+    autocast op would cast it, so the format's range applies to it."""
+    if t.dtype not in (torch.float32, torch.float64):
+        return False
+    try:
+        return torch.is_autocast_enabled(t.device.type) and torch.get_autocast_dtype(t.device.type) in LOW_PRECISION
+    except (TypeError, RuntimeError):
+        return False

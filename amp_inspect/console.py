@@ -32,8 +32,12 @@ MAX_MODULE_ROWS = 12
 
 
 def _fmt(x: Any) -> str:
+    if x is None:
+        return "unknown"
     if isinstance(x, float):
-        if math.isnan(x) or math.isinf(x):
+        if math.isnan(x):
+            return "unknown"  # a module's amax / grad norm with nothing finite to measure (report.py)
+        if math.isinf(x):
             return str(x)
         return f"{x:.3g}"
     return str(x)
@@ -66,9 +70,14 @@ def module_rows(modules: dict[str, dict[str, Any]], limit: int = MAX_MODULE_ROWS
         bad = count(m, "nan") + count(m, "posinf") + count(m, "neginf")
         rows.append(
             [name, bad, count(m, "overflow"), share["underflow"], share["subnormal"], share["zero"]]
-            + [float(m.get("amax", math.nan)), float(m.get("grad_norm", math.nan))]
+            + [_number(m.get("amax")), _number(m.get("grad_norm"))]
         )
     return rows
+
+
+def _number(value: Any) -> float | None:
+    """A log's value as a float, None where it is missing or not a number (shown as unknown)."""
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 MODULE_HEADERS = ["module", "NaN/Inf", "overflow", "underflow", "subnormal", "zero", "max |g|", "grad norm"]
@@ -77,10 +86,16 @@ MODULE_HEADERS = ["module", "NaN/Inf", "overflow", "underflow", "subnormal", "ze
 def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -> None:
     """The run's summary: rates, scale events, offenders, warnings, advice, and the last step's modules."""
     print(str(summary))
+    if summary.blame.origins:
+        print_table(
+            "where the NaN/Inf of skipped steps started (see docs/usage.md, how blame is decided)",
+            ["module", "skipped steps it started in", "evidence"],
+            [[m, n, summary.blame.evidence[m]] for m, n in summary.blame.ranked(MAX_MODULE_ROWS)],
+        )
     if summary.offenders:
         print_table(
-            "modules behind skipped steps",
-            ["module", "skipped steps"],
+            "modules with NaN/Inf gradients on skipped steps (started there or received it)",
+            ["module", "skipped steps with NaN/Inf in this module's gradients"],
             [[m, n] for m, n in summary.offenders.most_common(MAX_MODULE_ROWS)],
         )
     if summary.poisoned_offenders:

@@ -76,7 +76,8 @@ def gpus() -> Iterator[Finding]:
         yield Finding(
             "no-gpu",
             "info",
-            f"no GPU visible{build}: CUDA autocast and GradScaler('cuda') cannot run here; CPU autocast runs bf16.",
+            f"no GPU visible{build}: CUDA autocast and GradScaler('cuda') cannot run here; CPU autocast runs bf16 "
+            "by default, and fp16 when asked (dtype=torch.float16, with GradScaler('cpu')).",
         )
         return
     for (name, cap), count in Counter(found).items():
@@ -164,9 +165,12 @@ def check_environment() -> list[Finding]:
 def log_hardware_findings(records: Sequence[dict[str, Any]]) -> list[Finding]:
     """Peaks of the ``"hardware"`` readings of a run log's records (amp_inspect.hardware keys), their
     ``"hardware_note"``s, and a warning when the GPU's memory came close to full."""
+    # A note the environment check gives for this machine too (the run ran here) is said once, by that check.
+    here = hardware.note()
     out = [
-        Finding("hardware-note", "info", str(note))
-        for note in dict.fromkeys(r["hardware_note"] for r in records if r.get("hardware_note"))
+        Finding("hardware-note", "info", f"in the run: {note}")
+        for note in dict.fromkeys(str(r["hardware_note"]) for r in records if r.get("hardware_note"))
+        if note != here
     ]
     readings = [(r.get("step"), r["hardware"]) for r in records if isinstance(r.get("hardware"), dict)]
 

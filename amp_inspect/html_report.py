@@ -17,6 +17,7 @@ import html
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from .history import StepRecord, Summary, summarize
 from .plots import FIGURES, save_all, unavailable
 from .runlog import is_run_log, read_log
 from .scale_timeline import POLICY_TORCH, scale_text, shown_changes
-from .series import RunSeries, grouped_findings
+from .series import RunSeries
 
 MAX_OFFENDER_ROWS = 8
 MAX_FINDINGS_PER_MODULE = 3
@@ -116,9 +117,10 @@ class OffenderRow:
 def offender_rows(
     series: RunSeries, limit: int = MAX_OFFENDER_ROWS, steps: np.ndarray | None = None
 ) -> list[OffenderRow]:
-    """Offenders by skipped steps caused (most first); each with the distinct ``first_nonfinite`` findings of
-    those steps (the finding names the first module whose forward output went non-finite, which may be a parent
-    or a neighbour of the gradient offender). ``steps``: another bool mask of records (the poisoned ones)."""
+    """Offenders by skipped steps with NaN/Inf in their gradients (most first: a count, not blame); each with the
+    distinct ``first_nonfinite`` findings of those steps (the finding names the first module whose forward output
+    went non-finite, which may be a parent or a neighbour of the gradient offender). ``steps``: another bool mask
+    of records (the poisoned ones)."""
     rows: dict[str, OffenderRow] = {}
     for j in np.flatnonzero(series.skipped if steps is None else steps):
         step = int(series.steps[j])
@@ -248,17 +250,31 @@ def render_html(
     out.append("</section>")
 
     # The activation hooks' findings come first: once NaN spreads through the backward pass every module's
-    # gradient is an offender, and the first producer is the answer a reader wants.
-    producers = grouped_findings(series.first_nonfinite)  # "module: forward output overflowed fp16", steps
+    # gradient is an offender, and the first producer is the answer a reader wants. Then where each skipped step's
+    # NaN/Inf started (attribution.blame: the same ranking as the summary, the CLI and the plots).
+    producers = summary.first_nonfinite if summary is not None else Counter()
     if producers:
         out.append("<section><h2>First non-finite producers (activation hooks, armed after skipped steps)</h2><ul>")
-        for where, count in producers:
+        for where, count in producers.most_common():
             out.append(f"<li>{_e(where)} &mdash; on {count} inspected step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")
+    started = series.blame()
+    if started.origins:
+        out.append("<section><h2>Where the NaN/Inf of skipped steps started</h2>")
+        out.append(f'<p class="note">{_e(started.describe())}.</p>')
+        out.append('<table class="offenders"><thead><tr><th>module</th><th>skipped steps it started in</th>')
+        out.append("<th>evidence</th></tr></thead><tbody>")
+        for module, count in started.ranked(MAX_OFFENDER_ROWS):
+            out.append(
+                f'<tr><td class="module">{_e(module)}</td><td class="num">{count}</td>'
+                f"<td>{_e(started.evidence[module])}</td></tr>"
+            )
+        out.append("</tbody></table></section>")
     out.append("<section><h2>Offenders: modules with NaN/Inf gradients on skipped steps</h2>")
     rows = offender_rows(series)
     if rows:
-        out.append('<table class="offenders"><thead><tr><th>module</th><th>skipped steps it caused</th>')
+        out.append('<table class="offenders"><thead><tr><th>module</th>')
+        out.append("<th>skipped steps with NaN/Inf in this module&#39;s gradients</th>")
         out.append("<th>first step</th><th>last step</th></tr></thead><tbody>")
         for r in rows:
             out.append(

@@ -20,9 +20,11 @@ DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -32,18 +34,21 @@ from torch import nn
 
 from . import hardware
 from .activations import ActivationWatcher
+from .autocast_watch import AUTOCAST_OFF, AutocastWatch
+from .backward_order import BackwardOrder
 from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
 from .distributed import Combiners, global_ranks, is_distributed, local_shards, log_path_of_rank, to_local
 from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches
 from .hist_schedule import HistogramSchedule
-from .history import StepRecord, Summary, collapse_warning, summarize
+from .history import RECENT_STEPS, StepRecord, Summary, collapse_warning, summarize
 from .naming import ParamEntry, grads_of, module_names, param_entries, parameter_layout
 from .options import AttachOptions, takes_attach_options
 from .printable import shown_name
 from .report import BEFORE_ALLREDUCE, SHARDS, StepReport
 from .runlog import RunLog
 from .scaler import InspectingGradScaler
+from .spikes import SPIKE_WINDOW, is_spike
 from .stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 from .wrappers import (
     eager_stance,
@@ -96,12 +101,19 @@ class Inspector:
             )
         self.model = model
         self.formats = opts.formats
+        # formats= left to its default follows the autocast dtype the run is seen to use (a bf16 run: bf16), unless
+        # a GradScaler is attached: a loss scale is fp16's tool, and its headroom is judged against fp16.
+        self._formats_follow_autocast = "formats" not in options
         self.every = opts.every
         self.activations = activations
         self.arm_steps = opts.arm_steps
         self.collapse_skips = opts.collapse_skips
         self.entries: list[ParamEntry] = param_entries(model)
         self._module_of_param = {id(e.param): e.module for e in self.entries}
+        # The order autograd makes the modules' gradients in, from the first backward (the blame of a skipped step).
+        self._backward_order = BackwardOrder((e.param, e.module) for e in self.entries)
+        device_type = self.entries[0].param.device.type if self.entries else "cpu"
+        self._autocast = AutocastWatch(model, "cuda" if device_type == "meta" else device_type)
         # Parameters added or removed after attach are noticed at check() (FSDP2 swaps its parameters itself).
         self._watch_params = not has_fsdp2_modules(model)
         self._param_ids = parameter_layout(model) if self._watch_params else ()
@@ -123,6 +135,7 @@ class Inspector:
         self.last_report: StepReport | None = None
         self._pending: deque[StepReport] = deque()
         self._history: list[StepRecord] = []
+        self._previous_report: StepReport | None = None  # the last finalized one (spikes compare with it)
         self._warned_collapse = False
         self.group = group
         self.timeout = opts.timeout
@@ -131,6 +144,9 @@ class Inspector:
         log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
         self._log = RunLog(log_path, hist_every=opts.hist_every) if log_path is not None else None
         self._hists = HistogramSchedule(opts.hist_every)  # regular steps, and those of an incident
+        # A run that ends without close() or detach() still closes its log at exit (no ResourceWarning, no lost
+        # buffered lines of the steps already written).
+        self._log_closer = weakref.finalize(self, self._log.close) if self._log is not None else None
         self._watcher = ActivationWatcher(model, formats=self.formats) if activations != "off" else None
         if self._watcher is not None:
             self._watcher.close_when_dropped(self)  # dropped without detach(): its hooks leave the model
@@ -355,7 +371,19 @@ class Inspector:
             set_dynamo_stance(self._prior_stance)
             self._prior_stance = None
 
+    def _follow_autocast(self) -> None:
+        """formats= left to its default: judge against the format of the autocast dtype the forward ran under."""
+        seen = self._autocast.seen
+        if not self._formats_follow_autocast or seen in (None, AUTOCAST_OFF) or self.formats[0] == seen:
+            return
+        if self.scaler is not None and self.scaler.is_enabled():
+            return
+        self.formats = (seen, *(f for f in self.formats if f != seen))
+        if self._watcher is not None:
+            self._watcher.formats = self.formats
+
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
+        self._follow_autocast()
         whole, rows = grads_of(self.entries)
         for grad, row in zip(whole, rows, strict=True):
             # Named here: tensor_stats would only say "tensor i".
@@ -410,6 +438,13 @@ class Inspector:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
         if report.first_nonfinite is None:
             report.first_nonfinite = self._findings.pop(report.step, None)
+        report.backward_order = self._backward_order.take()
+        report.autocast = self._autocast.seen
+        self._autocast.settle()
+        # Finalized records only (no sync): str(report) shows the median of these and its own recommendation.
+        recent = [r.recommended_scale for r in self._history[-(RECENT_STEPS - 1) :] if not r.skipped]
+        report.recent_recommended = [x for x in recent if x]
+        self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
         origin = self._nonfinite_by_rank
         if origin is not None:  # DDP: this step's NaN/Inf counts from before the all-reduce
             counts = origin.take(report.step)
@@ -462,8 +497,20 @@ class Inspector:
         it does not wait): one step behind on CUDA. ``detach()`` removes the listeners."""
         self._listeners.append(listener)
 
+    def _module_norms(self, report: StepReport) -> dict[str, float | None]:
+        return {name: m["grad_norm"] for name, m in report.by_module.items()}
+
     def _finalize(self, report: StepReport) -> None:
         record = StepRecord.from_report(report)
+        # Per-module norms (a loop over the rows) where the log makes them anyway, or on a spike, with the step
+        # before's (kept as its report): the summary names the modules whose norm rose most.
+        spike = is_spike(record.total_norm, [r.total_norm for r in self._history[-SPIKE_WINDOW:]]) is not None
+        if self._log is not None or spike:
+            record = dataclasses.replace(record, module_norms=self._module_norms(report))
+        before = self._previous_report
+        if spike and before is not None and self._history and self._history[-1].module_norms is None:
+            self._history[-1] = dataclasses.replace(self._history[-1], module_norms=self._module_norms(before))
+        self._previous_report = report
         self._history.append(record)
         if self._log is not None:
             wants = self._hists.wants(
@@ -573,7 +620,9 @@ class Inspector:
         self._collect(wait=True)
         if self._log is not None:
             self._log.close()
-            self._log = None  # later steps are still inspected, no longer logged
+            self._log = None
+            if self._log_closer is not None:
+                self._log_closer.detach()  # later steps are still inspected, no longer logged
 
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
@@ -581,6 +630,8 @@ class Inspector:
             self._disarm_watcher()
             self._watcher.close()  # for good: a later check() does not re-arm, hooks on model copies go quiet
         self._scaler_patches.remove()
+        self._backward_order.remove()
+        self._autocast.remove()
         if isinstance(self.scaler, InspectingGradScaler):
             self.scaler.remove_listener(self)  # a scaler that reports to another inspector keeps it
         ddp = ddp_of(self.model)

@@ -239,7 +239,8 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
             color=SKIP_COLOR,
             fontweight="bold",
         )
-        who = s.offenders[j][0] if s.offenders[j] else "no module named"
+        origin = s.origin(j)  # where the step's NaN/Inf started (attribution.py), as every surface says it
+        who = origin[0] if origin else "no module named"
         more = f" (+{len(s.offenders[j]) - 1} more)" if len(s.offenders[j]) > 1 else ""
         line = f"{number}: step {s.steps[j]}: {short_name(who, 60)}{more}"
         if s.first_nonfinite[j]:

@@ -14,8 +14,13 @@ the first of the inspector's formats unless a key names another, e.g. "overflow/
   (a repeated index is one row, as the optimizer sees it), so numel counts those stored values, not the
   parameter's elements; ``sparse_modules`` names them.
 - **offenders**: modules with any NaN/Inf gradient, most non-finite values first.
+- **nonfinite_origin**: of the offenders, the one whose gradients autograd computed first (closest to the
+  output: ``backward_order``, recorded by the Inspector on the first backward); the others may have received
+  its NaN/Inf (amp_inspect/attribution.py says how blame is decided).
 - **amax**, **grad_norm**, **total_norm**: unscaled (divided by the loss scale), as the optimizer sees them.
-  total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_.
+  total_norm is NaN when any gradient is NaN, else Inf when any is Inf, like torch's clip_grad_norm_. A module's
+  amax is over its finite values, and **unknown** (NaN) when it has none; its grad_norm is unknown (NaN) when any of
+  its values is NaN/Inf: a norm of the finite rest, or 0 for a module that is all NaN, would read as a measurement.
 - **headroom** and ``recommended_scale``: defined in amp_inspect/headroom.py.
 
 Building a report never syncs the host: it holds device tensors (copied to pinned host memory
@@ -31,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble
+from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble, origin_in_order
 from .headroom import Headroom, balanced_scale, measure_headroom
 from .printable import shown_name
 from .stats import TensorStats
@@ -44,6 +49,11 @@ __all__ = ["BEFORE_ALLREDUCE", "ORIGIN_HEADINGS", "SHARDS", "Headroom", "StepRep
 _FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
 _FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
 MAX_TABLE_ROWS = 12
+
+
+def known(value: float) -> str:
+    """A measured value for a table: "unknown" for NaN (nothing finite to measure)."""
+    return "unknown" if math.isnan(value) else f"{value:.3g}"
 
 
 class HostCopy:
@@ -119,6 +129,12 @@ class StepReport:
         self.formats = stats.formats
         self.module_of_row = list(module_of_row)
         self.first_nonfinite: str | None = None  # set by the Inspector when its activation hooks found one
+        # Module names in the order autograd made their gradients (closest to the output first), set by the
+        # Inspector; empty when unknown (nonfinite_origin is then None).
+        self.backward_order: Sequence[str] = ()
+        self.autocast: str | None = None  # the autocast format the forward ran under, as the Inspector saw it
+        # The recommended scales of recent steps (the Inspector's history): str() shows their median with this one's.
+        self.recent_recommended: Sequence[float] = ()
         # Whether an enabled GradScaler skips this step on NaN/Inf (default: a loss scale is there). Without one
         # the optimizer applies them: ``poisoned``, not ``skipped``.
         self.skips = scale is not None if skips is None else bool(skips)
@@ -240,7 +256,10 @@ class StepReport:
             sumsq[name] += float(h["sumsq"][row])
             hists[name] += h["hist"][row]
         for name, m in modules.items():
-            m["grad_norm"] = math.sqrt(sumsq[name]) / unscale
+            bad = m["nan"] + m["posinf"] + m["neginf"]
+            m["grad_norm"] = math.nan if bad else math.sqrt(sumsq[name]) / unscale
+            if bad and bad >= m["numel"]:
+                m["amax"] = math.nan  # no finite value to take a maximum of: unknown, not 0
         return {"by_module": modules, "module_hist": hists}
 
     def _total_norm(self, h: dict[str, np.ndarray], scale: float | None) -> float:
@@ -288,6 +307,13 @@ class StepReport:
     @property
     def offenders(self) -> list[str]:
         return self._get()["offenders"]
+
+    @property
+    def nonfinite_origin(self) -> str | None:
+        """The offender closest to the output in backward order (None without offenders or without the order)."""
+        if not self.backward_order:
+            return None
+        return origin_in_order(self.offenders, self.backward_order)
 
     @property
     def by_module(self) -> dict[str, dict[str, Any]]:
@@ -356,6 +382,10 @@ class StepReport:
         }
         if self.first_nonfinite is not None:
             record["first_nonfinite"] = self.first_nonfinite
+        if self.nonfinite_origin is not None:
+            record["nonfinite_origin"] = self.nonfinite_origin
+        if self.autocast is not None:
+            record["autocast"] = self.autocast
         if self.sparse_modules:
             record["sparse_modules"] = self.sparse_modules
         if self.scale_problem is not None:
@@ -388,15 +418,20 @@ class StepReport:
         if self.sparse_modules:
             shown_sparse = ", ".join(map(shown_name, self.sparse_modules[:MAX_TABLE_ROWS]))
             lines.append(f"sparse gradients (numel counts their stored values): {shown_sparse}")
-        rec = self.recommended_scale
-        advice = "" if rec is None else f"; recommended scale 2^{round(math.log2(rec))}"
-        lines.append(f"headroom ({fmt}): {self.headroom}{advice}")
+        lines.append(f"headroom ({fmt}): {self.headroom}{self._recommendation()}")
         if self.first_nonfinite:
             lines.append(f"first non-finite producer: {shown_name(self.first_nonfinite, limit=None)}")
         if self.scale_decision is not None:
             lines.append(f"headroom policy: {self.scale_decision}")
+        origin = self.nonfinite_origin
+        if origin is not None:
+            others = len(self.offenders) - 1
+            received = f"; {others} module{'s' if others != 1 else ''} upstream received it" if others else ""
+            lines.append(f"NaN/Inf started in: {origin} (closest to the output in backward order){received}")
         if self.offenders:
-            lines.append("offenders: " + ", ".join(map(shown_name, self.offenders[:MAX_TABLE_ROWS])))
+            lines.append(
+                "offenders (most NaN/Inf first): " + ", ".join(map(shown_name, self.offenders[:MAX_TABLE_ROWS]))
+            )
         for rank, modules in (self.inf_by_rank or {}).items():
             listed = list(modules.items())[:MAX_TABLE_ROWS]
             shown_modules = ", ".join(f"{shown_name(name)} ({count})" for name, count in listed)
@@ -414,13 +449,26 @@ class StepReport:
             m = modules[name]
             rows.append(
                 [shown_name(name), str(m["numel"]), str(m["nan"]), str(m["posinf"] + m["neginf"]), str(m["overflow"])]
-                + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), f"{m['amax']:.3g}"]
-                + [f"{m['grad_norm']:.3g}"]
+                + [str(m["underflow"]), str(m["subnormal"]), str(m["zero"]), known(m["amax"])]
+                + [known(m["grad_norm"])]
             )
         lines += fixed_width(headers, rows, rule=False)
         if len(shown) > MAX_TABLE_ROWS:
             lines.append(f"... and {len(shown) - MAX_TABLE_ROWS} more modules")
         return "\n".join(lines)
+
+    def _recommendation(self) -> str:
+        """The scale to recommend in str(): none under a loss-scale policy (its next scale, on the policy's line, is
+        the one that acts: two disagreeing numbers would leave the reader to choose) and none for a non-finite
+        step; else the median of this step's and the recent steps' recommendations (one step's follows its single
+        smallest gradient and jumps by binades from step to step)."""
+        rec = self.recommended_scale
+        if self.scale_decision is not None or rec is None or self.found_inf:
+            return ""
+        values = sorted([*self.recent_recommended, rec])
+        median = values[len(values) // 2]
+        over = f" (median of the last {len(values)} steps)" if len(values) > 1 else ""
+        return f"; recommended scale 2^{round(math.log2(median))}{over}"
 
     def __repr__(self) -> str:
         return f"StepReport(step={self.step}, formats={self.formats})"

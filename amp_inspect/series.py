@@ -18,7 +18,6 @@ Cost: one pass over the records (dense histograms only for the records that have
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .attribution import Blame, blame, step_origin
 from .formats import FORMAT_BOUNDS, NONFINITE_BIN, float32_from_bits
 from .runlog import dense_hist
 from .scale_policy import ScaleDecision
@@ -112,6 +112,8 @@ class RunSeries:
     poisoned: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     # InspectingGradScaler(policy="headroom")'s decision after each record's step, None where there is none
     decisions: list[ScaleDecision | None] = field(default_factory=list)
+    # The offender closest to the output in backward order, per record (attribution.py), None where not logged
+    nonfinite_origin: list[str | None] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, records: Sequence[Mapping[str, Any]]) -> RunSeries:
@@ -177,6 +179,9 @@ class RunSeries:
             times=times if np.isfinite(times).any() else None,
             poisoned=poisoned,
             decisions=[decision_from_record(r["scale_decision"]) if r.get("scale_decision") else None for r in records],
+            nonfinite_origin=[
+                None if r.get("nonfinite_origin") is None else str(r["nonfinite_origin"]) for r in records
+            ],
         )
 
     def __len__(self) -> int:
@@ -225,6 +230,18 @@ class RunSeries:
         """Module -> skipped steps it was an offender in (as ``history.summarize`` counts them)."""
         return Counter(m for offs, skip in zip(self.offenders, self.skipped, strict=True) if skip for m in offs)
 
+    def origin(self, j: int) -> tuple[str, str] | None:
+        """(module, evidence) of where record ``j``'s NaN/Inf started (attribution.step_origin)."""
+        origin = self.nonfinite_origin[j] if self.nonfinite_origin else None
+        return step_origin(self.offenders[j], self.first_nonfinite[j], origin)
+
+    def blame(self, steps: np.ndarray | None = None) -> Blame:
+        """Where the NaN/Inf of the skipped steps (or of the records ``steps`` masks) started: attribution.blame,
+        the ranking every surface shows."""
+        mask = self.skipped if steps is None else steps
+        origins = self.nonfinite_origin or [None] * len(self)
+        return blame((self.offenders[j], self.first_nonfinite[j], origins[j]) for j in np.flatnonzero(mask))
+
     def small_trouble(self) -> dict[str, float]:
         """Module -> mean underflow + subnormal fraction over the records that have it."""
         both = self.fractions["underflow"] + self.fractions["subnormal"]
@@ -256,7 +273,7 @@ class RunSeries:
         with_hist = [m for m in self.modules if any(m in h for h in self.hists.values())]
         if not with_hist:
             return None, ""
-        for m, _ in self.offender_counts().most_common():
+        for m, _ in self.blame().ranked():
             if m in with_hist:
                 return m, "top offender"
         small = self.small_trouble()
@@ -295,15 +312,3 @@ class RunSeries:
 def series_of(records: Sequence[Mapping[str, Any]] | RunSeries) -> RunSeries:
     """``records`` as a RunSeries (a RunSeries is returned as it is, so callers can share one)."""
     return records if isinstance(records, RunSeries) else RunSeries.from_records(records)
-
-
-def grouped_findings(findings: Sequence[str | None]) -> list[tuple[str, int]]:
-    """The activation hooks' first non-finite findings, one line per producer and kind (the text before the
-    first comma, without its NaN/Inf count: "m: output gradient went non-finite"), with the number of steps it
-    was found on, most first. Findings that differ only in a count are one line."""
-    counts: dict[str, int] = {}
-    for finding in findings:
-        if finding:
-            where = re.sub(r" \(\d+ NaN/Inf\)", "", finding.split(",")[0])
-            counts[where] = counts.get(where, 0) + 1
-    return sorted(counts.items(), key=lambda item: -item[1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,9 +19,19 @@ import torch
 from torch import nn
 
 from .findings import Finding, check, listing, plural
-from .history import COLLAPSE_SKIPS, StepRecord, collapse_warning, longest_skip_run, summarize
+from .history import (
+    COLLAPSE_SKIPS,
+    StepRecord,
+    collapse_warning,
+    first_findings,
+    longest_skip_run,
+    nonfinite_blame,
+    stable_recommended_scale,
+    summarize,
+    uses_fp16,
+)
 from .naming import clean_module_names, param_entries
-from .printable import shown_name
+from .scale_timeline import POLICY_TORCH, policy_of
 
 if TYPE_CHECKING:
     from .clipping import ClipWatch
@@ -210,6 +219,41 @@ def tensor_core_sizes(setup: Setup) -> Iterator[Finding]:
 
 
 @check
+def first_nonfinite_producer(setup: Setup) -> Iterator[Finding]:
+    """The activation hooks' first non-finite producers in the history: the module whose output (or output
+    gradient) went non-finite first, the answer to "where did the NaN start" (it leads the history's findings)."""
+    found = first_findings(list(setup.history or []))
+    if not found:
+        return
+    shown = "; ".join(f"{finding} (on {plural(n, 'step')})" for finding, n in found.most_common(3))
+    more = f"; and {plural(len(found) - 3, 'more finding')}" if len(found) > 3 else ""
+    yield Finding(
+        "first-nonfinite",
+        "warning",
+        f"the activation hooks found the first non-finite producer: {shown}{more}.",
+        "look at that module's op: run it in float32 (`with torch.autocast(device, enabled=False):` around it, "
+        "inputs cast with .float()), check its weights and inputs for large values, or train in bfloat16.",
+    )
+
+
+def _source_fix(history: Sequence[StepRecord]) -> str:
+    """How to find where the NaN/Inf start, from what the history already holds: the hooks' finding when there is
+    one (no advice to arm hooks that already answered), else the way to get it."""
+    found = first_findings(list(history))
+    if found:
+        return (
+            f"the activation hooks name the first non-finite producer: {found.most_common(1)[0][0]}; run that op in "
+            "float32 (`with torch.autocast(device, enabled=False):` around it, inputs cast with .float()), or train "
+            "in bfloat16."
+        )
+    return (
+        "find the first module that produces them with `attach(model, scaler, activations='always')` (its "
+        "report names first_nonfinite); run that op in float32 (`with torch.autocast(device, enabled=False):` "
+        "around it, inputs cast with .float()), or train in bfloat16."
+    )
+
+
+@check
 def loss_scale_collapse(setup: Setup) -> Iterator[Finding]:
     """A collapse of the loss scale at the end of the history (scale below 1, or collapse_skips skipped steps in a
     row), or a burst of as many skips in a row mid-run that recovered. A run of skips at the very start that
@@ -219,31 +263,30 @@ def loss_scale_collapse(setup: Setup) -> Iterator[Finding]:
         return
     message = collapse_warning(history, setup.collapse_skips)
     if message is not None:
+        collapse = message.startswith("loss scale collapse")
+        code = "scale-collapse" if collapse else "skips-in-a-row"
         yield Finding(
-            "scale-collapse",
+            code,
             "warning",
             f"{message}. Skipped steps in a row mean the gradients are non-finite at every scale tried: the NaN/Inf "
             "come from the forward or backward itself (an overflowing activation, log(0), a division by zero), not "
             "from the loss scale.",
-            "find the first module that produces them with `attach(model, scaler, activations='always')` (its "
-            "report names first_nonfinite); run that op in float32 (`with torch.autocast(device, enabled=False):` "
-            "around it, inputs cast with .float()), or train in bfloat16.",
+            _source_fix(history),
         )
         return
     run, end = longest_skip_run(history)
     start = end - run + 1
     if run < setup.collapse_skips or start == 0:
         return
-    culprits = Counter(m for r in history[start : end + 1] for m in r.offenders)
-    named = ", ".join(shown_name(m) for m, _ in culprits.most_common(3)) or "no module (no NaN/Inf in gradients)"
+    named = nonfinite_blame(history[start : end + 1]).shown_top("no module (no NaN/Inf in gradients)")
     before, after = history[start].scale, history[end + 1].scale if end + 1 < len(history) else None
     fall = f", the scale falling from {before:g} to {after:g}" if before and after else ""
     yield Finding(
         "skip-burst",
         "warning",
         f"{run} skipped steps in a row mid-run, ending at step {history[end].step}{fall} before steps went through "
-        f"again; offenders: {named}. A gradient spike that only a much smaller scale absorbed, or non-finite "
-        "values that went away on their own.",
+        f"again; the NaN/Inf started in {named}. A gradient spike that only a much smaller scale absorbed, or "
+        "non-finite values that went away on their own.",
         "look at what those steps had in common (a batch, a learning-rate change); if it recurs, "
         "`attach(model, scaler, activations='always')` names the first module going non-finite. A smaller "
         "backoff_factor (e.g. 0.25) skips fewer steps per burst.",
@@ -265,8 +308,8 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
             "backoff_factor": scaler.get_backoff_factor(),
         }
     for advice in summarize(history, collapse_skips=setup.collapse_skips, **kwargs).advice:
-        seen, _, action = advice.rpartition(": ")
-        yield Finding("scaler-advice", "info", seen or action, action if seen else "")
+        seen, _, action = advice.partition(": ")  # "what the run shows: what to do" (module names hold no ": ")
+        yield Finding("scaler-advice", "info", seen if action else advice, action)
 
 
 def _usable_scale(scale: Any) -> bool:
@@ -290,10 +333,14 @@ def init_scale_too_high(setup: Setup) -> Iterator[Finding]:
         for r in recent
         if _usable_scale(r.scale) and r.headroom.up is not None and abs(r.headroom.up) < MAX_HEADROOM
     ]
-    recommended = sorted(r.recommended_scale for r in recent if _usable_scale(r.recommended_scale))
-    if not ceilings or not recommended or init <= min(ceilings):
+    # The same recommendation as the summary's (the median of recent clean steps), and only where GradScaler's own
+    # policy sets the scale in an fp16 run: under policy="headroom" the policy's next scale is the one shown.
+    stable = stable_recommended_scale(history)
+    if policy_of(r.scale_decision for r in history) != POLICY_TORCH or not uses_fp16(history):
         return
-    target = round(math.log2(recommended[len(recommended) // 2]))
+    if not ceilings or stable is None or not _usable_scale(stable[0]) or init <= min(ceilings):
+        return
+    target = round(math.log2(stable[0]))
     skips = math.ceil(math.log2(init / min(ceilings)))
     yield Finding(
         "init-scale-high",

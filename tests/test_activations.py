@@ -155,7 +155,8 @@ def test_gradient_only_problem_names_the_module_whose_output_received_it():
     assert (first.module, first.direction, first.problem) == ("act", OUTPUT_GRADIENT, "non-finite")
     assert first.nonfinite == 5 * 8
     assert [f.module for f in findings] == ["act", "inp"]
-    assert str(first) == "act: output gradient went non-finite (40 NaN/Inf), step 3"
+    assert first.made_by == "bomb"  # and the finding says so
+    assert str(first) == "act: output gradient went non-finite (40 NaN/Inf) (made in the backward of bomb), step 3"
 
 
 def test_clean_model_has_no_finding():
@@ -511,10 +512,11 @@ def test_a_copy_of_an_armed_model_feeds_no_inspector(how: str) -> None:
 def test_records_while_armed_are_bounded_and_keep_the_first_finding(
     monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
-    model = Spiky().to(device)
+    # bf16 outputs: judged against fp16 (a float32 output outside autocast is not; see test_diagnosis.py).
+    model = Spiky().to(device, torch.bfloat16)
     watcher = ActivationWatcher(model)
     monkeypatch.setattr(watcher, "max_records", 16, raising=False)
-    x = torch.randn(2, 4, device=device)
+    x = torch.randn(2, 4, device=device, dtype=torch.bfloat16)
     with watcher.armed_for_step(0), torch.no_grad():
         for i in range(500):  # evaluation forwards while armed
             model.spike = i == 100

@@ -449,7 +449,7 @@ def test_main_reports_hardware_from_the_log(tmp_path, capsys: pytest.CaptureFixt
     assert main(["--log", str(tmp_path / "run.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "torch peak allocated 3.00 GiB" in out and "GPU memory used 78.00 of 80.00 GiB" in out
-    assert "GPU temperature 62 C" in out and out.count("[hardware-note] rss_bytes is the peak") == 1
+    assert "GPU temperature 62 C" in out and out.count("rss_bytes is the peak") == 1  # not again for the log
     assert "WARNING [gpu-memory-full] the GPU's memory was 98% used at step 2" in out
 
 

@@ -13,7 +13,7 @@ import torch
 import amp_inspect
 from amp_inspect import plots
 from amp_inspect.hist_schedule import AFTER_SKIP, HistogramSchedule
-from amp_inspect.series import grouped_findings
+from amp_inspect.history import StepRecord, first_findings
 from tests import models
 
 matplotlib.use("Agg")
@@ -79,7 +79,8 @@ def test_findings_that_differ_only_in_a_count_are_one_line() -> None:
         f"h.1.mlp.c_fc: output gradient went non-finite ({n} NaN/Inf), step {s}" for s, n in enumerate(range(10, 24))
     ]
     findings += [None, "h.0.attn: forward output overflowed fp16, amax 7.0e+04, step 3"]
-    assert grouped_findings(findings) == [
+    history = [StepRecord.from_log_record({"step": s, "first_nonfinite": f}) for s, f in enumerate(findings)]
+    assert first_findings(history).most_common() == [
         ("h.1.mlp.c_fc: output gradient went non-finite", 14),
         ("h.0.attn: forward output overflowed fp16", 1),
     ]

@@ -36,6 +36,7 @@ TORCH_FREE = (
     "amp_inspect.scale_policy",
     "amp_inspect.scale_timeline",
     "amp_inspect.series",
+    "amp_inspect.spikes",
     "amp_inspect.table",
 )
 
