@@ -427,7 +427,9 @@ class StepReport:
         if origin is not None:
             others = len(self.offenders) - 1
             received = f"; {others} module{'s' if others != 1 else ''} upstream received it" if others else ""
-            lines.append(f"NaN/Inf started in: {origin} (closest to the output in backward order){received}")
+            lines.append(
+                f"NaN/Inf started in: {shown_name(origin)} (closest to the output in backward order){received}"
+            )
         if self.offenders:
             lines.append(
                 "offenders (most NaN/Inf first): " + ", ".join(map(shown_name, self.offenders[:MAX_TABLE_ROWS]))

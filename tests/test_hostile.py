@@ -155,7 +155,7 @@ def test_a_30_million_character_name_is_summarised_quickly(tmp_path: Path, capsy
 
 def test_a_module_record_lacking_a_count_is_summarised(tmp_path: Path, capsys) -> None:
     """Case 6: before, KeyError 'nan' (attribution) or 'amax' (console) from amp-inspect summary; report and
-    doctor already took a missing count as 0. Now summary does too (a missing float shows as nan)."""
+    doctor already took a missing count as 0. Now summary does too (a missing float shows as unknown)."""
     for missing in ("nan", "amax", "numel"):
         path = tmp_path / f"{missing}.jsonl"
         step = _skipped_step(0, ["fc", "other"])

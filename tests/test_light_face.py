@@ -28,10 +28,12 @@ POISON = "raise RuntimeError('torch was imported')\n"
 TORCH_FREE = (
     "amp_inspect._lazy",
     "amp_inspect.attribution",
+    "amp_inspect.checked",
     "amp_inspect.console",
     "amp_inspect.formats",
     "amp_inspect.headroom",
     "amp_inspect.history",
+    "amp_inspect.printable",
     "amp_inspect.runlog",
     "amp_inspect.scale_policy",
     "amp_inspect.scale_timeline",
