@@ -166,5 +166,5 @@ def test_a_module_record_lacking_a_count_is_summarised(tmp_path: Path, capsys) -
         assert "1 inspected steps, 1 skipped" in captured.out and "Traceback" not in captured.err
         table = captured.out[captured.out.index("last inspected step") :]
         fc_row = next(line for line in table.splitlines() if " fc " in line)
-        assert ("nan" in fc_row) == (missing == "amax")
+        assert ("unknown" in fc_row) == (missing == "amax")  # a missing value is unknown, not 0
         assert " other " in table  # fc without a NaN count is still in trouble (subnormal, underflow)
