@@ -1,6 +1,7 @@
 # The documented commands: `make demo`, `make test` (each sets up .venv first when it is missing),
 # `make setup` (set-up alone), `make bench`, `make lint`, `make test-emu-tsan` (the CUDA kernels' source
-# under ThreadSanitizer on the CPU; needs only g++).
+# under ThreadSanitizer on the CPU; needs only g++), `make test-oldest-torch` (built from source against torch
+# 2.10, the oldest supported, in a venv of its own, and the smoke suite run there).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,13 +9,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.amp_inspect-setup
 BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
 
-.PHONY: setup demo test test-emu-tsan lint bench gpu-check clean
+.PHONY: setup demo test test-oldest-torch test-emu-tsan lint bench gpu-check clean
 
 setup: $(STAMP)
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=64" wheel
+	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=77" wheel
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,all]"
 	$(BIN)/python -m amp_inspect.info
 	touch $(STAMP)
@@ -28,6 +29,11 @@ lint: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q
+
+# A venv of its own under build/ (torch 2.10.0 and the build tools; about 60 s to install the first time),
+# a copy of the working tree built from source against it (CPU kernels), tests/test_smoke.py run there.
+test-oldest-torch:
+	PYTHON=$(PYTHON) bash .ci/oldest_torch.sh
 
 bench: setup
 	$(BIN)/python bench/bench_tensor_stats.py --device cpu

@@ -7,6 +7,8 @@ Blackwell (DEFAULT_ARCHS, plus PTX of the newest for later GPUs) and CUDA_HOME t
 exists. A machine with a GPU builds for that GPU only (torch's default), or for TORCH_CUDA_ARCH_LIST.
 AMP_INSPECT_NO_CUDA=1 skips the CUDA kernels; DEBUG=1 builds with -g -O0.
 Never built with fast-math: the kernels count float32 subnormals that fast-math would flush.
+Every translation unit is compiled as C++20 (the CUDA emulation uses std::atomic_ref), whatever standard the
+torch at hand would pass (torch before 2.14 passes -std=c++17).
 """
 
 import os
@@ -33,6 +35,21 @@ def _prepare_cuda_env() -> None:
 _prepare_cuda_env()
 
 import torch  # noqa: E402
+
+# The oldest torch the extension supports; pyproject.toml says the same.
+MIN_TORCH = (2, 10)
+
+
+def _check_torch() -> None:
+    found = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if found < MIN_TORCH:
+        raise SystemExit(
+            f"amp_inspect needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} to build, found {torch.__version__}: "
+            f"`pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'` and build again with --no-build-isolation."
+        )
+
+
+_check_torch()
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = Path(__file__).parent
@@ -71,7 +88,8 @@ def _extension():
     # -fopenmp: ATen's parallel_for is an inline OpenMP loop, serial unless the extension is built with it.
     # -Wno-unknown-pragmas: the emulated CUDA kernels carry nvcc's `#pragma unroll`; GCC before 13 cannot be
     # silenced from the source (`#pragma GCC diagnostic` misses preprocessor warnings, GCC bug 53431).
-    cxx = [*opt, "-fno-fast-math", "-Wno-unknown-pragmas", *OPENMP]
+    # -std=c++20 given here stops torch from adding its own (c++17 before torch 2.14).
+    cxx = [*opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", *OPENMP]
     sources = [f"{CSRC}/tensor_stats.cpp", f"{CSRC}/tensor_stats_cpu.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
     if not _want_cuda():
         return CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=OPENMP)
@@ -79,7 +97,7 @@ def _extension():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
     defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"']
     # nvcc compiles the architectures of the list in parallel threads (one per core, at most one per arch).
-    nvcc = [*opt, "-lineinfo", f"--threads={min(os.cpu_count() or 1, 8)}", *defines]
+    nvcc = [*opt, "-std=c++20", "-lineinfo", f"--threads={min(os.cpu_count() or 1, 8)}", *defines]
     return CUDAExtension(
         "amp_inspect._C",
         [*sources, f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"],

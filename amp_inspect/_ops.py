@@ -101,14 +101,30 @@ def _empty_outputs(tensors, formats) -> tuple[torch.Tensor, ...]:
     )
 
 
+def _check_fake_devices(op: str, tensors, **others) -> None:
+    """The fake kernel is also the op's Meta kernel, which the dispatcher picks whenever any input is a meta
+    tensor: a meta tensor among CPU ones (or a meta scale) would get empty outputs instead of an error, so
+    the fake refuses what the compiled kernels refuse, inputs on more than one device."""
+    named = [(f"tensor {i}", t) for i, t in enumerate(tensors)]
+    named += [(name, t) for name, t in others.items() if t is not None]
+    if named and any(t.device != named[0][1].device for _, t in named):
+        name, t = next((n, t) for n, t in named if t.device != named[0][1].device)
+        raise RuntimeError(
+            f"amp_inspect.{op}: {name} is on {t.device} but {named[0][0]} is on {named[0][1].device}; the op "
+            "takes one device per call, and meta tensors hold no values to inspect"
+        )
+
+
 if LOAD_ERROR is None:
 
     @torch.library.register_fake(OP_NAME)
     def _tensor_stats_fake(tensors, scale, scale_value, formats):
+        _check_fake_devices("tensor_stats", tensors, scale=scale)
         return _empty_outputs(tensors, formats)
 
     @torch.library.register_fake(UNSCALE_OP_NAME)
     def _unscale_stats_fake(tensors, inv_scale, found_inf, formats):
+        _check_fake_devices("unscale_stats_", tensors, inv_scale=inv_scale, found_inf=found_inf)
         return _empty_outputs(tensors, formats)
 
 
