@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.amp_inspect-setup
 BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
 
-.PHONY: setup demo test test-oldest-torch test-emu-tsan lint bench gpu-check clean
+.PHONY: setup demo test wheel test-wheel test-oldest-torch test-emu-tsan lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,20 @@ lint: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q
+
+# dist/amp_inspect-<version>-cp310-abi3-<platform>.whl, one file for every torch from 2.10 on and CPython 3.10
+# on: CPU kernels and, for the CUDA major of the torch in .venv, CUDA kernels for WHEEL_ARCHS (sm_80 to
+# sm_120, PTX of the newest). Built from a fresh build folder, so no object of an in-place build leaks in.
+WHEEL_ARCHS ?= 8.0;8.6;8.9;9.0;10.0;12.0+PTX
+wheel: setup
+	rm -rf build/wheel dist/amp_inspect-*.whl
+	TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" $(BIN)/python setup.py --quiet build --build-base build/wheel \
+		bdist_wheel --dist-dir dist
+	ls -l dist/amp_inspect-*.whl
+
+# The wheel installed with --no-deps beside torch 2.10 (another torch, another CUDA major): smoke suite + info.
+test-wheel:
+	PYTHON=$(PYTHON) bash .ci/oldest_torch.sh --wheel
 
 # A venv of its own under build/ (torch 2.10.0 and the build tools; about 60 s to install the first time),
 # a copy of the working tree built from source against it (CPU kernels), tests/test_smoke.py run there.

@@ -15,12 +15,8 @@ from .reference import FIXED_COUNT_COLUMNS, tensor_stats_reference
 OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
 
-try:
-    from . import _C  # noqa: F401  (loading it runs the op's registrations)
-
-    LOAD_ERROR: str | None = None
-except (ImportError, OSError) as error:  # pragma: no cover - exercised by the fallback test in a subprocess
-    LOAD_ERROR = f"{type(error).__name__}: {error}"
+# Loading the compiled libraries runs the op's registrations; CUDA_OFF: why the CUDA kernels are not loaded.
+from ._native import CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
 
 _warned: set[str] = set()
 
