@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.amp_inspect-setup
 BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
 
-.PHONY: setup demo test wheel test-wheel test-oldest-torch test-emu-tsan lint bench gpu-check clean
+.PHONY: setup demo test wheel test-wheel test-oldest-torch test-no-toolkit test-emu-tsan lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,14 @@ wheel: setup
 # The wheel installed with --no-deps beside torch 2.10 (another torch, another CUDA major): smoke suite + info.
 test-wheel:
 	PYTHON=$(PYTHON) bash .ci/oldest_torch.sh --wheel
+
+# Set-up without a system CUDA toolkit: a copy of the tree built against .venv's torch with /usr/local/cuda,
+# CUDA_HOME and nvcc on PATH hidden (AMP_INSPECT_IGNORE_SYSTEM_CUDA=1), so setup.py installs NVIDIA's nvcc for
+# torch's CUDA from PyPI into .venv and builds the CUDA kernels (one arch) with it; checks they are in.
+test-no-toolkit: setup
+	OLDEST_VENV=$(CURDIR)/$(VENV) OLDEST_CUDA=1 \
+		TORCH_OLDEST=$$($(BIN)/python -c "import torch; print(torch.__version__.split('+')[0])") \
+		bash .ci/oldest_torch.sh
 
 # A venv of its own under build/ (torch 2.10.0 and the build tools; about 60 s to install the first time),
 # a copy of the working tree built from source against it (CPU kernels), tests/test_smoke.py run there.
