@@ -249,9 +249,19 @@ def _extensions():
     return [cpu, cuda]
 
 
+class BuildStableExtension(BuildExtension):
+    """torch's BuildExtension, which first removes a _C built before the stable-ABI port: Python would import its
+    version-tagged name (_C.cpython-311-x86_64-linux-gnu.so) before the new _C.abi3.so."""
+
+    def run(self) -> None:
+        for stale in (ROOT / "amp_inspect").glob("_C.cpython-*.so"):
+            stale.unlink()
+        super().run()
+
+
 setup(
     ext_modules=_extensions(),
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildStableExtension},
     # The wheel is tagged cp310-abi3: one file for CPython 3.10 and later.
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )
