@@ -1,6 +1,7 @@
 # The documented commands: `make demo`, `make test` (each sets up .venv first when it is missing),
 # `make setup` (set-up alone), `make bench`, `make lint`, `make test-emu-tsan` (the CUDA kernels' source
-# under ThreadSanitizer on the CPU; needs only g++).
+# under ThreadSanitizer on the CPU; needs only g++), `make test-oldest-torch` (built from source against torch
+# 2.10, the oldest supported, in a venv of its own, and the smoke suite run there).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,13 +9,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.amp_inspect-setup
 BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
 
-.PHONY: setup demo test test-emu-tsan lint bench gpu-check clean
+.PHONY: setup demo test wheel test-wheel test-oldest-torch test-no-toolkit test-emu-tsan lint bench gpu-check clean
 
 setup: $(STAMP)
 
 $(STAMP): $(BUILD_INPUTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=64" wheel
+	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=77" wheel
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,all]"
 	$(BIN)/python -m amp_inspect.info
 	touch $(STAMP)
@@ -28,6 +29,33 @@ lint: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q
+
+# dist/amp_inspect-<version>-cp310-abi3-<platform>.whl, one file for every torch from 2.10 on and CPython 3.10
+# on: CPU kernels and, for the CUDA major of the torch in .venv, CUDA kernels for WHEEL_ARCHS (sm_80 to
+# sm_120, PTX of the newest). Built from a fresh build folder, so no object of an in-place build leaks in.
+WHEEL_ARCHS ?= 8.0;8.6;8.9;9.0;10.0;12.0+PTX
+wheel: setup
+	rm -rf build/wheel dist/amp_inspect-*.whl
+	TORCH_CUDA_ARCH_LIST="$(WHEEL_ARCHS)" $(BIN)/python setup.py --quiet build --build-base build/wheel \
+		bdist_wheel --dist-dir dist
+	ls -l dist/amp_inspect-*.whl
+
+# The wheel installed with --no-deps beside torch 2.10 (another torch, another CUDA major): smoke suite + info.
+test-wheel:
+	PYTHON=$(PYTHON) bash .ci/oldest_torch.sh --wheel
+
+# Set-up without a system CUDA toolkit: a copy of the tree built against .venv's torch with /usr/local/cuda,
+# CUDA_HOME and nvcc on PATH hidden (AMP_INSPECT_IGNORE_SYSTEM_CUDA=1), so setup.py installs NVIDIA's nvcc for
+# torch's CUDA from PyPI into .venv and builds the CUDA kernels (one arch) with it; checks they are in.
+test-no-toolkit: setup
+	OLDEST_VENV=$(CURDIR)/$(VENV) OLDEST_CUDA=1 \
+		TORCH_OLDEST=$$($(BIN)/python -c "import torch; print(torch.__version__.split('+')[0])") \
+		bash .ci/oldest_torch.sh
+
+# A venv of its own under build/ (torch 2.10.0 and the build tools; about 60 s to install the first time),
+# a copy of the working tree built from source against it (CPU kernels), tests/test_smoke.py run there.
+test-oldest-torch:
+	PYTHON=$(PYTHON) bash .ci/oldest_torch.sh
 
 bench: setup
 	$(BIN)/python bench/bench_tensor_stats.py --device cpu

@@ -1,17 +1,24 @@
-"""Build of amp_inspect's compiled extension, amp_inspect._C.
+"""Build of amp_inspect's compiled libraries: amp_inspect._C (schemas, CPU kernels, the CPU emulation of the
+CUDA kernels the tests run) and amp_inspect._C_cuda (the CUDA kernels), both on torch's stable ABI targeted at
+torch 2.10 and Python's limited API of 3.10: one binary for every torch from 2.10 on (a cp310-abi3 wheel).
 
-CPU kernels are always built, and so is the CPU emulation of the CUDA kernels that the tests run
-(csrc/tensor_stats_emu.cpp). CUDA kernels are built whenever torch is a CUDA build and nvcc is found, also on
-a machine with no GPU visible: then TORCH_CUDA_ARCH_LIST defaults to every NVIDIA generation from Ampere to
-Blackwell (DEFAULT_ARCHS, plus PTX of the newest for later GPUs) and CUDA_HOME to /usr/local/cuda where it
-exists. A machine with a GPU builds for that GPU only (torch's default), or for TORCH_CUDA_ARCH_LIST.
+CUDA kernels are built whenever torch is a CUDA build, also on a machine with no GPU visible: then
+TORCH_CUDA_ARCH_LIST defaults to every NVIDIA generation from Ampere to Blackwell (DEFAULT_ARCHS, plus PTX of
+the newest for later GPUs). The nvcc used is the first of CUDA_HOME, CUDA_PATH, /usr/local/cuda and PATH whose
+CUDA major is torch's; without one, NVIDIA's nvcc for torch's CUDA version is installed from PyPI into this
+environment (AMP_INSPECT_FETCH_NVCC=0: never) and used. Where no nvcc can be had, the build says so in one line
+with the command that fixes it. AMP_INSPECT_IGNORE_SYSTEM_CUDA=1 hides the system toolkit (to test the PyPI
+route); a machine with a GPU builds for that GPU only (torch's default), or for TORCH_CUDA_ARCH_LIST.
 AMP_INSPECT_NO_CUDA=1 skips the CUDA kernels; DEBUG=1 builds with -g -O0.
 Never built with fast-math: the kernels count float32 subnormals that fast-math would flush.
+Every translation unit is compiled as C++20 (the CUDA emulation uses std::atomic_ref), whatever standard the
+torch at hand would pass (torch before 2.14 passes -std=c++17).
 """
 
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,33 +27,135 @@ from setuptools import setup
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 # A100 / A10 and RTX 30xx / L4 and RTX 40xx / H100 and H200 / B200 / RTX 50xx, and PTX for what comes next.
 DEFAULT_ARCHS = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
-
-
-def _prepare_cuda_env() -> None:
-    # Must run before torch.utils.cpp_extension is imported: it reads CUDA_HOME at import time. A wrapper
-    # nvcc on PATH (e.g. /usr/local/bin/nvcc) would otherwise mislead its toolkit detection.
-    unset = "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ
-    if unset and Path(DEFAULT_CUDA_HOME, "bin", "nvcc").exists():
-        os.environ["CUDA_HOME"] = DEFAULT_CUDA_HOME
-
-
-_prepare_cuda_env()
+# The oldest torch the extension supports; pyproject.toml says the same.
+MIN_TORCH = (2, 10)
 
 import torch  # noqa: E402
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+
+def _check_torch() -> None:
+    found = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if found < MIN_TORCH:
+        raise SystemExit(
+            f"amp_inspect needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} to build, found {torch.__version__}: "
+            f"`pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}'` and build again with --no-build-isolation."
+        )
+
+
+_check_torch()
+
+
+def _say(line: str) -> None:
+    """One loud line in the build output (pip shows a build's stderr with -v, and always when it fails)."""
+    print(f"\n*** amp_inspect: {line}\n", file=sys.stderr, flush=True)
+
+
+def _nvcc_release(nvcc: Path) -> str | None:
+    """ "13.0" for the nvcc at this path, None when it does not run."""
+    try:
+        out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def _same_major(a: str | None, b: str) -> bool:
+    return a is not None and a.split(".")[0] == b.split(".")[0]
+
+
+# NVIDIA's compiler and headers as Python packages, for CUDA 13 and later: the pieces a build of the .cu needs
+# (nvcc, its NVVM back end and crt headers, CCCL's <nv/target>); the runtime headers and libcudart come with
+# torch. CUDA 12 has none (its nvidia-cuda-nvcc-cu12 holds ptxas alone).
+def _toolkit_packages(cuda: str) -> list[str]:
+    major, minor = cuda.split(".")[:2]
+    if major == "12":
+        return []  # nvidia-cuda-nvcc-cu12 holds ptxas only, no nvcc: PyPI has no CUDA 12 compiler
+    return [
+        f"{name}=={major}.{minor}.*"
+        for name in ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl")
+    ]
+
+
+def _site_nvidia() -> list[Path]:
+    import site
+
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    return [Path(root, "nvidia") for root in roots if Path(root, "nvidia").is_dir()]
+
+
+def _pip_nvcc(cuda: str) -> Path | None:
+    """nvcc from NVIDIA's PyPI packages in this environment (nvidia/cu13/bin/nvcc, nvidia/cuda_nvcc/bin/nvcc)."""
+    for nvidia in _site_nvidia():
+        for nvcc in (nvidia / f"cu{cuda.split('.')[0]}" / "bin" / "nvcc", nvidia / "cuda_nvcc" / "bin" / "nvcc"):
+            if nvcc.exists() and _same_major(_nvcc_release(nvcc), cuda):
+                return nvcc
+    return None
+
+
+# Where the CUDA kernels come from, decided before torch.utils.cpp_extension is imported (it reads CUDA_HOME
+# at import time): None (no CUDA kernels, NO_CUDA_REASON says why) or the nvcc to use.
+NO_CUDA_REASON = ""
+PIP_TOOLKIT = False
+
+
+def _find_nvcc() -> Path | None:
+    global NO_CUDA_REASON, PIP_TOOLKIT
+    cuda = torch.version.cuda
+    if os.environ.get("AMP_INSPECT_NO_CUDA") == "1":
+        NO_CUDA_REASON = "AMP_INSPECT_NO_CUDA=1"
+        return None
+    if cuda is None:
+        NO_CUDA_REASON = f"torch {torch.__version__} is a CPU-only build"
+        return None
+    # AMP_INSPECT_IGNORE_SYSTEM_CUDA=1: build as on a machine without a CUDA toolkit (CUDA_HOME, CUDA_PATH,
+    # /usr/local/cuda and nvcc on PATH ignored), so that the PyPI route below is what runs.
+    if os.environ.get("AMP_INSPECT_IGNORE_SYSTEM_CUDA") != "1":
+        candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), DEFAULT_CUDA_HOME]
+        for home in filter(None, candidates):
+            nvcc = Path(home, "bin", "nvcc")
+            if nvcc.exists() and _same_major(_nvcc_release(nvcc), cuda):
+                return nvcc
+        on_path = shutil.which("nvcc")
+        if on_path and _same_major(_nvcc_release(Path(on_path)), cuda):
+            return Path(on_path)
+    nvcc = _pip_nvcc(cuda)
+    packages = _toolkit_packages(cuda)
+    if nvcc is None and not packages:
+        NO_CUDA_REASON = (
+            f"no nvcc for CUDA {cuda} found, and PyPI has none for CUDA {cuda.split('.')[0]} (nvidia-cuda-nvcc-cu12 "
+            f"holds ptxas only); fix: `conda install -c nvidia cuda-nvcc={cuda} cuda-cudart-dev={cuda}` (or NVIDIA's "
+            "installer), set CUDA_HOME to that toolkit and build again with --no-build-isolation"
+        )
+        return None
+    if nvcc is None and os.environ.get("AMP_INSPECT_FETCH_NVCC", "1") != "0":
+        _say(
+            f"no nvcc for CUDA {cuda} (torch {torch.__version__}) found; installing NVIDIA's from PyPI: "
+            + " ".join(packages)
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages]
+        )
+        nvcc = _pip_nvcc(cuda) if result.returncode == 0 else None
+    if nvcc is None:
+        NO_CUDA_REASON = (
+            f"no nvcc for CUDA {cuda} found and none could be installed; fix: "
+            f"`pip install {' '.join(packages)}` and build again with --no-build-isolation"
+        )
+        return None
+    PIP_TOOLKIT = True
+    return nvcc
+
+
+NVCC = _find_nvcc()
+if NVCC is not None:
+    os.environ["CUDA_HOME"] = str(NVCC.parent.parent)
+    os.environ.pop("CUDA_PATH", None)
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = Path(__file__).parent
 CSRC = "csrc"
-OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
-
-
-def _want_cuda() -> bool:
-    if os.environ.get("AMP_INSPECT_NO_CUDA") == "1":
-        return False
-    if torch.version.cuda is None:
-        return False
-    nvcc = Path(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
-    return bool(nvcc and nvcc.exists()) or shutil.which("nvcc") is not None
 
 
 def _built_archs() -> str:
@@ -65,30 +174,94 @@ def _built_archs() -> str:
         return os.environ.get("TORCH_CUDA_ARCH_LIST", "detected")
 
 
-def _extension():
+# The stable ABI of the oldest supported torch: the binary then loads on every torch from 2.10 on.
+TORCH_TARGET = "-DTORCH_TARGET_VERSION=0x020a000000000000"
+
+
+def _cuda_major() -> str:
+    return (torch.version.cuda or "0").split(".")[0]
+
+
+def _pip_toolkit_paths() -> dict[str, list[str]]:
+    """NVIDIA's PyPI packages spread the toolkit over several folders (the runtime headers and libcudart.so.N
+    with torch's nvidia-cuda-runtime, CCCL apart) and ship no unversioned libcudart.so to link with: the
+    include folders, and a folder under build/ with that link."""
+    if not PIP_TOOLKIT:
+        return {}
+    major = torch.version.cuda.split(".")[0]
+    includes, libs = [], []
+    for nvidia in _site_nvidia():
+        for sub in (f"cu{major}", "cuda_runtime", "cuda_nvcc", "cuda_cccl"):
+            if Path(nvidia, sub, "include").is_dir():
+                includes.append(str(Path(nvidia, sub, "include")))
+            libs += sorted(Path(nvidia, sub, "lib").glob(f"libcudart.so.{major}*"))
+    if not libs:
+        return {"include_dirs": includes}
+    link_dir = ROOT / "build" / f"cuda{major}-link"
+    link_dir.mkdir(parents=True, exist_ok=True)
+    link = link_dir / "libcudart.so"
+    link.unlink(missing_ok=True)
+    link.symlink_to(libs[0])
+    return {"include_dirs": includes, "library_dirs": [str(link_dir)]}
+
+
+def _extensions():
     debug = os.environ.get("DEBUG") == "1"
     opt = ["-g", "-O0"] if debug else ["-O3"]
-    # -fopenmp: ATen's parallel_for is an inline OpenMP loop, serial unless the extension is built with it.
+    host_opt = opt if debug else [*opt, "-g0"]
+    # -std=c++20 given here stops torch from adding its own (c++17 before torch 2.14).
     # -Wno-unknown-pragmas: the emulated CUDA kernels carry nvcc's `#pragma unroll`; GCC before 13 cannot be
     # silenced from the source (`#pragma GCC diagnostic` misses preprocessor warnings, GCC bug 53431).
-    cxx = [*opt, "-fno-fast-math", "-Wno-unknown-pragmas", *OPENMP]
-    sources = [f"{CSRC}/tensor_stats.cpp", f"{CSRC}/tensor_stats_cpu.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
-    if not _want_cuda():
-        return CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=OPENMP)
+    # -fvisibility=hidden: as torch's stable namespaces; only PyInit__C is exported, and _C and _C_cuda, which
+    # both hold tensor_stats_call.cpp, never bind to each other's copy.
+    # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
+    cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
+    sources = [f"{CSRC}/{name}" for name in ("tensor_stats.cpp", "tensor_stats_call.cpp")]
+    sources += [f"{CSRC}/tensor_stats_cpu.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
+    # py_limited_api: compiled with Py_LIMITED_API (CPython 3.10's), linked without libtorch_python.
+    if NVCC is None:
+        if NO_CUDA_REASON != "AMP_INSPECT_NO_CUDA=1":
+            _say(f"building WITHOUT the CUDA kernels: {NO_CUDA_REASON}.")
+        return [CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
-    defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"']
+    defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"', f"-DAMPI_CUDA_MAJOR={_cuda_major()}"]
+    cpu = CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": [*cxx, *defines]}, py_limited_api=True)
+    # The CUDA kernels in a library of their own: amp_inspect loads it only beside a torch of the CUDA major it
+    # was built for, so a wheel beside a torch of another CUDA major still serves its CPU kernels.
     # nvcc compiles the architectures of the list in parallel threads (one per core, at most one per arch).
-    nvcc = [*opt, "-lineinfo", f"--threads={min(os.cpu_count() or 1, 8)}", *defines]
-    return CUDAExtension(
-        "amp_inspect._C",
-        [*sources, f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"],
-        extra_compile_args={"cxx": [*cxx, *defines], "nvcc": nvcc},
-        extra_link_args=OPENMP,
+    nvcc = [
+        *opt,
+        "-std=c++20",
+        "-Xcompiler=-fvisibility=hidden",
+        "-lineinfo",
+        f"--threads={min(os.cpu_count() or 1, 8)}",
+        TORCH_TARGET,
+        *defines,
+    ]
+    cuda = CUDAExtension(
+        "amp_inspect._C_cuda",
+        [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"],
+        extra_compile_args={"cxx": [*cxx, *defines, "-DUSE_CUDA"], "nvcc": nvcc},
+        py_limited_api=True,
+        **_pip_toolkit_paths(),
     )
+    return [cpu, cuda]
+
+
+class BuildStableExtension(BuildExtension):
+    """torch's BuildExtension, which first removes a _C built before the stable-ABI port: Python would import its
+    version-tagged name (_C.cpython-311-x86_64-linux-gnu.so) before the new _C.abi3.so."""
+
+    def run(self) -> None:
+        for stale in (ROOT / "amp_inspect").glob("_C.cpython-*.so"):
+            stale.unlink()
+        super().run()
 
 
 setup(
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension},
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": BuildStableExtension},
+    # The wheel is tagged cp310-abi3: one file for CPython 3.10 and later.
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -15,12 +15,8 @@ from .reference import FIXED_COUNT_COLUMNS, tensor_stats_reference
 OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
 
-try:
-    from . import _C  # noqa: F401  (loading it runs the op's registrations)
-
-    LOAD_ERROR: str | None = None
-except (ImportError, OSError) as error:  # pragma: no cover - exercised by the fallback test in a subprocess
-    LOAD_ERROR = f"{type(error).__name__}: {error}"
+# Loading the compiled libraries runs the op's registrations; CUDA_OFF: why the CUDA kernels are not loaded.
+from ._native import CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
 
 _warned: set[str] = set()
 
@@ -101,14 +97,30 @@ def _empty_outputs(tensors, formats) -> tuple[torch.Tensor, ...]:
     )
 
 
+def _check_fake_devices(op: str, tensors, **others) -> None:
+    """The fake kernel is also the op's Meta kernel, which the dispatcher picks whenever any input is a meta
+    tensor: a meta tensor among CPU ones (or a meta scale) would get empty outputs instead of an error, so
+    the fake refuses what the compiled kernels refuse, inputs on more than one device."""
+    named = [(f"tensor {i}", t) for i, t in enumerate(tensors)]
+    named += [(name, t) for name, t in others.items() if t is not None]
+    if named and any(t.device != named[0][1].device for _, t in named):
+        name, t = next((n, t) for n, t in named if t.device != named[0][1].device)
+        raise RuntimeError(
+            f"amp_inspect.{op}: {name} is on {t.device} but {named[0][0]} is on {named[0][1].device}; the op "
+            "takes one device per call, and meta tensors hold no values to inspect"
+        )
+
+
 if LOAD_ERROR is None:
 
     @torch.library.register_fake(OP_NAME)
     def _tensor_stats_fake(tensors, scale, scale_value, formats):
+        _check_fake_devices("tensor_stats", tensors, scale=scale)
         return _empty_outputs(tensors, formats)
 
     @torch.library.register_fake(UNSCALE_OP_NAME)
     def _unscale_stats_fake(tensors, inv_scale, found_inf, formats):
+        _check_fake_devices("unscale_stats_", tensors, inv_scale=inv_scale, found_inf=found_inf)
         return _empty_outputs(tensors, formats)
 
 

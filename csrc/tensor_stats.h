@@ -2,10 +2,18 @@
 //
 // tensor_stats.cpp checks the inputs and turns them into a torch-free StatsCall (plain pointers, sizes,
 // strides, format bounds); each backend walks the call's flat list of work chunks and fills the outputs.
+//
+// Written against torch's stable ABI only (torch::stable::Tensor, the C shim; TORCH_TARGET_VERSION 2.10 is set
+// by setup.py), so that one binary loads on every torch from 2.10 on: no ATen or c10 header is included.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <torch/csrc/stable/device.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 
+#include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,6 +22,28 @@
 
 namespace amp_inspect {
 
+using Tensor = torch::stable::Tensor;
+using Device = torch::stable::Device;
+using ScalarType = torch::headeronly::ScalarType;
+using DeviceType = torch::headeronly::DeviceType;
+
+// The op's errors, one sentence each: a std::runtime_error, which torch raises as RuntimeError. (The stable
+// ABI's STD_TORCH_CHECK would prefix each message with the C++ function, file and line.)
+template <class... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw std::runtime_error(message.str());
+}
+#define AMPI_CHECK(cond, ...)                             \
+  do {                                                    \
+    if (!(cond)) ::amp_inspect::fail(__VA_ARGS__);        \
+  } while (false)
+
+// "cpu", "cuda:0", "meta": a device as torch prints it (the stable Device has no operator<<).
+std::string device_name(const Device& device);
+bool same_device(const Device& a, const Device& b);
+
 // Outputs of one call, T = number of tensors, F = number of formats:
 //   counts       int64   [T, 5 + 3F]  numel, nan, posinf, neginf, zero, overflow[F], subnormal[F], underflow[F]
 //   hist         int64   [T, 256]     elements per float32 exponent field
@@ -21,16 +51,16 @@ namespace amp_inspect {
 //   amin_nonzero float32 [T]          min |v| over finite nonzero v (+inf when none)
 //   sumsq        float64 [T]          sum of v*v over finite v
 struct StatsOutputs {
-  at::Tensor counts;
-  at::Tensor hist;
-  at::Tensor amax;
-  at::Tensor amin_nonzero;
-  at::Tensor sumsq;
+  Tensor counts;
+  Tensor hist;
+  Tensor amax;
+  Tensor amin_nonzero;
+  Tensor sumsq;
 };
 
 struct StatsCall {
   std::vector<TensorView> views;  // nonempty tensors only, in caller order
-  std::vector<at::Tensor> keep_alive;  // contiguous copies made for tensors of more than kMaxDims strided dims
+  std::vector<Tensor> keep_alive;  // contiguous copies made for tensors of more than kMaxDims strided dims
   int64_t num_tensors = 0;        // T, empty tensors included
   int64_t total_chunks = 0;
   int64_t chunk_elems = 0;
@@ -51,19 +81,19 @@ struct StatsCall {
 };
 
 // The unscale_stats_ arguments, checked and described into `call` (which prepare_call made).
-void prepare_unscale(StatsCall& call, const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale,
-                     const at::Tensor& found_inf);
+void prepare_unscale(StatsCall& call, const std::vector<Tensor>& tensors, const Tensor& inv_scale,
+                     const Tensor& found_inf);
 
 // Checks the op's arguments (every message names the offending tensor's position) and describes them for
 // a backend whose work chunks hold `chunk_elems` elements.
-StatsCall prepare_call(const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
+StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<Tensor>& scale,
                        std::optional<double> scale_value, const std::vector<std::string>& formats,
                        int64_t chunk_elems);
 
 // The outputs on `device`: zeroed (amin_nonzero +inf), ready for kernels that accumulate into them, or left
 // uninitialised for kernels that write every element.
 enum class OutputFill { kZeroed, kUninitialised };
-StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::Device& device,
+StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device& device,
                               OutputFill fill = OutputFill::kZeroed);
 
 // What the CUDA kernels (on a GPU, or emulated on the CPU) need for `call`: outputs left uninitialised (the
@@ -71,9 +101,12 @@ StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const at::De
 // together. plan.device_views is left null (views passed inline); the caller may point it at a table.
 struct KernelCall {
   StatsOutputs out;
-  at::Tensor workspace;
+  Tensor workspace;
   LaunchPlan plan;
 };
-KernelCall prepare_kernel_call(const StatsCall& call, const at::Device& device);
+KernelCall prepare_kernel_call(const StatsCall& call, const Device& device);
+
+// An uninitialised contiguous tensor (torch::stable::empty); pinned only for CPU tensors.
+Tensor empty_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Device& device, bool pinned = false);
 
 }  // namespace amp_inspect

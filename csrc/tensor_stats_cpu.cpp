@@ -1,15 +1,16 @@
 // tensor_stats_cpu.cpp: the CPU kernel of amp_inspect::tensor_stats.
 //
 // One pass over all tensors: the flat list of work chunks (kCpuChunkElems elements each, never crossing a
-// tensor) is split across threads with at::parallel_for. Each chunk is read in blocks of kBlockElems
+// tensor) is split across threads with torch::stable::parallel_for (at::parallel_for through the stable C
+// shim, so torch's own thread pool). Each chunk is read in blocks of kBlockElems
 // elements that are turned into float32 bits of v in a small stack buffer (L1-resident) and then counted
 // by short branch-free loops the compiler vectorises. A thread keeps the running statistics of the tensor
 // it is on and merges them into the outputs, under a lock, only when it moves to another tensor, so the
 // lock is taken about T + threads times per call. No temporary grows with the number of elements.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <algorithm>
 #include <cstring>
@@ -476,12 +477,12 @@ void unscale_chunk(const TensorView& view, int64_t start, int64_t count, float i
       break;
     }
     case kFloat16: {
-      c10::Half* p = static_cast<c10::Half*>(base);
+      torch::headeronly::Half* p = static_cast<torch::headeronly::Half*>(base);
       walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = static_cast<float>(p[o]) * inv_scale; });
       break;
     }
     case kBFloat16: {
-      c10::BFloat16* p = static_cast<c10::BFloat16*>(base);
+      torch::headeronly::BFloat16* p = static_cast<torch::headeronly::BFloat16*>(base);
       walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = static_cast<float>(p[o]) * inv_scale; });
       break;
     }
@@ -495,7 +496,7 @@ void unscale_chunk(const TensorView& view, int64_t start, int64_t count, float i
 }
 
 StatsOutputs run_cpu(const StatsCall& call) {
-  StatsOutputs out = allocate_outputs(call.num_tensors, call.num_formats, at::Device(at::kCPU));
+  StatsOutputs out = allocate_outputs(call.num_tensors, call.num_formats, Device(DeviceType::CPU));
 
   OutputSink sink;
   RawCounts empty;
@@ -503,11 +504,11 @@ StatsOutputs run_cpu(const StatsCall& call) {
   sink.counts.assign(call.num_tensors, empty);
   sink.max_abs.assign(call.num_tensors, 0u);
   sink.min_abs_nonzero.assign(call.num_tensors, kInfBits32);
-  sink.hist = out.hist.data_ptr<int64_t>();
-  sink.sumsq = out.sumsq.data_ptr<double>();
+  sink.hist = static_cast<int64_t*>(out.hist.data_ptr());
+  sink.sumsq = static_cast<double*>(out.sumsq.data_ptr());
 
   const int64_t num_views = static_cast<int64_t>(call.views.size());
-  at::parallel_for(0, call.total_chunks, 1, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, call.total_chunks, 1, [&](int64_t begin, int64_t end) {
     TensorAccumulator acc;
     int64_t current = -1;
     for (int64_t chunk = begin; chunk < end; ++chunk) {
@@ -528,9 +529,9 @@ StatsOutputs run_cpu(const StatsCall& call) {
     if (current >= 0) sink.merge(call.views[current].out_row, acc);
   });
 
-  int64_t* counts = out.counts.data_ptr<int64_t>();
-  float* amax = out.amax.data_ptr<float>();
-  float* amin = out.amin_nonzero.data_ptr<float>();
+  int64_t* counts = static_cast<int64_t*>(out.counts.data_ptr());
+  float* amax = static_cast<float*>(out.amax.data_ptr());
+  float* amin = static_cast<float*>(out.amin_nonzero.data_ptr());
   const int columns = count_columns(call.num_formats);
   bool any_non_finite = false;
   for (int64_t row = 0; row < call.num_tensors; ++row) {
@@ -544,16 +545,17 @@ StatsOutputs run_cpu(const StatsCall& call) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tensor_stats_cpu(
-    const std::vector<at::Tensor>& tensors, const std::optional<at::Tensor>& scale,
-    std::optional<double> scale_value, const std::vector<std::string>& formats) {
+// The boxed kernels (TORCH_BOX) take their arguments by value.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_cpu(std::vector<Tensor> tensors,
+                                                                    std::optional<Tensor> scale,
+                                                                    std::optional<double> scale_value,
+                                                                    std::vector<std::string> formats) {
   const StatsOutputs out = run_cpu(prepare_call(tensors, scale, scale_value, formats, kCpuChunkElems));
   return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> unscale_stats_cpu(
-    const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale, const at::Tensor& found_inf,
-    const std::vector<std::string>& formats) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_cpu(std::vector<Tensor> tensors, Tensor inv_scale,
+                                                                     Tensor found_inf, std::vector<std::string> formats) {
   StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, kCpuChunkElems);
   prepare_unscale(call, tensors, inv_scale, found_inf);
   const StatsOutputs out = run_cpu(call);
@@ -563,7 +565,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> unscale_s
 }  // namespace
 }  // namespace amp_inspect
 
-TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
-  m.impl("tensor_stats", &amp_inspect::tensor_stats_cpu);
-  m.impl("unscale_stats_", &amp_inspect::unscale_stats_cpu);
+STABLE_TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
+  m.impl("tensor_stats", TORCH_BOX(&amp_inspect::tensor_stats_cpu));
+  m.impl("unscale_stats_", TORCH_BOX(&amp_inspect::unscale_stats_cpu));
 }

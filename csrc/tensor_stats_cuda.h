@@ -11,7 +11,7 @@
 namespace amp_inspect {
 
 // Zeroes the workspace and launches the statistics and finalize kernels on `stream`. Asynchronous: no host
-// sync. Throws (c10::Error) when the GPU has no kernel image for this binary's architectures.
+// sync. Throws (std::runtime_error) when the GPU has no kernel image for this binary's architectures.
 void launch_tensor_stats(const LaunchPlan& plan, int device_index, cudaStream_t stream);
 
 // Whether this binary holds a kernel the device can run (a cubin of its architecture or PTX it can compile).

@@ -247,6 +247,35 @@ def test_op_level_errors():
         torch.ops.amp_inspect.tensor_stats(x, None, None, ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp16"])
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: torch.ops.amp_inspect.tensor_stats([torch.ones(3), torch.ones(3, device="meta")], None, None, ["fp16"]),
+        lambda: torch.ops.amp_inspect.tensor_stats([torch.ones(3, device="meta"), torch.ones(3)], None, None, ["fp16"]),
+        lambda: torch.ops.amp_inspect.tensor_stats([torch.ones(3)], torch.ones((), device="meta"), None, ["fp16"]),
+        lambda: torch.ops.amp_inspect.unscale_stats_(
+            [torch.ones(3)], torch.ones((), device="meta"), torch.zeros(1), ["fp16"]
+        ),
+        lambda: torch.ops.amp_inspect.unscale_stats_(
+            [torch.ones(3)], torch.ones(()), torch.zeros(1, device="meta"), ["fp16"]
+        ),
+    ],
+    ids=["meta-tensor-after-cpu", "meta-tensor-first", "meta-scale", "meta-inv-scale", "meta-found-inf"],
+)
+def test_raw_op_refuses_meta_among_cpu_inputs(call):
+    """Issue 18, case 7: the dispatcher sends any call holding a meta tensor to the fake kernel, which used
+    to answer with empty outputs; the op now refuses it in one sentence, as it refuses CPU with CUDA."""
+    with pytest.raises(RuntimeError, match=r"amp_inspect\.\w+: .* is on (meta|cpu) but .* one device per call"):
+        call()
+
+
+def test_raw_op_on_meta_inputs_alone_gives_shapes():
+    """All inputs on meta is shape inference (what the fake kernel is for): outputs of the right shapes."""
+    out = torch.ops.amp_inspect.tensor_stats([torch.ones(3, device="meta")] * 2, None, None, ["fp16", "bf16"])
+    assert [tuple(t.shape) for t in out] == [(2, 11), (2, 256), (2,), (2,), (2,)]
+    assert all(t.device.type == "meta" for t in out)
+
+
 def test_caller_tensors_unmodified():
     """Bitwise, NaN payloads included, for every dtype and layout, with and without a scale."""
     nan_payloads = torch.tensor([0x7FC00001, 0x7F800001, -0x00400001, 0x7FBFFFFF], dtype=torch.int32)
