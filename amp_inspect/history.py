@@ -405,10 +405,13 @@ def summarize(
     if poisoned:
         summary.poisoned_offenders = Counter(m for r in poisoned for m in r.offenders)
         named = summary.poisoned_blame.shown_top("no module named")
+        first_words = "bf16 needs no loss scale, so find"
+        if summary.autocast == "fp16":
+            first_words = "fp16 autocast needs a GradScaler (the doctor says how); and find"
         summary.advice.append(
             f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients (started in {named}) and "
             "no enabled GradScaler to skip them: the optimizer applied them, so the weights may be NaN from there on. "
-            f"{'bf16 needs no loss scale, so find' if not uses_fp16(history) else 'Find'} the source "
+            f"{first_words} the source "
             f"({_source_hint(summary)}), and guard the step: skip it when report.found_inf, or clip with "
             "clip_grad_norm_(..., error_if_nonfinite=True)"
         )

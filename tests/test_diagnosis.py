@@ -472,3 +472,49 @@ def test_case13_a_run_log_left_open_is_closed_at_exit(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "ResourceWarning" not in result.stderr
     assert (tmp_path / "run.jsonl").read_text().count("\n") >= 1
+
+
+def test_case4_lightning_loss_module_output_gradient_is_not_judged_against_fp16(tmp_path: Path) -> None:
+    """Lightning with fp16 AMP on the CPU (GradScaler at its default init_scale 65536) and the loss computed by a
+    child module: its output gradient is the loss scale, in fp32. Before the fix every clean step reported
+    "loss: output gradient overflowed fp16, amax 6.6e+04"."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from amp_inspect.integrations.lightning import AmpInspectCallback
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+            self.loss = _Loss()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 8, generator=g)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :1]), batch_size=256)
+    cb = AmpInspectCallback(activations="always")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        callbacks=[cb],
+        plugins=[MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    torch.manual_seed(0)
+    module = Lit()
+    trainer.fit(module, data)
+    history = cb.inspector.history
+    assert len(history) == 3 and not any(r.skipped for r in history)
+    found = [r.first_nonfinite for r in history]
+    assert found == [None, None, None], found

@@ -148,7 +148,9 @@ def test_attached_scaler_reports_go_to_history_and_log_with_module_names(tmp_pat
     scaler = amp_inspect.InspectingGradScaler("cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     insp = amp_inspect.attach(model, scaler, log=tmp_path / "run.jsonl")
-    as_stored = amp_inspect.attach(model)  # no scaler: judges the scaled gradients as they are stored
+    # No scaler: judges the scaled gradients as they are stored (fp16 named: without a scaler, the default formats
+    # would follow the bf16 autocast this loop runs under).
+    as_stored = amp_inspect.attach(model, formats=("fp16",))
     for step in range(6):
         models.backward(model, scaler, step)
         if step == 2:
