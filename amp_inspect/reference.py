@@ -158,6 +158,12 @@ _constants: dict[tuple, tuple[torch.Tensor, ...]] = {}
 _plans: OrderedDict[tuple, list[tuple[torch.Tensor, ...]]] = OrderedDict()
 
 
+def clear_device_copies() -> None:
+    """Forgets the constants and layouts uploaded so far (the next call uploads them again)."""
+    _constants.clear()
+    _plans.clear()
+
+
 def _constants_for(space: _Space, formats: tuple[str, ...], device: torch.device):
     """(classes, signed bounds, prefix-sum indices, signs, a one) on ``device``, made once per process and
     uploaded together. (On CUDA the first call's copy runs on the current stream: a first call on another
