@@ -77,6 +77,66 @@ def _cuda_kernel_usable(device: torch.device) -> bool:
     return False
 
 
+# The fix where a CUDA torch gets no CUDA kernels: rebuild from a checkout; the build finds a matching nvcc or
+# fetches NVIDIA's from PyPI (CUDA 13; PyPI has no CUDA 12 nvcc, docs/install.md).
+REBUILD_COMMAND = "pip install --no-build-isolation -e ."
+
+
+def cuda_kernels_missing() -> str | None:
+    """Why GPU tensors of this torch cannot get the compiled CUDA kernels, in one clause; None where they can
+    (or where this torch has no GPU support). Reads the build, not the GPU: no CUDA initialisation."""
+    if torch.version.hip is not None:
+        return f"amp_inspect's GPU kernels are CUDA only and this torch is a ROCm (HIP {torch.version.hip}) build"
+    if torch.version.cuda is None or has_kernel("cuda"):
+        return None
+    if LOAD_ERROR is not None:
+        return f"the compiled extension amp_inspect._C did not load ({LOAD_ERROR})"
+    built = build_info()
+    have = torch.version.cuda.split(".")[0]
+    if built.get("cuda") != "1":
+        return (
+            f"the compiled extension was built without CUDA kernels (no nvcc for CUDA {torch.version.cuda} was found "
+            "when it was built)"
+        )
+    if built.get("cuda_major", have) != have:
+        return f"its CUDA kernels were built for CUDA {built['cuda_major']} and this torch is a CUDA {have} build"
+    return "the build lists CUDA kernels but they are not registered (their library did not load)"
+
+
+def cuda_fix() -> str:
+    """The command (with what it needs first) that builds the CUDA kernels for this torch."""
+    if torch.version.hip is not None:
+        return "none yet: use an NVIDIA GPU for the fused kernels"
+    cuda = torch.version.cuda or "?"
+    if cuda.split(".")[0] == "12":  # no nvcc for CUDA 12 on PyPI: a toolkit first
+        return (
+            f"install a CUDA {cuda} toolkit (e.g. `conda install -c nvidia cuda-nvcc={cuda} cuda-cudart-dev={cuda}`), "
+            f"then `CUDA_HOME=<its prefix> {REBUILD_COMMAND}` in a checkout of amp_inspect"
+        )
+    return f"`{REBUILD_COMMAND}` in a checkout of amp_inspect (it fetches NVIDIA's nvcc for CUDA {cuda} if missing)"
+
+
+def no_kernel_warning(device_type: str) -> str:
+    """The one warning of the first call whose tensors no compiled kernel serves: why, what runs instead and
+    what it costs, and the fix."""
+    fallback = (
+        "their statistics come from the pure-torch fallback (exact and with no host sync, but a few dozen torch "
+        "ops and several passes over the values per call where the kernel makes one: several times slower)"
+    )
+    if device_type == "cuda":
+        why = cuda_kernels_missing() or "the compiled extension has no CUDA kernel"
+        return (
+            f"amp_inspect: NO CUDA KERNELS for GPU tensors: {why}; {fallback}. Fix: {cuda_fix()}; then "
+            "`python -m amp_inspect.info` says CUDA kernel: yes."
+        )
+    if device_type == "cpu":
+        return (
+            f"amp_inspect: the compiled extension has no CPU kernel (built without it); {fallback}. Fix: "
+            f"`{REBUILD_COMMAND}` in a checkout of amp_inspect; see `python -m amp_inspect.info`."
+        )
+    return f"amp_inspect: no compiled kernel for {device_type} tensors (CPU and CUDA only); {fallback}."
+
+
 def build_info() -> dict[str, str]:
     """What the compiled extension was built with: {"cpu": "1", "cuda": "0" or "1", "cuda_archs": ...}."""
     if LOAD_ERROR is not None:
@@ -167,11 +227,7 @@ def tensor_stats_op(
         )
         return tensor_stats_reference(tensors, scale, scale_value, formats)
     if not has_kernel(device_type):
-        _warn_once(
-            device_type,
-            f"amp_inspect: the compiled extension has no {device_type} kernel (built without it); "
-            "using the pure-torch reference for these tensors. See `python -m amp_inspect.info`.",
-        )
+        _warn_once(device_type, no_kernel_warning(device_type))
         return tensor_stats_reference(tensors, scale, scale_value, formats)
     if device_type == "cuda" and not _cuda_kernel_usable(tensors[0].device):
         return tensor_stats_reference(tensors, scale, scale_value, formats)

@@ -123,13 +123,14 @@ def extension() -> Iterator[Finding]:
     built = _ops.build_info()
     if not _ops.has_kernel("cpu"):
         yield Finding("no-cpu-kernel", "warning", "the compiled extension has no CPU kernel.", rebuild)
-    if gpus_found and not _ops.has_kernel("cuda"):
+    missing = _ops.cuda_kernels_missing()
+    if missing is not None:  # a GPU torch without the GPU kernels, whether or not a GPU is visible right now
         yield Finding(
             "no-cuda-kernel",
             "warning",
-            "a GPU is visible but the compiled extension has no CUDA kernel (built without nvcc or a CUDA torch): "
-            "GPU tensors go through the slower pure-torch reference.",
-            "install the CUDA toolkit matching torch.version.cuda and " + rebuild,
+            f"this torch is a GPU build but amp_inspect has no CUDA kernels: {missing}. GPU tensors get the "
+            "pure-torch fallback (exact, no host sync, several times slower than the fused kernel).",
+            _ops.cuda_fix() + "; then `python -m amp_inspect.info` says CUDA kernel: yes.",
         )
     archs = built.get("cuda_archs", "")
     images = built_images()

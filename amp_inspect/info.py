@@ -1,9 +1,10 @@
 """``python -m amp_inspect.info``: what was built and what this machine can run.
 
 Prints torch's and CUDA's versions, which tensor_stats kernels the compiled extension registered (CPU,
-CUDA), the GPU images the binary holds (``sm_XY``: machine code for compute capability X.Y and the later
-X.* of the same major; ``compute_XY``: PTX the driver compiles for X.Y and every later GPU), and whether each
-visible GPU is covered.
+CUDA; on a CUDA or ROCm torch without the CUDA kernels, why not and the command that fixes it), the GPU
+images the binary holds (``sm_XY``: machine code for compute capability X.Y and the later X.* of the same
+major; ``compute_XY``: PTX the driver compiles for X.Y and every later GPU), and whether each visible GPU is
+covered.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def collect() -> dict[str, str]:
         "CPU kernel": "yes" if _ops.has_kernel("cpu") else "no",
         "CUDA kernel": "yes" if _ops.has_kernel("cuda") else "no",
     }
+    missing = _ops.cuda_kernels_missing()
+    if missing is not None:  # a GPU torch without the GPU kernels: the one case a user must not miss
+        info["CUDA kernel"] = (
+            f"NO: {missing}; GPU tensors get the pure-torch fallback (exact, no host sync, several times slower)"
+        )
+        info["fix"] = _ops.cuda_fix()
     images = built_images()
     if images:
         info["GPU images built"] = " ".join(images)
@@ -59,7 +66,7 @@ def collect() -> dict[str, str]:
         capability = torch.cuda.get_device_capability(i)
         name = f"{torch.cuda.get_device_name(i)} (sm_{capability[0]}{capability[1]})"
         if not images:
-            verdict = "not served: the extension has no CUDA kernels (the pure-torch reference runs)"
+            verdict = "not served: the extension has no CUDA kernels (the pure-torch fallback runs; see fix)"
         elif _ops.cuda_device_supported(i):
             verdict = "covered"
         else:

@@ -14,7 +14,10 @@ scale is given; the format terms overflow, subnormal and underflow are defined i
   v is binned as float32(v), so one beyond float32's range lands in bin 255.
 
 Cost: one read of every element and no temporaries proportional to the number of elements; on CUDA, a
-fixed number of kernel launches whatever the number of tensors, and no host sync.
+fixed number of kernel launches whatever the number of tensors, and no host sync. Where no compiled kernel
+serves the tensors' device (a GPU the binary has no CUDA kernels for, MPS, XPU, ROCm), the pure-torch
+fallback of amp_inspect/reference.py gives the same outputs, also without a host sync and with a number of
+torch ops that does not depend on the number of tensors, but in several passes (docs/tensor_stats.md).
 """
 
 from __future__ import annotations
@@ -60,16 +63,18 @@ class TensorStats:
     def from_op_outputs(cls, outputs: Sequence[torch.Tensor], formats: tuple[str, ...]) -> TensorStats:
         counts, hist, amax, amin_nonzero, sumsq = outputs
         f = len(formats)
-        first = FIXED_COUNT_COLUMNS
+        # Views, two ops whatever F (not one index op per column: the fallback counts its ops).
+        fixed, overflow, subnormal, underflow = counts.split([FIXED_COUNT_COLUMNS, f, f, f], 1)
+        numel, nan, posinf, neginf, zero = fixed.unbind(1)
         return cls(
-            numel=counts[:, 0],
-            nan=counts[:, 1],
-            posinf=counts[:, 2],
-            neginf=counts[:, 3],
-            zero=counts[:, 4],
-            overflow=counts[:, first : first + f],
-            subnormal=counts[:, first + f : first + 2 * f],
-            underflow=counts[:, first + 2 * f : first + 3 * f],
+            numel=numel,
+            nan=nan,
+            posinf=posinf,
+            neginf=neginf,
+            zero=zero,
+            overflow=overflow,
+            subnormal=subnormal,
+            underflow=underflow,
             amax=amax,
             amin_nonzero=amin_nonzero,
             sumsq=sumsq,

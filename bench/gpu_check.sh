@@ -1,57 +1,127 @@
 #!/usr/bin/env bash
-# GPU check: on a machine with a GPU and a CUDA torch already installed, and no network, build the extension
-# in place for the local GPU only, run the CUDA tests, compute-sanitizer on one small call of every kernel
-# variant, and the CUDA benchmarks; write logs, JSON and one summary.json (pass/fail per stage, the benchmark
-# ratios, launches per call) to the folder given as $1.
-# Fits in one 8-minute device command including the build: every stage gets at most what is left of the
-# budget (BUDGET_S, default 450 s), most important first.
+# GPU check, for a machine with a GPU, a CUDA torch already installed and no network:
 #   bash bench/gpu_check.sh OUT_DIR
+# Installs the prebuilt wheel of `make wheel` (dist/amp_inspect-*.whl, brought along with the working tree)
+# into this machine's torch with `pip install --no-deps` and puts its compiled libraries beside the tree's
+# Python (the tests and benchmarks run from the tree); only without a wheel does it compile, for the local GPU
+# only. Then, most important first: info, the CUDA tests, compute-sanitizer (memcheck, racecheck, synccheck)
+# on small calls of every kernel variant, bench_tensor_stats (all sets, every ratio), bench_step, and the
+# distributed CUDA test (gloo carrying CUDA tensors: NCCL needs one GPU per rank). Logs, JSON and
+# OUT_DIR/summary.json (every stage's status, seconds and cap, the ratios, the launches per call).
+#
+# Every stage gets at most its cap and what is left of BUDGET_S (default 450 s); with a wheel the caps add
+# up to the budget. ONLY="tests bench" runs just those stages (a second run redoing what failed).
+# Where no CUDA GPU is visible to torch (this dry-runs it), every stage says why it cannot run.
+# Exit status (bench/gpu_summary.py decides it): 0 every stage ran and passed; 1 a stage failed or ran out
+# of its cap; 3 nothing measured (no stage past the install ran); 4 none failed but some did not run.
 set -uo pipefail
-out="${1:?usage: bench/gpu_check.sh OUT_DIR}"
+out="${1:?usage: bash bench/gpu_check.sh OUT_DIR}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
-py="${PYTHON:-python}"
+py="${PYTHON:-python3}"
 budget="${BUDGET_S:-450}"
+only="${ONLY:-}"
 export PYTHONUNBUFFERED=1
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-# Build only for the GPU in this machine: much faster than the default list of six architectures.
-if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
-  TORCH_CUDA_ARCH_LIST="$("$py" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')"
-  export TORCH_CUDA_ARCH_LIST
-fi
-export MAX_JOBS="${MAX_JOBS:-16}"
-sanitizer="$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")"
+
+wheel="$(ls "${WHEEL_DIR:-dist}"/amp_inspect-*.whl 2>/dev/null | tail -n 1)"  # WHEEL_DIR: where else to look
+# Caps in seconds, in the order the stages run. The install is a pip install with a wheel, a build without.
+install_cap=30
+[ -n "$wheel" ] || install_cap=240
+caps="install:$install_cap info:20 tests:120 memcheck:40 racecheck:60 synccheck:30 bench:90 bench_step:40 dist:20"
+printf 'budget\t%s\ncaps\t%s\nwheel\t%s\n' "$budget" "$caps" "${wheel:-none}" > "$out/plan.tsv"
 : > "$out/stages.tsv"
 
-stage() {  # stage NAME CAP_SECONDS COMMAND...: run with min(cap, budget left), log to $out/NAME.log
-  local name="$1" cap="$2"
+# Why nothing can be measured here, or empty. Asks torch once (this initialises CUDA).
+cannot="$("$py" - 2>&1 <<'EOF'
+import torch
+if not torch.cuda.is_available():
+    build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+    print(f"no CUDA GPU visible to torch {torch.__version__} ({build}): nothing to measure")
+EOF
+)" || cannot="$py cannot run torch: $(echo "$cannot" | tail -n 1)"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || echo "no nvidia-smi"
+  "$py" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)' 2>&1; } > "$out/machine.txt"
+
+cap_of() { local item; for item in $caps; do [ "${item%%:*}" = "$1" ] && echo "${item#*:}"; done; }
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$(cap_of "$1")" "$5" >> "$out/stages.tsv"; }
+
+stage() {  # stage NAME REASON_IT_CANNOT_RUN_OR_EMPTY COMMAND...: runs with min(cap, budget left), logs OUT/NAME.log
+  local name="$1" why="$2"
   shift 2
-  local left=$((budget - SECONDS))
-  local limit=$((cap < left ? cap : left))
+  if [ -n "$only" ] && [ "$name" != install ] && [[ " $only " != *" $name "* ]]; then
+    why="left out by ONLY=\"$only\""
+  fi
+  if [ -n "$why" ]; then
+    echo "=== $name: cannot run: $why"
+    record "$name" not-run "" 0 "$why"
+    return
+  fi
+  local cap left limit
+  cap="$(cap_of "$name")"
+  left=$((budget - SECONDS))
+  limit=$((cap < left ? cap : left))
   if [ "$limit" -le 5 ]; then
-    echo "=== $name: skipped, budget spent"
-    printf '%s\t%s\t%s\n' "$name" "skipped" 0 >> "$out/stages.tsv"
+    echo "=== $name: skipped, the budget is spent"
+    record "$name" skipped "" 0 "budget of ${budget}s spent"
     return
   fi
   echo "=== $name (limit ${limit}s): $*"
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1
-  local rc=$?
+  local start=$SECONDS rc status
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
   tail -n 15 "$out/$name.log"
-  echo "=== $name: exit $rc after $((SECONDS - start))s"
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$out/stages.tsv"
+  case $rc in 0) status=passed ;; 124 | 137) status=timeout ;; *) status=failed ;; esac
+  echo "=== $name: $status (exit $rc) after $((SECONDS - start))s"
+  record "$name" "$status" "$rc" "$((SECONDS - start))" ""
 }
 
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; "$py" -c 'import torch; print(torch.__version__, torch.version.cuda)'; } > "$out/machine.txt" 2>&1
-stage build 200 "$py" -m pip install --no-build-isolation --no-deps -e .
-stage info 30 "$py" -m amp_inspect.info
-stage tests 120 "$py" -m pytest -q -x -p no:cacheprovider -m "cuda or cuda_emu or not slow" tests/test_cuda.py \
-  tests/test_unscale.py tests/test_inspector_cuda.py tests/test_info.py
-stage memcheck 40 "$sanitizer" --tool memcheck --error-exitcode 1 "$py" bench/sanitize_small.py
-stage racecheck 60 "$sanitizer" --tool racecheck --error-exitcode 1 "$py" bench/sanitize_small.py
-stage synccheck 40 "$sanitizer" --tool synccheck --error-exitcode 1 "$py" bench/sanitize_small.py
-stage bench 90 "$py" bench/bench_tensor_stats.py --device cuda --out "$out"
-stage bench_step 60 "$py" bench/bench_step.py --device cuda --out "$out"
-stage dist 40 "$py" -m pytest -q -p no:cacheprovider tests/test_distributed.py -m cuda
-"$py" bench/gpu_summary.py "$out" || true
+install_wheel() {  # pip install --no-deps, then the wheel's libraries beside the tree's Python
+  local site
+  if ! "$py" -m pip install --no-deps --no-index --force-reinstall "$wheel"; then
+    echo "pip could not install the wheel here; taking its libraries out of it instead"
+    "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, ".") for n in z.namelist() if n.startswith("amp_inspect/_C") and n.endswith(".so")]' "$wheel" || return 1
+    return 0
+  fi
+  site="$(cd / && env -u PYTHONPATH "$py" -c 'import amp_inspect, os; print(os.path.dirname(amp_inspect.__file__))')" || return 1
+  cp "$site"/_C*.so amp_inspect/ || return 1
+  if diff -rq --exclude=__pycache__ --exclude='*.so' "$site" amp_inspect > /dev/null; then
+    echo "the wheel's Python equals the working tree's"
+  else
+    echo "WARNING: the wheel's Python differs from the working tree's (make wheel again): the tree's runs"
+  fi
+}
+
+build_here() {  # no wheel: compile in place for this GPU only (much faster than every architecture)
+  TORCH_CUDA_ARCH_LIST="$("$py" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')" \
+    MAX_JOBS="${MAX_JOBS:-16}" "$py" setup.py build_ext --inplace
+}
+
+sanitizer="$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")"
+no_sanitizer=""
+[ -x "$sanitizer" ] || no_sanitizer="compute-sanitizer not found (PATH, $CUDA_HOME/bin)"
+no_pytest=""
+"$py" -c 'import pytest' 2> /dev/null || no_pytest="pytest is not installed for $py"
+
+if [ -n "$wheel" ]; then
+  stage install "$cannot" install_wheel
+else
+  stage install "$cannot" build_here
+fi
+built="$cannot"
+if [ -z "$built" ] && ! ls amp_inspect/_C*.so > /dev/null 2>&1; then
+  built="the install stage left no compiled library in amp_inspect/"
+fi
+cuda_tests="tests/test_cuda.py tests/test_inspector_cuda.py tests/test_fallback.py tests/test_activations.py \
+  tests/test_hardware.py tests/test_integrations.py tests/test_silent_answers.py"
+stage info "$built" "$py" -m amp_inspect.info
+stage tests "${built:-$no_pytest}" bash -c "'$py' -m pytest -q -p no:cacheprovider -m cuda $cuda_tests \
+  && '$py' -m pytest -q -p no:cacheprovider tests/test_info.py"
+stage memcheck "${built:-$no_sanitizer}" "$sanitizer" --tool memcheck --error-exitcode 1 "$py" bench/sanitize_small.py
+stage racecheck "${built:-$no_sanitizer}" "$sanitizer" --tool racecheck --error-exitcode 1 "$py" bench/sanitize_small.py
+stage synccheck "${built:-$no_sanitizer}" "$sanitizer" --tool synccheck --error-exitcode 1 "$py" bench/sanitize_small.py
+stage bench "$built" "$py" bench/bench_tensor_stats.py --device cuda --out "$out"
+stage bench_step "$built" "$py" bench/bench_step.py --device cuda --out "$out"
+stage dist "${built:-$no_pytest}" "$py" -m pytest -q -p no:cacheprovider -m cuda tests/test_distributed.py
+"$py" bench/gpu_summary.py "$out"

@@ -1,0 +1,78 @@
+"""bench/gpu_check.sh without a GPU (issue 17, E): every stage says why it cannot run, the summary is still
+written, the exit status says "nothing measured"; and bench/gpu_summary.py's statuses and caps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import gpu_summary  # noqa: E402
+
+STAGES = ["install", "info", "tests", "memcheck", "racecheck", "synccheck", "bench", "bench_step", "dist"]
+
+
+def dry_run(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The GPU hidden from torch, so this is a dry run on any machine."""
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, **env}
+    return subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh"), str(out)], capture_output=True, text=True, env=environment, timeout=300
+    )
+
+
+@pytest.mark.parametrize("with_wheel", [True, False])
+def test_dry_run_says_why_each_stage_cannot_run_and_that_nothing_was_measured(tmp_path, with_wheel):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    if with_wheel:
+        (wheels / "amp_inspect-0.1.0-cp310-abi3-linux_x86_64.whl").write_bytes(b"")
+    result = dry_run(tmp_path / "out", WHEEL_DIR=str(wheels))
+    assert result.returncode == gpu_summary.NOTHING_MEASURED == 3, result.stdout + result.stderr
+    for name in STAGES:
+        assert f"=== {name}: cannot run: no CUDA GPU visible to torch" in result.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["exit_status"] == 3 and summary["measured"] is False
+    assert list(summary["stages"]) == STAGES
+    assert all(s["status"] == "not-run" and "nothing to measure" in s["note"] for s in summary["stages"].values())
+    plan = summary["plan"]
+    assert plan["caps_s"]["install"] == (30 if with_wheel else 240)
+    # With the wheel the caps add up to the budget; a build takes its time from the last stages.
+    assert (plan["caps_total_s"] == plan["budget_s"] == 450) is with_wheel
+
+
+def write_stages(out: Path, rows: list[tuple[str, str]]) -> None:
+    out.mkdir(exist_ok=True)
+    (out / "stages.tsv").write_text("".join(f"{n}\t{s}\t0\t1\t10\t\n" for n, s in rows))
+
+
+@pytest.mark.parametrize(
+    ("rows", "status"),
+    [
+        ([("install", "passed"), ("info", "passed"), ("tests", "passed")], 0),
+        ([("install", "passed"), ("info", "passed"), ("tests", "failed")], 1),
+        ([("install", "passed"), ("info", "passed"), ("tests", "timeout")], 1),
+        ([("install", "passed"), ("info", "passed"), ("dist", "skipped")], 4),
+        ([("install", "passed"), ("info", "not-run"), ("tests", "not-run")], 3),
+        ([("install", "not-run"), ("info", "not-run")], 3),
+    ],
+)
+def test_exit_status_from_the_stages(tmp_path, rows, status):
+    write_stages(tmp_path, rows)
+    assert gpu_summary.main(tmp_path) == status
+    assert json.loads((tmp_path / "summary.json").read_text())["exit_status"] == status
+
+
+def test_bench_ratios_are_carried_into_the_summary(tmp_path):
+    write_stages(tmp_path, [("install", "passed"), ("bench", "passed")])
+    measurement = {"set_name": "gpt2-style", "method": "reference", "median_ms": 2.0, "gb_per_s": 1, "x_roofline": 9}
+    (tmp_path / "tensor_stats_cuda.json").write_text(json.dumps({"measurements": [measurement], "launches": []}))
+    summary = gpu_summary.summarize(tmp_path)
+    assert summary["tensor_stats_cuda"]["ratios"] == [measurement]
+    assert summary["step_cuda"] == "not written"
