@@ -95,8 +95,8 @@ def cuda_kernels_missing() -> str | None:
     have = torch.version.cuda.split(".")[0]
     if built.get("cuda") != "1":
         return (
-            f"the compiled extension was built without CUDA kernels (no nvcc for CUDA {torch.version.cuda} was found "
-            "when it was built)"
+            "the compiled extension was built without CUDA kernels (AMP_INSPECT_NO_CUDA=1 was set, or no nvcc for "
+            f"CUDA {torch.version.cuda} was found when it was built)"
         )
     if built.get("cuda_major", have) != have:
         return f"its CUDA kernels were built for CUDA {built['cuda_major']} and this torch is a CUDA {have} build"
