@@ -501,8 +501,11 @@ def _gradscaler_advice(
         if hits >= 3:
             interval = f" (now {growth_interval})" if growth_interval else ""
             advice.append(
+                # Not "a lower init_scale": GradScaler grows back every growth_interval clean steps from wherever
+                # it started, so only a longer interval makes the bounces rarer.
                 f"the scale backed off from {ceiling:g} {hits} times: it keeps growing into the same overflow; "
-                f"raise growth_interval{interval} or start at init_scale {ceiling / 2:g}"
+                f"raise growth_interval{interval} (each bounce skips a step; a lower init_scale would not help, "
+                "the scale grows back to the same ceiling)"
             )
 
     # Skips in bursts that a lower scale ended: each skip only halves, so a larger step down recovers sooner.

@@ -15,6 +15,7 @@ from torch import nn
 import amp_inspect
 from amp_inspect.attribution import FROM_BACKWARD_ORDER, FROM_EVERY_MODULE, LOSS_OR_FORWARD
 from amp_inspect.doctor import doctor
+from amp_inspect.headroom import Headroom
 from amp_inspect.history import StepRecord, summarize
 from amp_inspect.setup_checks import split_advice
 from amp_inspect.spikes import find_spikes
@@ -164,3 +165,32 @@ def test_an_advice_line_is_split_after_its_parentheses(tmp_path: Path) -> None:
     messages = [f.message for f in doctor(history=history).findings if f.code == "scaler-advice"]
     assert any(m.startswith("2 steps (first: step 2) had NaN/Inf gradients") for m in messages), messages
     assert not any(m.endswith("(first") for m in messages)
+
+
+# ---- the scale bouncing off one ceiling: the advice is growth_interval, not an init_scale that grows back ----
+
+
+def _bouncing(hits: int) -> list[StepRecord]:
+    """GradScaler at growth_interval 3: it grows from 2^20 to 2^21, overflows there and backs off, ``hits`` times."""
+    history, step = [], 0
+    for _ in range(hits):
+        for _ in range(3):
+            history.append(_step(step, 2.0**20, False))
+            step += 1
+        history.append(_step(step, 2.0**21, True))
+        step += 1
+    history.append(_step(step, 2.0**20, False))
+    return history
+
+
+def _step(step: int, scale: float, skipped: bool) -> StepRecord:
+    return StepRecord(
+        step, scale, skipped, ["head"] if skipped else [], float("nan") if skipped else 1.0, Headroom(None, None), None
+    )
+
+
+def test_a_scale_bouncing_off_one_ceiling_is_told_growth_interval_not_init_scale() -> None:
+    advice = [a for a in summarize(_bouncing(4), growth_interval=3).advice if "keeps growing" in a]
+    assert advice and "raise growth_interval (now 3)" in advice[0]
+    assert "start at init_scale" not in advice[0]
+    assert not [a for a in summarize(_bouncing(2), growth_interval=3).advice if "keeps growing" in a]
