@@ -194,3 +194,19 @@ def test_a_scale_bouncing_off_one_ceiling_is_told_growth_interval_not_init_scale
     assert advice and "raise growth_interval (now 3)" in advice[0]
     assert "start at init_scale" not in advice[0]
     assert not [a for a in summarize(_bouncing(2), growth_interval=3).advice if "keeps growing" in a]
+
+
+# ---- a clean run without a loss scaler: the report calls no loss scale healthy ----
+
+
+def test_a_clean_run_without_a_scaler_is_not_told_its_loss_scale_looks_healthy() -> None:
+    from amp_inspect import html_report, plots
+
+    def page(scale: float | None) -> str:
+        records = [{"step": s, "scale": scale, "skipped": False, "offenders": [], "total_norm": 1.0} for s in range(4)]
+        summary = summarize([StepRecord.from_log_record(r) for r in records])
+        return html_report.render_html(plots.RunSeries.from_records(records), summary, {}, source="run.jsonl")
+
+    clean = page(None)
+    assert "loss scale looks healthy" not in clean and "no NaN/Inf gradients and no gradient spikes" in clean
+    assert "loss scale looks healthy" in page(65536.0)
