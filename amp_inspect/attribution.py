@@ -85,11 +85,12 @@ def origin_in_order(offenders: Sequence[str], backward_order: Sequence[str]) -> 
 def every_module(offenders: Sequence[str], modules: Any) -> bool:
     """Whether the step's NaN/Inf reached the gradients of every module that had gradients: ``modules`` is a step's
     module -> counts (StepReport.by_module, a log record's "modules"); a module with numel 0 held none. False without
-    offenders or without module counts (an old or hand-made log: nothing to compare with)."""
+    offenders, without module counts (an old or hand-made log: nothing to compare with) and with a single module
+    (it is the whole model: naming it says no more than "the forward pass or the loss", and it is what it holds)."""
     if not offenders or not isinstance(modules, dict):
         return False
     held = {str(n) for n, m in modules.items() if not (isinstance(m, dict) and m.get("numel") == 0)}
-    return bool(held) and set(offenders) >= held
+    return len(held) > 1 and set(offenders) >= held
 
 
 def step_origin(

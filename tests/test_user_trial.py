@@ -210,3 +210,13 @@ def test_a_clean_run_without_a_scaler_is_not_told_its_loss_scale_looks_healthy()
     clean = page(None)
     assert "loss scale looks healthy" not in clean and "no NaN/Inf gradients and no gradient spikes" in clean
     assert "loss scale looks healthy" in page(65536.0)
+
+
+def test_a_single_module_is_named_not_called_the_forward_pass() -> None:
+    from amp_inspect.attribution import every_module
+
+    counts = {"numel": 4, "nan": 4}
+    assert not every_module(["only"], {"only": counts})  # one module: it is named
+    assert every_module(["a", "b"], {"a": counts, "b": counts})
+    assert not every_module(["a"], {"a": counts, "b": {"numel": 4, "nan": 0}})
+    assert not every_module(["a"], {"a": counts, "b": {"numel": 0}}) and not every_module(["a", "b"], None)
