@@ -67,17 +67,18 @@ def rose_most(
     earlier: Sequence[Mapping[str, float | None] | None],
     limit: int = SPIKE_MODULES,
 ) -> list[tuple[str, float]]:
-    """The modules whose gradient norm grew most from its median over ``earlier``'s last SPIKE_WINDOW known values to
-    ``now`` (ratio), unknown values left out. Against the recent median, not the step before, for the same reason
-    the total norm is: right after a spike the step before is the spike, and every module would seem to fall.
-    Only growth counts (ratio > 1): a module whose norm fell did not rise."""
-    recent = [m for m in earlier if m][-SPIKE_WINDOW:]
-    if not recent:
-        return []
+    """The modules whose gradient norm grew most from its median over its last SPIKE_WINDOW known values in
+    ``earlier`` to ``now`` (ratio), unknown values left out. Against the recent median, not the step before, for the
+    same reason the total norm is: right after a spike the step before is the spike, and every module would seem to
+    fall. Only growth counts (ratio > 1): a module whose norm fell did not rise."""
     ratios = []
     for name, value in now.items():
-        olds = [m[name] for m in recent if m.get(name) is not None and math.isfinite(m[name])]  # type: ignore[arg-type]
-        if value is None or not olds or not math.isfinite(value):
+        if value is None or not math.isfinite(value):
+            continue
+        # The last SPIKE_WINDOW known values, as the total norm's median takes its last finite ones (a NaN step in
+        # the window is passed over, not counted short).
+        olds = [v for m in earlier if m and (v := m.get(name)) is not None and math.isfinite(v)][-SPIKE_WINDOW:]
+        if not olds:
             continue
         old = _median(olds)  # type: ignore[arg-type]
         if old > 0 and value > old:

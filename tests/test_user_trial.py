@@ -220,3 +220,11 @@ def test_a_single_module_is_named_not_called_the_forward_pass() -> None:
     assert every_module(["a", "b"], {"a": counts, "b": counts})
     assert not every_module(["a"], {"a": counts, "b": {"numel": 4, "nan": 0}})
     assert not every_module(["a"], {"a": counts, "b": {"numel": 0}}) and not every_module(["a", "b"], None)
+
+
+def test_rose_most_takes_the_same_window_as_the_total_norm_past_nan_steps() -> None:
+    # Steps 0-5 calm, 6-7 NaN (module norm unknown), 8-11 elevated; step 12 is a spike against the calm median.
+    norms = [1.0] * 6 + [float("nan")] * 2 + [30.0] * 4 + [30.0]
+    modules = [{"a": 1.0}] * 6 + [{"a": None}] * 2 + [{"a": 30.0}] * 5
+    spike = next(s for s in find_spikes(list(range(13)), norms, modules) if s.step == 12)
+    assert spike.median == 1.0 and spike.rose == [("a", 30.0)]  # both against the calm steps, not a half-window
