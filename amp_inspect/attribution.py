@@ -50,11 +50,16 @@ def modules_in_trouble(modules: dict[str, dict[str, Any]]) -> list[str]:
 # the activation hooks' first non-finite producer (when they were armed on that step), else the module whose
 # parameters' gradients autograd made first (closest to the output) among those with NaN/Inf: nothing computed
 # before it was non-finite, and everything after it may have received its NaN. Logs written before the backward
-# order was recorded fall back to the count order, and say so.
+# order was recorded fall back to the count order, and say so. Backward order is evidence only when something
+# computed before the NaN was finite: when every module's gradients held NaN/Inf, the loss itself may have been
+# NaN (a forward pass that went non-finite makes every gradient NaN, and the module closest to the output is then
+# merely first), so such a step is traced to "the forward pass or the loss", not to a module.
 
 FROM_ACTIVATIONS = "first non-finite output (activation hooks)"
 FROM_BACKWARD_ORDER = "closest to the output in backward order"
 FROM_COUNT = "most NaN/Inf values (no backward order recorded)"
+FROM_EVERY_MODULE = "every module's gradients held NaN/Inf, so the gradients cannot place it (the activation hooks can)"
+LOSS_OR_FORWARD = "the forward pass or the loss"  # the origin named for such a step: no module
 NOT_SEARCHED = "not searched"  # the start of the Inspector's note when armed hooks saw no forward pass
 
 
@@ -77,11 +82,27 @@ def origin_in_order(offenders: Sequence[str], backward_order: Sequence[str]) -> 
     return min(offenders, key=lambda m: (rank.get(m, len(rank)), offenders.index(m)))
 
 
-def step_origin(offenders: Sequence[str], first_nonfinite: str | None, origin: str | None) -> tuple[str, str] | None:
-    """(module, evidence) of where one step's NaN/Inf started; None when nothing held any."""
+def every_module(offenders: Sequence[str], modules: Any) -> bool:
+    """Whether the step's NaN/Inf reached the gradients of every module that had gradients: ``modules`` is a step's
+    module -> counts (StepReport.by_module, a log record's "modules"); a module with numel 0 held none. False without
+    offenders, without module counts (an old or hand-made log: nothing to compare with) and with a single module
+    (it is the whole model: naming it says no more than "the forward pass or the loss", and it is what it holds)."""
+    if not offenders or not isinstance(modules, dict):
+        return False
+    held = {str(n) for n, m in modules.items() if not (isinstance(m, dict) and m.get("numel") == 0)}
+    return len(held) > 1 and set(offenders) >= held
+
+
+def step_origin(
+    offenders: Sequence[str], first_nonfinite: str | None, origin: str | None, everywhere: bool = False
+) -> tuple[str, str] | None:
+    """(module, evidence) of where one step's NaN/Inf started; None when nothing held any. ``everywhere``: every
+    module's gradients held NaN/Inf (every_module), so without the activation hooks' finding no module is named."""
     found = finding_module(first_nonfinite)
     if found is not None:
         return found, FROM_ACTIVATIONS
+    if everywhere and offenders:
+        return LOSS_OR_FORWARD, FROM_EVERY_MODULE
     if origin:
         return origin, FROM_BACKWARD_ORDER
     if offenders:
@@ -143,14 +164,15 @@ class Blame:
         return text
 
 
-def blame(steps: Iterable[tuple[Sequence[str], str | None, str | None]]) -> Blame:
+def blame(steps: Iterable[tuple[Any, ...]]) -> Blame:
     """The one ranking of modules behind non-finite steps that every surface shows (the summary, the CLI, the doctor,
     the HTML report, the plots, the integrations, the collapse warning). ``steps``: for each step,
-    (offenders, first_nonfinite finding, backward-order origin) as the history and the log hold them."""
+    (offenders, first_nonfinite finding, backward-order origin, whether every module held NaN/Inf) as the history
+    and the log hold them."""
     out = Blame()
-    strength = (FROM_ACTIVATIONS, FROM_BACKWARD_ORDER, FROM_COUNT)
-    for offenders, finding, origin in steps:
-        where = step_origin(offenders, finding, origin)
+    strength = (FROM_ACTIVATIONS, FROM_BACKWARD_ORDER, FROM_EVERY_MODULE, FROM_COUNT)
+    for offenders, finding, origin, *everywhere in steps:  # a 3-tuple: whether every module held it unknown
+        where = step_origin(offenders, finding, origin, bool(everywhere and everywhere[0]))
         if where is None:
             continue
         module, how = where

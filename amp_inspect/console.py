@@ -98,10 +98,18 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
             ["module", "skipped steps with NaN/Inf in this module's gradients"],
             [[m, n] for m, n in summary.offenders.most_common(MAX_MODULE_ROWS)],
         )
-    if summary.poisoned_offenders:
+    if summary.poisoned_blame.origins and not summary.blame.origins:
         print_table(
-            "modules behind poisoned steps (NaN/Inf applied by the optimizer: no enabled GradScaler)",
-            ["module", "poisoned steps"],
+            "where the NaN/Inf of poisoned steps started (see docs/usage.md, how blame is decided)",
+            ["module", "poisoned steps it started in", "evidence"],
+            [[m, n, summary.poisoned_blame.evidence[m]] for m, n in summary.poisoned_blame.ranked(MAX_MODULE_ROWS)],
+        )
+    if summary.poisoned_offenders:
+        # Counts, not blame: every module upstream of the source holds the NaN too (attribution.py).
+        print_table(
+            "modules with NaN/Inf gradients on poisoned steps (started there or received it; the optimizer applied "
+            "them: no enabled GradScaler)",
+            ["module", "poisoned steps with NaN/Inf in this module's gradients"],
             [[m, n] for m, n in summary.poisoned_offenders.most_common(MAX_MODULE_ROWS)],
         )
     if summary.decisions:

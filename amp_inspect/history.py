@@ -27,7 +27,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, Blame, blame, finding_module
+from .attribution import (
+    BEFORE_ALLREDUCE,
+    LOSS_OR_FORWARD,
+    ORIGIN_HEADINGS,
+    SHARDS,
+    Blame,
+    blame,
+    every_module,
+    finding_module,
+)
 from .headroom import Headroom
 from .printable import shown_name
 from .scale_policy import MARGIN, NONFINITE_NOT_FROM_SCALE, SKIP_OVERFLOW, ScaleDecision
@@ -68,6 +77,7 @@ class StepRecord:
     fmt: str | None = None  # the format the gradients were judged against (the first of the inspector's formats)
     autocast: str | None = None  # the autocast dtype the step's forward ran under ("fp16", "bf16"), None unknown
     module_norms: dict[str, float | None] | None = None  # per-module gradient norms where known (spikes.py)
+    everywhere: bool = False  # every module with gradients held NaN/Inf (attribution.every_module)
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -87,6 +97,7 @@ class StepRecord:
             nonfinite_origin=report.nonfinite_origin,
             fmt=report.formats[0] if report.formats else None,
             autocast=getattr(report, "autocast", None),
+            everywhere=bool(report.offenders) and every_module(report.offenders, report.by_module),
         )
 
     @classmethod
@@ -116,6 +127,7 @@ class StepRecord:
             fmt=str(record["formats"][0]) if record.get("formats") else None,
             autocast=record.get("autocast"),
             module_norms=_module_norms(record.get("modules")),
+            everywhere=every_module(list(record.get("offenders", [])), record.get("modules")),
         )
 
 
@@ -147,7 +159,7 @@ def first_findings(history: list[StepRecord]) -> Counter:
 def nonfinite_blame(history: list[StepRecord], poisoned: bool = False) -> Blame:
     """Where the NaN/Inf of the skipped (or the poisoned) steps started: attribution.blame on the history."""
     steps = [r for r in history if (r.poisoned if poisoned else r.skipped)]
-    return blame((r.offenders, r.first_nonfinite, r.nonfinite_origin) for r in steps)
+    return blame((r.offenders, r.first_nonfinite, r.nonfinite_origin, r.everywhere) for r in steps)
 
 
 def top_offender(history: list[StepRecord]) -> str | None:
@@ -458,7 +470,10 @@ def _source_hint(summary: Summary) -> str:
     if summary.first_nonfinite:
         return f"the activation hooks name it: {shown_name(summary.first_nonfinite.most_common(1)[0][0], limit=None)}"
     top = summary.top_offender
-    where = f"it started in {shown_name(top)}, by backward order; " if top else ""
+    if top == LOSS_OR_FORWARD:
+        where = "every module's gradients held it, so it came from the forward pass or the loss; "
+    else:
+        where = f"it started in {shown_name(top)}, by backward order; " if top else ""
     return f"{where}attach(..., activations='on_skip') names the first module whose output went non-finite"
 
 
@@ -489,8 +504,11 @@ def _gradscaler_advice(
         if hits >= 3:
             interval = f" (now {growth_interval})" if growth_interval else ""
             advice.append(
+                # Not "a lower init_scale": GradScaler grows back every growth_interval clean steps from wherever
+                # it started, so only a longer interval makes the bounces rarer.
                 f"the scale backed off from {ceiling:g} {hits} times: it keeps growing into the same overflow; "
-                f"raise growth_interval{interval} or start at init_scale {ceiling / 2:g}"
+                f"raise growth_interval{interval} (each bounce skips a step; a lower init_scale would not help, "
+                "the scale grows back to the same ceiling)"
             )
 
     # Skips in bursts that a lower scale ended: each skip only halves, so a larger step down recovers sooner.

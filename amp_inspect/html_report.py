@@ -246,7 +246,13 @@ def render_html(
         if summary.advice:
             out.append('<ul class="advice">' + "".join(f"<li>{_e(a)}</li>" for a in summary.advice) + "</ul>")
         if not summary.warnings and not summary.advice:
-            out.append('<p class="note">No warnings and no advice: the loss scale looks healthy for this run.</p>')
+            if summary.scaler:
+                out.append('<p class="note">No warnings and no advice: the loss scale looks healthy for this run.</p>')
+            else:  # no loss scale to call healthy (a bf16 or fp32 run without a GradScaler)
+                out.append(
+                    '<p class="note">No warnings and no advice: no NaN/Inf gradients and no gradient spikes in this '
+                    "run (no loss scaler).</p>"
+                )
     out.append("</section>")
 
     # The activation hooks' findings come first: once NaN spreads through the backward pass every module's

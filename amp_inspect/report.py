@@ -36,7 +36,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .attribution import BEFORE_ALLREDUCE, ORIGIN_HEADINGS, SHARDS, modules_in_trouble, origin_in_order
+from .attribution import (
+    BEFORE_ALLREDUCE,
+    FROM_EVERY_MODULE,
+    LOSS_OR_FORWARD,
+    ORIGIN_HEADINGS,
+    SHARDS,
+    every_module,
+    modules_in_trouble,
+    origin_in_order,
+)
 from .headroom import Headroom, balanced_scale, measure_headroom
 from .printable import shown_name
 from .stats import TensorStats
@@ -424,7 +433,9 @@ class StepReport:
         if self.scale_decision is not None:
             lines.append(f"headroom policy: {self.scale_decision}")
         origin = self.nonfinite_origin
-        if origin is not None:
+        if origin is not None and every_module(self.offenders, self.by_module) and not self.first_nonfinite:
+            lines.append(f"NaN/Inf started in: {LOSS_OR_FORWARD} ({FROM_EVERY_MODULE})")
+        elif origin is not None:
             others = len(self.offenders) - 1
             received = f"; {others} module{'s' if others != 1 else ''} upstream received it" if others else ""
             lines.append(

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .attribution import Blame, blame, step_origin
+from .attribution import Blame, blame, every_module, step_origin
 from .formats import FORMAT_BOUNDS, NONFINITE_BIN, float32_from_bits
 from .runlog import dense_hist
 from .scale_policy import ScaleDecision
@@ -114,6 +114,8 @@ class RunSeries:
     decisions: list[ScaleDecision | None] = field(default_factory=list)
     # The offender closest to the output in backward order, per record (attribution.py), None where not logged
     nonfinite_origin: list[str | None] = field(default_factory=list)
+    # Whether every module with gradients held NaN/Inf, per record (attribution.every_module)
+    everywhere: list[bool] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, records: Sequence[Mapping[str, Any]]) -> RunSeries:
@@ -182,6 +184,7 @@ class RunSeries:
             nonfinite_origin=[
                 None if r.get("nonfinite_origin") is None else str(r["nonfinite_origin"]) for r in records
             ],
+            everywhere=[every_module([str(m) for m in r.get("offenders") or []], r.get("modules")) for r in records],
         )
 
     def __len__(self) -> int:
@@ -233,14 +236,18 @@ class RunSeries:
     def origin(self, j: int) -> tuple[str, str] | None:
         """(module, evidence) of where record ``j``'s NaN/Inf started (attribution.step_origin)."""
         origin = self.nonfinite_origin[j] if self.nonfinite_origin else None
-        return step_origin(self.offenders[j], self.first_nonfinite[j], origin)
+        everywhere = self.everywhere[j] if self.everywhere else False
+        return step_origin(self.offenders[j], self.first_nonfinite[j], origin, everywhere)
 
     def blame(self, steps: np.ndarray | None = None) -> Blame:
         """Where the NaN/Inf of the skipped steps (or of the records ``steps`` masks) started: attribution.blame,
         the ranking every surface shows."""
         mask = self.skipped if steps is None else steps
         origins = self.nonfinite_origin or [None] * len(self)
-        return blame((self.offenders[j], self.first_nonfinite[j], origins[j]) for j in np.flatnonzero(mask))
+        everywhere = self.everywhere or [False] * len(self)
+        return blame(
+            (self.offenders[j], self.first_nonfinite[j], origins[j], everywhere[j]) for j in np.flatnonzero(mask)
+        )
 
     def small_trouble(self) -> dict[str, float]:
         """Module -> mean underflow + subnormal fraction over the records that have it."""

@@ -218,6 +218,22 @@ def tensor_core_sizes(setup: Setup) -> Iterator[Finding]:
     )
 
 
+def _or_bf16(history: Sequence[StepRecord]) -> str:
+    """ ", or train in bfloat16" unless the run already autocasts to bf16 (the advice would be no change)."""
+    return "" if any(r.autocast == "bf16" for r in history) else ", or train in bfloat16"
+
+
+def split_advice(advice: str) -> tuple[str, str]:
+    """(what the run shows, what to do) of an advice line "what the run shows: what to do", split at the first ": "
+    outside parentheses (a "(first: step 8)" is part of what the run shows); ("advice", "") without one."""
+    depth = 0
+    for i, ch in enumerate(advice):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and advice.startswith(": ", i):
+            return advice[:i], advice[i + 2 :]
+    return advice, ""
+
+
 @check
 def first_nonfinite_producer(setup: Setup) -> Iterator[Finding]:
     """The activation hooks' first non-finite producers in the history: the module whose output (or output
@@ -232,7 +248,7 @@ def first_nonfinite_producer(setup: Setup) -> Iterator[Finding]:
         "warning",
         f"the activation hooks found the first non-finite producer: {shown}{more}.",
         "look at that module's op: run it in float32 (`with torch.autocast(device, enabled=False):` around it, "
-        "inputs cast with .float()), check its weights and inputs for large values, or train in bfloat16.",
+        f"inputs cast with .float()), check its weights and inputs for large values{_or_bf16(setup.history or [])}.",
     )
 
 
@@ -243,13 +259,13 @@ def _source_fix(history: Sequence[StepRecord]) -> str:
     if found:
         return (
             f"the activation hooks name the first non-finite producer: {found.most_common(1)[0][0]}; run that op in "
-            "float32 (`with torch.autocast(device, enabled=False):` around it, inputs cast with .float()), or train "
-            "in bfloat16."
+            "float32 (`with torch.autocast(device, enabled=False):` around it, inputs cast with .float())"
+            f"{_or_bf16(history)}."
         )
     return (
         "find the first module that produces them with `attach(model, scaler, activations='always')` (its "
         "report names first_nonfinite); run that op in float32 (`with torch.autocast(device, enabled=False):` "
-        "around it, inputs cast with .float()), or train in bfloat16."
+        f"around it, inputs cast with .float()){_or_bf16(history)}."
     )
 
 
@@ -308,8 +324,8 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
             "backoff_factor": scaler.get_backoff_factor(),
         }
     for advice in summarize(history, collapse_skips=setup.collapse_skips, **kwargs).advice:
-        seen, _, action = advice.partition(": ")  # "what the run shows: what to do" (module names hold no ": ")
-        yield Finding("scaler-advice", "info", seen if action else advice, action)
+        seen, action = split_advice(advice)
+        yield Finding("scaler-advice", "info", seen, action)
 
 
 def _usable_scale(scale: Any) -> bool:

@@ -24,7 +24,8 @@ SPIKE_MODULES = 3  # modules named per spike
 @dataclass(frozen=True)
 class Spike:
     """A spike at ``step``: ``norm`` is ``factor`` times ``median`` (the recent median); ``rose`` names the modules
-    whose gradient norm rose most against the step before (module, ratio), when per-module norms are known."""
+    whose gradient norm rose most against their own recent median (module, ratio > 1), when per-module norms are
+    known."""
 
     step: int
     norm: float
@@ -62,17 +63,26 @@ def is_spike(norm: float, earlier: Sequence[float], factor: float = SPIKE_FACTOR
 
 
 def rose_most(
-    now: Mapping[str, float | None], before: Mapping[str, float | None] | None, limit: int = SPIKE_MODULES
+    now: Mapping[str, float | None],
+    earlier: Sequence[Mapping[str, float | None] | None],
+    limit: int = SPIKE_MODULES,
 ) -> list[tuple[str, float]]:
-    """The modules whose gradient norm grew most from ``before`` to ``now`` (ratio), unknown values left out."""
-    if not before:
-        return []
+    """The modules whose gradient norm grew most from its median over its last SPIKE_WINDOW known values in
+    ``earlier`` to ``now`` (ratio), unknown values left out. Against the recent median, not the step before, for the
+    same reason the total norm is: right after a spike the step before is the spike, and every module would seem to
+    fall. Only growth counts (ratio > 1): a module whose norm fell did not rise."""
     ratios = []
     for name, value in now.items():
-        old = before.get(name)
-        if value is None or old is None or not (math.isfinite(value) and math.isfinite(old)) or old <= 0:
+        if value is None or not math.isfinite(value):
             continue
-        ratios.append((name, value / old))
+        # The last SPIKE_WINDOW known values, as the total norm's median takes its last finite ones (a NaN step in
+        # the window is passed over, not counted short).
+        olds = [v for m in earlier if m and (v := m.get(name)) is not None and math.isfinite(v)][-SPIKE_WINDOW:]
+        if not olds:
+            continue
+        old = _median(olds)  # type: ignore[arg-type]
+        if old > 0 and value > old:
+            ratios.append((name, value / old))
     return sorted(ratios, key=lambda kv: -kv[1])[:limit]
 
 
@@ -91,6 +101,6 @@ def find_spikes(
             continue
         rose: list[tuple[str, float]] = []
         if module_norms is not None and i > 0 and module_norms[i] is not None:
-            rose = rose_most(module_norms[i], module_norms[i - 1])
+            rose = rose_most(module_norms[i], module_norms[:i])
         found.append(Spike(int(steps[i]), float(norm), float(norm / ratio), ratio, rose))
     return found

@@ -105,6 +105,9 @@ def test_inspector_summary_and_report_print_hostile_names_escaped() -> None:
             super().__init__()
             for name in HOSTILE:
                 self.add_module(name, nn.Linear(4, 4))
+            # One module keeps finite gradients: with every module's gradients Inf the blame names no module
+            # (attribution.FROM_EVERY_MODULE), and a hostile name must be printed here.
+            self.add_module("clean", nn.Linear(4, 4))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return sum(m(x) for m in self.children())
@@ -113,8 +116,9 @@ def test_inspector_summary_and_report_print_hostile_names_escaped() -> None:
     insp = amp_inspect.attach(model)
     for _ in range(2):
         model(torch.randn(2, 4)).sum().backward()
-        for p in model.parameters():
-            p.grad.fill_(math.inf)
+        for name in HOSTILE:
+            for p in model.get_submodule(name).parameters():
+                p.grad.fill_(math.inf)
         report = insp.check()
         model.zero_grad()
     insp.detach()

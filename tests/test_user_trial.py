@@ -1,0 +1,230 @@
+"""A user's trial of the merged issues 16 and 18 (the demo, a bf16 GPT-2 without a scaler, fp16 with a child-module
+loss and the headroom policy): each verdict that read wrong, on a run where it must appear and one where it must
+not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import amp_inspect
+from amp_inspect.attribution import FROM_BACKWARD_ORDER, FROM_EVERY_MODULE, LOSS_OR_FORWARD
+from amp_inspect.doctor import doctor
+from amp_inspect.headroom import Headroom
+from amp_inspect.history import StepRecord, summarize
+from amp_inspect.setup_checks import split_advice
+from amp_inspect.spikes import find_spikes
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _cli(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "amp_inspect.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
+    return result.stdout + result.stderr
+
+
+def _bf16_nan_run(log: Path, where: str, activations: str = "off", steps: int = 6) -> amp_inspect.Inspector:
+    """bf16 autocast, no scaler, a NaN planted on steps 2 and 3: ``where="forward"`` in the middle layer's output
+    (the loss is NaN, so every module's gradients are), ``where="last_backward"`` in the last layer's weight
+    gradient only (its backward made it; nothing upstream of a weight gradient receives it). The step is guarded,
+    as a careful user does, so the weights stay finite."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    state = {"step": 0}
+
+    def forward_nan(module, inputs, out):
+        if where == "forward" and state["step"] in (2, 3):
+            out = out.clone()
+            out[0, 0] = float("nan")
+            return out
+        return None
+
+    def grad_nan(grad):
+        if where == "last_backward" and state["step"] in (2, 3):
+            grad = grad.clone()
+            grad[0, 0] = float("nan")
+            return grad
+        return None
+
+    model[2].register_forward_hook(forward_nan)
+    model[4].weight.register_hook(grad_nan)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    insp = amp_inspect.attach(model, log=log, activations=activations)
+    g = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        state["step"] = step
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        loss.backward()
+        report = insp.check()
+        if not report.found_inf:
+            opt.step()
+        opt.zero_grad()
+    insp.close()
+    return insp
+
+
+def _log_summary(log: Path):
+    return summarize([StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)])
+
+
+# ---- a NaN from the forward pass reaches every gradient: the module closest to the output did not start it ----
+
+
+def test_nan_in_every_modules_gradients_is_not_blamed_on_the_module_closest_to_the_output(tmp_path: Path) -> None:
+    log = tmp_path / "forward.jsonl"
+    insp = _bf16_nan_run(log, "forward")
+    for blame in (insp.summary().poisoned_blame, _log_summary(log).poisoned_blame):
+        assert blame.top == LOSS_OR_FORWARD and blame.evidence[LOSS_OR_FORWARD] == FROM_EVERY_MODULE
+        assert "4" not in blame.origins  # the last Linear, first in backward order, is no origin
+    text = str(insp.summary())
+    assert "the forward pass or the loss (2 of 2 poisoned steps; every module's gradients held NaN/Inf" in text
+    assert "closest to the output in backward order" not in text
+    out = _cli("summary", str(log))
+    assert "where the NaN/Inf of poisoned steps started" in out and "the forward pass or the loss" in out
+    assert "modules behind poisoned steps" not in out  # counts are not blame
+    # With the activation hooks armed, the finding names the module that made it.
+    armed = _bf16_nan_run(tmp_path / "armed.jsonl", "forward", activations="always").summary().poisoned_blame
+    assert armed.top == "2" and LOSS_OR_FORWARD not in armed.origins
+
+
+def test_nan_made_in_the_last_modules_backward_is_still_traced_to_it(tmp_path: Path) -> None:
+    log = tmp_path / "backward.jsonl"
+    insp = _bf16_nan_run(log, "last_backward")
+    for blame in (insp.summary().poisoned_blame, _log_summary(log).poisoned_blame):
+        assert blame.top == "4" and blame.evidence["4"] == FROM_BACKWARD_ORDER
+        assert LOSS_OR_FORWARD not in blame.origins
+
+
+def test_a_step_report_says_the_same(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.full((2, 4), float("nan"))).sum().backward()
+    text = str(insp.check())
+    assert f"NaN/Inf started in: {LOSS_OR_FORWARD}" in text and "closest to the output" not in text
+
+
+# ---- spikes: "rose most" against the recent median, never a module whose norm fell ----
+
+
+def test_a_spike_right_after_a_spike_names_modules_that_rose_not_fell() -> None:
+    norms = [1.0, 1.0, 1.0, 1.0, 1000.0, 20.0]
+    modules = [{"a": 1.0, "b": 0.1}] * 4 + [{"a": 1000.0, "b": 100.0}, {"a": 20.0, "b": 0.05}]
+    spikes = find_spikes(list(range(6)), norms, modules)
+    assert [s.step for s in spikes] == [4, 5]
+    after = spikes[1]
+    assert after.rose == [("a", 20.0)]  # against its median 1.0; "b" fell below its own median, so it did not rise
+    assert all(ratio > 1 for s in spikes for _, ratio in s.rose)
+    assert {m: round(r) for m, r in spikes[0].rose} == {"a": 1000, "b": 1000}
+
+
+# ---- the doctor: no "train in bfloat16" to a bf16 run; an advice line split where it says what to do ----
+
+
+def test_the_doctor_does_not_tell_a_bf16_run_to_train_in_bf16(tmp_path: Path) -> None:
+    log = tmp_path / "armed.jsonl"
+    _bf16_nan_run(log, "forward", activations="always")
+    history = [StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)]
+    fixes = [f.fix or "" for f in doctor(history=history).findings if f.code == "first-nonfinite"]
+    assert fixes and not any("bfloat16" in fix for fix in fixes)
+    fp16 = [StepRecord(**{**r.__dict__, "autocast": "fp16"}) for r in history]
+    assert any("train in bfloat16" in (f.fix or "") for f in doctor(history=fp16).findings)
+
+
+def test_an_advice_line_is_split_after_its_parentheses(tmp_path: Path) -> None:
+    assert split_advice("3 steps (first: step 8) had NaN: guard the step") == (
+        "3 steps (first: step 8) had NaN",
+        "guard the step",
+    )
+    assert split_advice("no action here") == ("no action here", "")
+    log = tmp_path / "forward.jsonl"
+    _bf16_nan_run(log, "forward")
+    history = [StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)]
+    messages = [f.message for f in doctor(history=history).findings if f.code == "scaler-advice"]
+    assert any(m.startswith("2 steps (first: step 2) had NaN/Inf gradients") for m in messages), messages
+    assert not any(m.endswith("(first") for m in messages)
+
+
+# ---- the scale bouncing off one ceiling: the advice is growth_interval, not an init_scale that grows back ----
+
+
+def _bouncing(hits: int) -> list[StepRecord]:
+    """GradScaler at growth_interval 3: it grows from 2^20 to 2^21, overflows there and backs off, ``hits`` times."""
+    history, step = [], 0
+    for _ in range(hits):
+        for _ in range(3):
+            history.append(_step(step, 2.0**20, False))
+            step += 1
+        history.append(_step(step, 2.0**21, True))
+        step += 1
+    history.append(_step(step, 2.0**20, False))
+    return history
+
+
+def _step(step: int, scale: float, skipped: bool) -> StepRecord:
+    return StepRecord(
+        step, scale, skipped, ["head"] if skipped else [], float("nan") if skipped else 1.0, Headroom(None, None), None
+    )
+
+
+def test_a_scale_bouncing_off_one_ceiling_is_told_growth_interval_not_init_scale() -> None:
+    advice = [a for a in summarize(_bouncing(4), growth_interval=3).advice if "keeps growing" in a]
+    assert advice and "raise growth_interval (now 3)" in advice[0]
+    assert "start at init_scale" not in advice[0]
+    assert not [a for a in summarize(_bouncing(2), growth_interval=3).advice if "keeps growing" in a]
+
+
+# ---- a clean run without a loss scaler: the report calls no loss scale healthy ----
+
+
+def test_a_clean_run_without_a_scaler_is_not_told_its_loss_scale_looks_healthy() -> None:
+    from amp_inspect import html_report, plots
+
+    def page(scale: float | None) -> str:
+        records = [{"step": s, "scale": scale, "skipped": False, "offenders": [], "total_norm": 1.0} for s in range(4)]
+        summary = summarize([StepRecord.from_log_record(r) for r in records])
+        return html_report.render_html(plots.RunSeries.from_records(records), summary, {}, source="run.jsonl")
+
+    clean = page(None)
+    assert "loss scale looks healthy" not in clean and "no NaN/Inf gradients and no gradient spikes" in clean
+    assert "loss scale looks healthy" in page(65536.0)
+
+
+def test_a_single_module_is_named_not_called_the_forward_pass() -> None:
+    from amp_inspect.attribution import every_module
+
+    counts = {"numel": 4, "nan": 4}
+    assert not every_module(["only"], {"only": counts})  # one module: it is named
+    assert every_module(["a", "b"], {"a": counts, "b": counts})
+    assert not every_module(["a"], {"a": counts, "b": {"numel": 4, "nan": 0}})
+    assert not every_module(["a"], {"a": counts, "b": {"numel": 0}}) and not every_module(["a", "b"], None)
+
+
+def test_rose_most_takes_the_same_window_as_the_total_norm_past_nan_steps() -> None:
+    # Steps 0-5 calm, 6-7 NaN (module norm unknown), 8-11 elevated; step 12 is a spike against the calm median.
+    norms = [1.0] * 6 + [float("nan")] * 2 + [30.0] * 4 + [30.0]
+    modules = [{"a": 1.0}] * 6 + [{"a": None}] * 2 + [{"a": 30.0}] * 5
+    spike = next(s for s in find_spikes(list(range(13)), norms, modules) if s.step == 12)
+    assert spike.median == 1.0 and spike.rose == [("a", 30.0)]  # both against the calm steps, not a half-window
