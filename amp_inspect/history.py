@@ -417,9 +417,12 @@ def summarize(
     if poisoned:
         summary.poisoned_offenders = Counter(m for r in poisoned for m in r.offenders)
         named = summary.poisoned_blame.shown_top("no module named")
-        first_words = "bf16 needs no loss scale, so find"
-        if summary.autocast == "fp16":
-            first_words = "fp16 autocast needs a GradScaler (the doctor says how); and find"
+        # The first words follow the run's autocast dtype: bf16 needs no loss scale, fp16 does, and a run whose
+        # autocast dtype was not seen (fp32, or autocast off) is told neither.
+        first_words = {
+            "bf16": "bf16 needs no loss scale, so find",
+            "fp16": "fp16 autocast needs a GradScaler (the doctor says how); and find",
+        }.get(summary.autocast or "", "Find")
         summary.advice.append(
             f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients (started in {named}) and "
             "no enabled GradScaler to skip them: the optimizer applied them, so the weights may be NaN from there on. "
