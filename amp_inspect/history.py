@@ -8,7 +8,8 @@ training has stopped making progress. Skipped steps in a row at a scale that did
 as what they are (the scale did not cause them), not as a collapse; a policy's deliberate low scale is none.
 The NaN/Inf **followed the scale** when a run of skipped steps ended with a clean step at a lower scale (a
 smaller scale cured them); it did **not** when the scale fell by ``COLLAPSE_FACTOR`` and the steps stayed NaN.
-A **poisoned** step had NaN/Inf gradients and no enabled GradScaler to skip it: the optimizer applied them.
+A **poisoned** step had NaN/Inf gradients and no enabled GradScaler to skip it: unless the training loop skips it
+itself (the tool cannot see that), the optimizer applied them.
 It is counted apart from skipped steps (no loss-scale advice fits it).
 
 The advice depends on the loss-scale policy the run used (scale_timeline.py: a history whose records carry
@@ -227,6 +228,11 @@ class Summary:
     spikes: list[Spike] = field(default_factory=list)
     autocast: str | None = None  # the autocast dtype the run's forward was seen under
     scaler: bool = False  # whether an enabled loss scaler acted
+    # The advice lines in `advice` that are not about a loss scaler (the doctor files them apart): the poisoned
+    # steps', the gradient spikes', and the one-rank NaN/Inf line; "" when the run has none.
+    poisoned_advice: str = ""
+    spike_advice: str = ""
+    rank_advice: str = ""
 
     @property
     def ranks_heading(self) -> str:
@@ -417,19 +423,20 @@ def summarize(
     if poisoned:
         summary.poisoned_offenders = Counter(m for r in poisoned for m in r.offenders)
         named = summary.poisoned_blame.shown_top("no module named")
-        # The first words follow the run's autocast dtype: bf16 needs no loss scale, fp16 does, and a run whose
-        # autocast dtype was not seen (fp32, or autocast off) is told neither.
+        # Said by the autocast dtype seen: a run whose forward was not seen under autocast (fp32) is told neither.
         first_words = {
             "bf16": "bf16 needs no loss scale, so find",
             "fp16": "fp16 autocast needs a GradScaler (the doctor says how); and find",
         }.get(summary.autocast or "", "Find")
-        summary.advice.append(
+        # The tool sees no GradScaler skip them, but the user's loop may skip such steps itself: it cannot tell.
+        summary.poisoned_advice = (
             f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients (started in {named}) and "
-            "no enabled GradScaler to skip them: the optimizer applied them, so the weights may be NaN from there on. "
-            f"{first_words} the source "
+            "no enabled GradScaler to skip them: unless your loop skips them, the optimizer applied them, so the "
+            f"weights may be NaN from there on. {first_words} the source "
             f"({_source_hint(summary)}), and guard the step: skip it when report.found_inf, or clip with "
             "clip_grad_norm_(..., error_if_nonfinite=True)"
         )
+        summary.advice.append(summary.poisoned_advice)
 
     warning = collapse_warning(history, collapse_skips)
     run, end = longest_skip_run(history)
@@ -441,22 +448,24 @@ def summarize(
         summary.warnings.append(warning)
     if summary.spikes and not summary.scaler:
         first = summary.spikes[0]
-        summary.advice.append(
+        summary.spike_advice = (
             f"{len(summary.spikes)} gradient spike{'s' if len(summary.spikes) > 1 else ''} over {SPIKE_FACTOR:g}x "
             f"the recent median (first: step "
             f"{first.step}): with no loss scaler nothing skips them and the optimizer takes the whole step; look at "
             "those batches and the learning rate, or clip the gradient norm"
         )
+        summary.advice.append(summary.spike_advice)
 
     # Every NaN/Inf made on one rank of several: its data shard or its device, not the model or the scale. (FSDP2
     # shards only say which rank owns the elements, not which rank made them: no advice from those.)
     traced = [r for r in skipped if r.ranks_with_inf]
     if summary.ranks_made_them and len(summary.ranks) == 1 and len(traced) >= 2 and len(traced) == len(skipped):
         rank = next(iter(summary.ranks))
-        summary.advice.append(
+        summary.rank_advice = (
             f"every skipped step's NaN/Inf came from rank {rank} alone: look at the data that rank reads, or its "
             "device (a faulty GPU shows up as one rank)"
         )
+        summary.advice.append(summary.rank_advice)
 
     summary.decisions = scale_changes([r.step for r in history], [r.scale_decision for r in history])
     if not summary.scaler:

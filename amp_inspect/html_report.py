@@ -54,6 +54,12 @@ CAPTIONS = {
     "memory": "Process and torch memory per step from the log's hardware fields (GiB); GPU utilisation and "
     "temperature below when recorded.",
 }
+# A run without a loss scale has no saw-tooth to read: its plot only marks the steps (or says there are none).
+NO_SCALE_CAPTION = "This run has no loss scale (no enabled GradScaler)."
+NO_SCALE_MARKS = (
+    " The plot marks its skipped (red triangles) and poisoned (dark crosses: NaN/Inf that no scaler skipped) steps "
+    "on one line."
+)
 TITLES = {
     "loss_scale": "Loss scale and skipped steps",
     "heatmap_latest": "Gradient exponents by module, latest histogram",
@@ -316,6 +322,9 @@ def render_html(
         out.append("</ul></section>")
 
     missing = unavailable(series)
+    if len(series) and not series.has_scale:
+        marked = series.skipped.any() or series.poisoned.any()  # else the plot only says there is nothing
+        missing.setdefault("loss_scale", NO_SCALE_CAPTION + (NO_SCALE_MARKS if marked else ""))
     for name in FIGURES:
         if name not in pngs:
             continue

@@ -311,7 +311,10 @@ def loss_scale_collapse(setup: Setup) -> Iterator[Finding]:
 
 @check
 def scaler_advice(setup: Setup) -> Iterator[Finding]:
-    """GradScaler settings advice from the history (amp_inspect.history.summarize)."""
+    """The history's advice (amp_inspect.history.summarize), each line filed under what it is about: NaN/Inf steps
+    that no scaler skipped (``poisoned-steps``, a warning: the weights may be NaN), gradient spikes that no scaler
+    skipped (``gradient-spikes``, an info: the values stay finite and one spike is common in a healthy run),
+    NaN/Inf from one rank alone (``one-rank-nonfinite``), and loss-scaler settings (``scaler-advice``)."""
     history = list(setup.history or [])
     if not history:
         return
@@ -323,9 +326,16 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
             "growth_interval": scaler.get_growth_interval(),
             "backoff_factor": scaler.get_backoff_factor(),
         }
-    for advice in summarize(history, collapse_skips=setup.collapse_skips, **kwargs).advice:
+    summary = summarize(history, collapse_skips=setup.collapse_skips, **kwargs)
+    filed = {
+        summary.poisoned_advice: ("poisoned-steps", "warning"),
+        summary.spike_advice: ("gradient-spikes", "info"),
+        summary.rank_advice: ("one-rank-nonfinite", "info"),
+    }
+    for advice in summary.advice:
+        code, severity = filed.get(advice, ("scaler-advice", "info"))
         seen, action = split_advice(advice)
-        yield Finding("scaler-advice", "info", seen, action)
+        yield Finding(code, severity, seen, action)
 
 
 def _usable_scale(scale: Any) -> bool:

@@ -195,9 +195,15 @@ def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log
     assert "ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce): 1 (3)" in str(summary)
     assert any("came from rank 1 alone" in advice for advice in summary.advice)
     # FSDP2 shards name the owner of the elements, not the maker: no advice to look at that rank's data.
-    shards = summarize([record(s, [1] if s % 3 == 1 else [], SHARDS) for s in range(9)])
+    shards_history = [record(s, [1] if s % 3 == 1 else [], SHARDS) for s in range(9)]
+    shards = summarize(shards_history)
     assert "ranks whose gradient shards held the NaN/Inf of skipped steps: 1 (3)" in str(shards)
     assert not any("alone" in advice for advice in shards.advice)
+    # The doctor files it apart from loss-scaler advice, and only where the summary gives it.
+    filed = {f.code: f for f in amp_inspect.doctor(history=history).findings}
+    assert filed["one-rank-nonfinite"].severity == "info" and "rank 1 alone" in filed["one-rank-nonfinite"].message
+    assert not any("alone" in f.message for f in filed.values() if f.code == "scaler-advice")
+    assert "one-rank-nonfinite" not in {f.code for f in amp_inspect.doctor(history=shards_history).findings}
     # Two ranks behind the skips: no single-rank advice.
     mixed = summarize([record(0, [1]), record(1, [2]), record(2, [])])
     assert mixed.ranks == {1: 1, 2: 1} and not any("alone" in advice for advice in mixed.advice)

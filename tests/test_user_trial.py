@@ -162,7 +162,7 @@ def test_an_advice_line_is_split_after_its_parentheses(tmp_path: Path) -> None:
     log = tmp_path / "forward.jsonl"
     _bf16_nan_run(log, "forward")
     history = [StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)]
-    messages = [f.message for f in doctor(history=history).findings if f.code == "scaler-advice"]
+    messages = [f.message for f in doctor(history=history).findings if f.code == "poisoned-steps"]
     assert any(m.startswith("2 steps (first: step 2) had NaN/Inf gradients") for m in messages), messages
     assert not any(m.endswith("(first") for m in messages)
 
@@ -228,3 +228,80 @@ def test_rose_most_takes_the_same_window_as_the_total_norm_past_nan_steps() -> N
     modules = [{"a": 1.0}] * 6 + [{"a": None}] * 2 + [{"a": 30.0}] * 5
     spike = next(s for s in find_spikes(list(range(13)), norms, modules) if s.step == 12)
     assert spike.median == 1.0 and spike.rose == [("a", 30.0)]  # both against the calm steps, not a half-window
+
+
+# ---- the poisoned-step advice says what the tool can know; the doctor files it apart from loss-scaler advice ----
+
+
+def _records(scale: float | None, poisoned: tuple[int, ...] = (), skipped: tuple[int, ...] = (), spike: int = -1):
+    """12 log records: total norm 1.0, ``spike`` at 1000x; NaN/Inf gradients in "head" on the listed steps."""
+    out = []
+    for s in range(12):
+        bad = s in poisoned or s in skipped
+        norm = float("nan") if bad else 1000.0 if s == spike else 1.0
+        out.append(
+            {"step": s, "scale": scale, "skipped": s in skipped, "poisoned": s in poisoned, "total_norm": norm}
+            | {"offenders": ["head"] if bad else []}
+        )
+    return [StepRecord.from_log_record(r) for r in out]
+
+
+def test_poisoned_advice_does_not_claim_the_optimizer_applied_what_the_loop_may_skip(tmp_path: Path) -> None:
+    log = tmp_path / "guarded.jsonl"
+    _bf16_nan_run(log, "forward")  # the loop guards its steps: the tool cannot see that
+    (line,) = [a for a in _log_summary(log).advice if "had NaN/Inf gradients" in a]
+    assert "unless your loop skips them, the optimizer applied them" in line
+    assert "skip them: the optimizer applied them" not in line
+    assert "bf16 needs no loss scale, so find the source" in line  # a bf16 run (an fp32 one is told "Find")
+    scaled = summarize(_records(65536.0, skipped=(4, 5)))  # a GradScaler skipped them: no poisoned-step advice
+    assert scaled.poisoned == 0 and not scaled.poisoned_advice
+    assert not any("optimizer applied" in a for a in scaled.advice)
+
+
+def test_the_doctor_files_poisoned_steps_as_a_warning_and_spikes_apart_from_scaler_advice() -> None:
+    poisoned = doctor(history=_records(None, poisoned=(4, 5))).findings
+    (warning,) = [f for f in poisoned if f.code == "poisoned-steps"]
+    assert warning.severity == "warning" and "2 steps (first: step 4) had NaN/Inf gradients" in warning.message
+    assert "the weights may be NaN" in warning.fix and not any(f.code == "scaler-advice" for f in poisoned)
+    assert not doctor(history=_records(None, poisoned=(4, 5))).ok  # a warning: the weights may be NaN
+
+    spiked = doctor(history=_records(None, spike=10)).findings
+    (spike,) = [f for f in spiked if f.code == "gradient-spikes"]
+    assert spike.severity == "info" and "1 gradient spike" in spike.message and "step 10" in spike.message
+    assert not any(f.code in ("scaler-advice", "poisoned-steps") for f in spiked)
+
+    clean = codes_of(doctor(history=_records(None)).findings)
+    assert not clean & {"poisoned-steps", "gradient-spikes", "scaler-advice"}
+    # With a GradScaler: skipped steps and a spike are the scaler's to handle, filed as scaler advice if at all.
+    scaled = codes_of(doctor(history=_records(65536.0, skipped=(4, 5), spike=10)).findings)
+    assert not scaled & {"poisoned-steps", "gradient-spikes"}
+
+
+def codes_of(findings) -> set[str]:
+    return {f.code for f in findings}
+
+
+# ---- the loss-scale plot's caption: the saw-tooth only where there is a loss scale ----
+
+
+def test_the_loss_scale_caption_explains_a_saw_tooth_only_where_a_loss_scale_exists() -> None:
+    from amp_inspect import html_report, plots
+
+    def caption(scale: float | None, poisoned: tuple[int, ...] = ()) -> str:
+        records = [
+            {"step": s, "scale": scale, "skipped": False, "poisoned": s in poisoned, "total_norm": 1.0}
+            | {"offenders": ["head"] if s in poisoned else []}
+            for s in range(4)
+        ]
+        summary = summarize([StepRecord.from_log_record(r) for r in records])
+        page = html_report.render_html(
+            plots.RunSeries.from_records(records), summary, {"loss_scale": b"png"}, source="run.jsonl"
+        )
+        section = page.split('<section id="loss_scale">', 1)[1].split("</section>", 1)[0]
+        return section.split("<figcaption>", 1)[1].split("</figcaption>", 1)[0]
+
+    for without in (caption(None), caption(None, poisoned=(2,))):
+        assert "saw-tooth" not in without and without.startswith("This run has no loss scale")
+    assert "poisoned" in caption(None, poisoned=(2,)) and "poisoned" not in caption(None)
+    scaled = caption(65536.0)
+    assert "saw-tooth" in scaled and "no loss scale" not in scaled
