@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import amp_inspect
@@ -13,7 +13,10 @@ from amp_inspect.reference import tensor_stats_reference
 from tests import oracles
 from tests.oracles import ALL_FORMATS
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomize: the same examples on every run, so a CI run cannot fail on a draw the last one never made (a failure
+# found by hand with random draws is added as an @example).
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+SUMSQ_RTOL = 2e-6  # the documented accuracy of sumsq (docs/tensor_stats.md)
 
 DTYPE_WIDTH = {torch.float16: 16, torch.bfloat16: 32, torch.float32: 32, torch.float64: 64}
 
@@ -111,6 +114,7 @@ def merge(parts: list[amp_inspect.TensorStats]) -> dict[str, torch.Tensor]:
     scale=scale_strategy,
     formats=formats_strategy,
 )
+@example(t=torch.tensor([0.0] * 15 + [4097.0]), cuts=[1], scale=None, formats=("fp16",))  # float32 lanes vs tail
 def test_statistics_merge(t, cuts, scale, formats):
     """Splitting a tensor into pieces (in one call, or one call per piece) and merging the pieces'
     statistics gives the whole tensor's."""
@@ -124,6 +128,9 @@ def test_statistics_merge(t, cuts, scale, formats):
         for name, value in merged.items():
             w = getattr(whole, name)[0]
             if name == "sumsq":
-                torch.testing.assert_close(value, w, rtol=1e-9, atol=0)
+                # The CPU kernel sums a block's squares in float32 lanes before float64 (docs/tensor_stats.md:
+                # sumsq to 2e-6), so where the pieces fall changes the rounding: 16 elements ending in 4097 square
+                # to 16785408 in float32 lanes and to 16785409 in the scalar tail.
+                torch.testing.assert_close(value, w, rtol=SUMSQ_RTOL, atol=0)
             else:
                 assert torch.equal(value, w), name
