@@ -34,10 +34,16 @@ def _load_cuda_kernels() -> str | None:
         return None  # a CPU-only torch has no GPU to serve
     have = torch.version.cuda.split(".")[0]
     if have != built:
+        # PyPI has NVIDIA's nvcc for CUDA 13, not for 12 (docs/install.md): a CUDA 12 torch needs a toolkit first.
+        compiler = (
+            "it fetches the matching nvcc if needed"
+            if have != "12"
+            else "with a CUDA 12 toolkit: PyPI has no nvcc for 12"
+        )
         return (
             f"amp_inspect: its CUDA kernels are off: they were built for CUDA {built} and this torch "
             f"({torch.__version__}) is a CUDA {have} build; GPU tensors get the pure-torch reference. Build them for "
-            "it from a checkout with `pip install --no-build-isolation .` (it fetches the matching nvcc if needed)."
+            f"it from a checkout with `pip install --no-build-isolation .` ({compiler})."
         )
     libraries = sorted(Path(__file__).parent.glob("_C_cuda*.so"))
     if not libraries:
