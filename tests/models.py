@@ -15,6 +15,10 @@ module's gradient.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -187,3 +191,20 @@ def poison_(model: nn.Module, module: str, value: float, count: int = 1) -> None
 def found_inf_of(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> bool:
     """GradScaler's own decision for this step (read between scaler.step and scaler.update)."""
     return sum(v.item() for v in scaler._found_inf_per_device(opt).values()) > 0
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli_output(*args: str) -> str:
+    """``amp-inspect ARGS`` run as a user runs it (a process of its own, this checkout's package, a wide terminal):
+    what it printed, stdout then stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "amp_inspect.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
+    return result.stdout + result.stderr

@@ -24,16 +24,12 @@ from amp_inspect.headroom import Headroom
 from amp_inspect.history import StepRecord, collapse_warning, stable_recommended_scale, summarize
 from amp_inspect.scale_policy import NONFINITE_NOT_FROM_SCALE, ScaleDecision
 from amp_inspect.spikes import SPIKE_FACTOR, find_spikes
+from tests.models import cli_output
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def record(step: int, scale: float | None, skipped: bool, offenders=(), **kw) -> StepRecord:
@@ -79,18 +75,6 @@ def _gpt2_run(tmp_path: Path, activations: str, steps: int = 6):
     return insp, log
 
 
-def _cli(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "amp_inspect.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )
-    return result.stdout + result.stderr
-
-
 @pytest.fixture(scope="module")
 def gpt2_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpt2")
@@ -114,7 +98,7 @@ def test_case1_blame_names_the_module_closest_to_the_output_not_the_first_listed
     assert warning is not None and "started in transformer.h.1.mlp.c_fc" in warning
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["nonfinite_origin"] for r in records} == {"transformer.h.1.mlp.c_fc"}
-    out = _cli("summary", str(log))
+    out = cli_output("summary", str(log))
     assert "where the NaN/Inf started: transformer.h.1.mlp.c_fc" in out
     assert "skipped steps with NaN/Inf in this module's gradients" in out
 
@@ -148,7 +132,7 @@ def test_case2_first_nonfinite_leads_the_summary_and_the_doctor(gpt2_runs) -> No
     assert report.findings[0].code in ("first-nonfinite", "scale-collapse")
     assert any(f.code == "first-nonfinite" and "transformer.h.1.mlp.c_fc" in f.message for f in report.findings)
     assert not any("activations='always'" in (f.fix or "") for f in report.findings)  # the log holds the answer
-    out = _cli("summary", str(log))
+    out = cli_output("summary", str(log))
     assert out.splitlines()[1].startswith("first non-finite producer (activation hooks)")
 
 

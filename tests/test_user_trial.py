@@ -4,8 +4,6 @@ not."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,28 +17,12 @@ from amp_inspect.headroom import Headroom
 from amp_inspect.history import StepRecord, summarize
 from amp_inspect.setup_checks import split_advice
 from amp_inspect.spikes import find_spikes
+from tests.models import cli_output
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _cli(*args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "amp_inspect.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )
-    return result.stdout + result.stderr
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _bf16_nan_run(log: Path, where: str, activations: str = "off", steps: int = 6) -> amp_inspect.Inspector:
@@ -101,7 +83,7 @@ def test_nan_in_every_modules_gradients_is_not_blamed_on_the_module_closest_to_t
     text = str(insp.summary())
     assert "the forward pass or the loss (2 of 2 poisoned steps; every module's gradients held NaN/Inf" in text
     assert "closest to the output in backward order" not in text
-    out = _cli("summary", str(log))
+    out = cli_output("summary", str(log))
     assert "where the NaN/Inf of poisoned steps started" in out and "the forward pass or the loss" in out
     assert "modules behind poisoned steps" not in out  # counts are not blame
     # With the activation hooks armed, the finding names the module that made it.
