@@ -145,6 +145,19 @@ AMPI_HD void clear_counts(RawCounts& c) {
   }
 }
 
+// ---- the threshold test, written once: every loop (CPU scalar and vector, CUDA) counts with these ----
+// |bits| of a float32 (or float64) is below 2^31 (2^63), and so is every bound, so a - t wraps around exactly
+// when a < t and its top bit is the test: one subtraction and one shift (on sm_90 a subtraction and a LEA.HI
+// into the counter), no compare-and-select. U is uint32_t / uint64_t or a GCC vector of them (the CPU's lanes).
+template <typename U>
+AMPI_HD U below32(U a, U t) {
+  return (a - t) >> 31;
+}
+template <typename U>
+AMPI_HD U below64(U a, U t) {
+  return (a - t) >> 63;
+}
+
 // The threshold tests of one element, added to any counter struct with the fields of RawCounts but numel
 // (the CPU's int64 RawCounts, the CUDA kernel's per-thread uint32 counts). The format loop runs to the
 // compile-time bound so that, on the GPU, the counter arrays stay in registers.
@@ -165,9 +178,9 @@ AMPI_HD void count_thresholds32(Counts& c, uint32_t bits, const FormatBounds* bo
   AMPI_UNROLL
   for (int f = 0; f < kMaxFormats; ++f) {
     if (f < num_formats) {
-      c.at_or_above_overflow[f] += a >= bounds[f].overflow_from;
-      c.below_normal[f] += a < bounds[f].normal_from;
-      c.at_or_below_zero[f] += a <= bounds[f].zero_upto;
+      c.at_or_above_overflow[f] += 1u - below32(a, bounds[f].overflow_from);
+      c.below_normal[f] += below32(a, bounds[f].normal_from);
+      c.at_or_below_zero[f] += below32(a, bounds[f].zero_upto + 1u);  // zero_upto < the largest |bits|
     }
   }
 }
@@ -183,9 +196,9 @@ AMPI_HD void count_thresholds64(Counts& c, uint64_t bits, const FormatBounds* bo
   AMPI_UNROLL
   for (int f = 0; f < kMaxFormats; ++f) {
     if (f < num_formats) {
-      c.at_or_above_overflow[f] += a >= bounds[f].overflow_from64;
-      c.below_normal[f] += a < bounds[f].normal_from64;
-      c.at_or_below_zero[f] += a <= bounds[f].zero_upto64;
+      c.at_or_above_overflow[f] += 1u - below64(a, bounds[f].overflow_from64);
+      c.below_normal[f] += below64(a, bounds[f].normal_from64);
+      c.at_or_below_zero[f] += below64(a, bounds[f].zero_upto64 + 1u);
     }
   }
 }
