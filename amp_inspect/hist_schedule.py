@@ -1,10 +1,10 @@
 """Which steps' log records carry per-module exponent histograms: the regular ones, and those of an incident.
 
 Regular: every step divisible by ``hist_every`` (RunLog.wants_hist). Incident: a skipped (or poisoned) step and
-a **spike** step (total gradient norm more than ``SPIKE_FACTOR`` times the median of the last ``SPIKE_WINDOW``
-finite norms), each with the ``AFTER_SKIP`` steps after it. At most ``MAX_INCIDENT_HISTS`` incident histograms
-per run (a run that skips every step keeps a bounded log: 50 more records of 256 bins per module). The step
-before a skip is not among them: its record is written before the skip is known (a gap the regular steps cover).
+a **spike** step (as amp_inspect.spikes defines it: the one definition the summary and the doctor use too), each
+with the ``AFTER_SKIP`` steps after it. At most ``MAX_INCIDENT_HISTS`` incident histograms per run (a run that
+skips every step keeps a bounded log: 50 more records of 256 bins per module). The step before a skip is not among
+them: its record is written before the skip is known (a gap the regular steps cover).
 ``hist_every=0`` turns all of them off.
 
 Plain host arithmetic on what the history already holds; torch-free.
@@ -13,12 +13,11 @@ Plain host arithmetic on what the history already holds; torch-free.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 
+from .spikes import SPIKE_WINDOW, is_spike
+
 AFTER_SKIP = 2
-SPIKE_FACTOR = 10.0
-SPIKE_WINDOW = 8
 MAX_INCIDENT_HISTS = 50
 
 
@@ -36,10 +35,10 @@ class HistogramSchedule:
         return self.hist_every > 0 and step % self.hist_every == 0
 
     def spike(self, total_norm: float) -> bool:
-        """Whether ``total_norm`` jumps by more than SPIKE_FACTOR over the recent median (and remembers it)."""
+        """Whether ``total_norm`` is a spike against the finite norms seen so far (and remembers it)."""
         if not math.isfinite(total_norm):
             return False
-        jumped = len(self._norms) >= 3 and total_norm > SPIKE_FACTOR * statistics.median(self._norms) > 0
+        jumped = is_spike(total_norm, list(self._norms)) is not None
         self._norms.append(total_norm)
         return jumped
 

@@ -34,7 +34,9 @@ class AttachOptions:
         activations: "on_skip" arms module hooks for a few steps after a skipped step to find the first module
             whose output or output gradient went non-finite or overflowed; "always" keeps them armed (a host
             sync per step); "off" never registers them.
-        hist_every: per-module exponent histograms go into the log on steps divisible by N (0: never).
+        hist_every: per-module exponent histograms go into the log on steps divisible by N, and on the steps of
+            an incident (a skipped or poisoned step, a gradient spike, and the 2 steps after each; at most 50 per
+            run: amp_inspect.hist_schedule). 0: never.
         arm_steps: steps the activation hooks stay armed after a skipped step ("on_skip").
         collapse_skips: skipped steps in a row that count as a loss-scale collapse (a warning, the doctor's
             finding and the summary's advice).

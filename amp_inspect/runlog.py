@@ -612,10 +612,14 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     An invalid line (a torn last line of a killed run, a line torn by a failed write in the middle, garbage,
     fields of the wrong type) is skipped, and one RuntimeWarning names the file and the lines skipped; every
     valid record is returned. A file with lines but not one valid record is not a run log: ValueError naming
-    the file and its first line's problem. Missing files and directories raise OSError. Blank lines are
-    skipped. Records from a newer schema are returned as they are, with one RuntimeWarning.
+    the file and its first line's problem. Missing files and directories raise OSError; a FIFO, a device or a
+    socket is refused with a ValueError before anything opens it (reading a FIFO with no writer would block).
+    Blank lines are skipped. Records from a newer schema are returned as they are, with one RuntimeWarning.
     """
     path = Path(path).expanduser()
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a directory: read_bytes raises IsADirectoryError
+        raise ValueError(f"{str(path)!r} is not a regular file (a FIFO, a device or a socket), so not a run log")
     lines = path.read_bytes().split(b"\n")
     if lines[-1] == b"":  # the file ends with a newline (or is empty): nothing follows the last line
         lines.pop()

@@ -84,3 +84,15 @@ def test_findings_that_differ_only_in_a_count_are_one_line() -> None:
         ("h.1.mlp.c_fc: output gradient went non-finite", 14),
         ("h.0.attn: forward output overflowed fp16", 1),
     ]
+
+
+def test_the_schedule_and_the_summary_call_the_same_steps_spikes() -> None:
+    """One definition of a spike (amp_inspect.spikes): the steps whose histograms the schedule keeps as a spike's
+    are the spikes the summary reports, NaN steps and a norm history longer than the window included."""
+    from amp_inspect.spikes import find_spikes
+
+    norms = [1.0, 1.1, 0.9, float("nan"), 1.0, 30.0, 1.0, 1.2, 0.8, 1.0, 1.1, 0.9, 1.0, 1.05, 12.0, 1.0, 9.0]
+    schedule = HistogramSchedule(hist_every=1000)
+    scheduled = [step for step, norm in enumerate(norms, start=1) if schedule.spike(norm)]
+    summary = [spike.step for spike in find_spikes(list(range(1, len(norms) + 1)), norms)]
+    assert scheduled == summary == [6, 15]

@@ -241,3 +241,22 @@ def test_a_log_whose_parent_is_a_file_is_one_sentence(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="a part of its parent path is a file, not a folder"):
             RunLog(path)
     assert parent.read_text(encoding="utf-8") == "x"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_reading_a_fifo_as_a_log_is_refused_without_blocking(tmp_path: Path) -> None:
+    """read_log (and so `amp-inspect summary`) on a FIFO with no writer: a sentence, not a hang. In a child, so a
+    regression fails on the timeout instead of hanging the suite."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code = (
+        "import sys, amp_inspect.runlog as r\n"
+        "try:\n    r.read_log(sys.argv[1])\n"
+        "except ValueError as err:\n    print(err)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(runlog.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, timeout=300, env=env)
+    assert "is not a regular file" in proc.stdout.decode(), proc.stderr.decode()
+    records = tmp_path / "run.jsonl"  # a regular file still reads
+    records.write_text("", encoding="utf-8")
+    assert runlog.read_log(records) == []
