@@ -45,9 +45,8 @@ FLOAT32_ROUNDS_TO_INF_FROM = 2.0**128 - 2.0**103
 class TensorStats:
     """Statistics of T tensors against F formats, as tensors on the inputs' device (read them when you
     need host values; building this object never syncs the host). One attribute per statistic of the schema
-    (amp_inspect/statistics.py), and one per derived value (computed when read):
-
-    """
+    (amp_inspect/statistics.py), and one per derived value (computed when read); v is the value judged, x or
+    ``float32(x) * scale``:"""
 
     __slots__ = ("_values", "formats")
 
@@ -116,6 +115,18 @@ class TensorStats:
             made.append(torch.cat(pieces, 1))
         return tuple(made)
 
+    def merge(self, other: TensorStats) -> TensorStats:
+        """The statistics of the union of the elements behind ``self`` and ``other``, row by row (the same T
+        tensors' disjoint pieces, e.g. two micro-batches or two steps), each statistic by its merge. On the
+        device, no host sync; derived values (norm) follow from the merged statistics."""
+        if other.formats != self.formats or len(other) != len(self):
+            raise ValueError(
+                f"cannot merge statistics of {len(self)} tensors and formats {self.formats} with {len(other)} "
+                f"tensors and formats {other.formats}"
+            )
+        merged = {s.name: getattr(torch, s.ufunc)(self._values[s.name], other._values[s.name]) for s in STATISTICS}
+        return TensorStats(self.formats, **merged)
+
     def __len__(self) -> int:
         return self.numel.shape[0]
 
@@ -131,9 +142,13 @@ def _shape_words(s: Statistic) -> str:
     return {PER_TENSOR: "[T]", PER_FORMAT: "[T, F]", PER_BIN: f"[T, {HIST_BINS}]"}[s.per]
 
 
-TensorStats.__doc__ = (TensorStats.__doc__ or "") + "\n".join(
-    [f"    - ``{s.name}`` ({s.dtype} {_shape_words(s)}, merged by {s.merge}): {s.doc}." for s in STATISTICS]
-    + [f"    - ``{d.name}`` (from {', '.join(d.needs)}): {d.doc}." for d in DERIVED if not d.in_module_record]
+TensorStats.__doc__ = (
+    (TensorStats.__doc__ or "")
+    + "\n\n"
+    + "\n".join(
+        [f"    - ``{s.name}`` ({s.dtype} {_shape_words(s)}, merged by {s.merge}): {s.doc}." for s in STATISTICS]
+        + [f"    - ``{d.name}`` (from {', '.join(d.needs)}): {d.doc}." for d in DERIVED if not d.in_module_record]
+    )
 )
 
 

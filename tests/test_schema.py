@@ -63,7 +63,8 @@ def test_compiled_tables_equal_the_python_copy() -> None:
 
 @needs_extension
 def test_the_op_schema_returns_the_schema_outputs() -> None:
-    for op in (torch.ops.amp_inspect.tensor_stats, torch.ops.amp_inspect.unscale_stats_):
+    ops = torch.ops.amp_inspect
+    for op in (ops.tensor_stats, ops.unscale_stats_, ops._tensor_stats_emulated, ops._unscale_stats_emulated_):
         assert [r.name for r in op.default._schema.returns] == list(statistics.OUTPUT_NAMES)
 
 
@@ -216,6 +217,21 @@ def test_the_declared_merge_of_pieces_is_the_statistic_of_their_union(scale: flo
             assert math.isclose(float(got), float(want), rel_tol=2e-6)
         else:
             assert torch.equal(got, want), s.name
+
+
+def test_merging_the_statistics_of_two_pieces_gives_those_of_the_whole() -> None:
+    """TensorStats.merge (steps, micro-batches): the same T tensors' pieces merged row by row by the schema."""
+    tensors = [t.float().flatten() for t in _inputs() if t.numel() > 1]
+    firsts, seconds = [t[: len(t) // 2] for t in tensors], [t[len(t) // 2 :] for t in tensors]
+    merged = amp_inspect.tensor_stats(firsts, formats=FORMATS).merge(amp_inspect.tensor_stats(seconds, formats=FORMATS))
+    whole = amp_inspect.tensor_stats(tensors, formats=FORMATS)
+    for s in STATISTICS:
+        if s.name == "sumsq":
+            assert torch.allclose(merged.sumsq, whole.sumsq, rtol=2e-6, atol=0)
+        else:
+            assert torch.equal(getattr(merged, s.name), getattr(whole, s.name)), s.name
+    with pytest.raises(ValueError, match="cannot merge"):
+        merged.merge(amp_inspect.tensor_stats(tensors[:1], formats=FORMATS))
 
 
 def test_the_module_record_merges_rows_by_the_schema_and_keeps_its_field_order() -> None:
