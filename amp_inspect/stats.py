@@ -70,6 +70,10 @@ class TensorStats:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("TensorStats is immutable")
 
+    def __reduce__(self) -> tuple:
+        # copy, deepcopy, pickle and torch.save rebuild it through __init__ (its slots are not set directly).
+        return (_rebuild, (self.formats, self._values))
+
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *BY_NAME, *DERIVED_BY_NAME})
 
@@ -136,6 +140,10 @@ class TensorStats:
             return self.formats.index(fmt)
         except ValueError:
             raise KeyError(f"format {fmt!r} was not requested; these were: {', '.join(self.formats)}") from None
+
+
+def _rebuild(formats: tuple[str, ...], values: dict[str, torch.Tensor]) -> TensorStats:
+    return TensorStats(formats, **values)
 
 
 def _shape_words(s: Statistic) -> str:

@@ -4,9 +4,11 @@ kernel, the reference, TensorStats, the per-module views, the ranks' reduction a
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -177,6 +179,10 @@ def test_tensor_stats_has_every_statistic_and_round_trips() -> None:
         assert torch.equal(getattr(again, s.name), getattr(stats, s.name)), s.name
     assert torch.equal(stats.nonfinite, stats.nan + stats.posinf + stats.neginf)
     assert torch.equal(stats.norm, stats.sumsq.sqrt())
+    for copied in (copy.deepcopy(stats), pickle.loads(pickle.dumps(stats))):
+        assert copied.formats == stats.formats and torch.equal(copied.hist, stats.hist)
+    with pytest.raises(AttributeError, match="immutable"):
+        stats.numel = stats.nan
     with pytest.raises(TypeError, match="missing"):
         TensorStats(FORMATS, numel=stats.numel)
     with pytest.raises(AttributeError, match="no statistic"):
