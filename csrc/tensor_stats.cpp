@@ -59,7 +59,8 @@ STABLE_TORCH_LIBRARY_IMPL(amp_inspect, CompositeExplicitAutograd, m) {
 
 namespace {
 
-// Steals `value` into dict[key]; false (a Python error set) when either is missing.
+// Moves `value` into dict[key] (the reference is consumed either way); false, with a Python error set, when
+// `value` is null or the dict refuses it.
 bool put(PyObject* dict, const char* key, PyObject* value) {
   if (value == nullptr) return false;
   const int status = PyDict_SetItemString(dict, key, value);
@@ -142,15 +143,19 @@ PyObject* layout(PyObject*, PyObject*) {
     ok = row != nullptr;
     if (ok) PyTuple_SetItem(outputs, k, row);
   }
-  ok = ok && put(result, "formats", names) && put(result, "format_bounds", bounds) && put(result, "outputs", outputs);
-  if (!ok) {  // put() released what it was given; release whatever it was not
+  if (!ok) {  // a Python error is set; tuples with empty slots are released like full ones
     Py_XDECREF(names);
     Py_XDECREF(bounds);
     Py_XDECREF(outputs);
+    Py_DECREF(result);
+    return nullptr;
   }
-  names = bounds = outputs = nullptr;
-  ok = ok && put(result, "max_formats", PyLong_FromLong(kMaxFormats)) &&
-       put(result, "hist_bins", PyLong_FromLong(kHistBins)) &&
+  // Each put() consumes its value, whether it succeeds or not.
+  const bool stored_formats = put(result, "formats", names);
+  const bool stored_bounds = put(result, "format_bounds", bounds);
+  const bool stored_outputs = put(result, "outputs", outputs);
+  ok = stored_formats && stored_bounds && stored_outputs &&
+       put(result, "max_formats", PyLong_FromLong(kMaxFormats)) && put(result, "hist_bins", PyLong_FromLong(kHistBins)) &&
        put(result, "fixed_count_columns", PyLong_FromLong(kFixedCountColumns)) &&
        put(result, "count_columns_per_format", PyLong_FromLong(count_columns(1) - kFixedCountColumns));
   if (!ok) {
