@@ -48,7 +48,7 @@ from .attribution import (
 )
 from .headroom import Headroom, balanced_scale, measure_headroom
 from .printable import shown_name
-from .statistics import PER_FORMAT, STATISTICS, Derived, derive, module_record_fields
+from .statistics import PER_BIN, PER_FORMAT, STATISTICS, Derived, derive, module_record_fields
 from .stats import TensorStats
 from .table import fixed_width
 
@@ -258,19 +258,20 @@ class StepReport:
             getattr(np, statistic.ufunc).at(out, module_ids, values)
             merged[statistic.name] = out
         fields = module_record_fields(self.formats)
+        # As Python ints and floats (what the record holds), read once: indexing numpy per field costs more.
+        host = {s.name: merged[s.name].tolist() for s in STATISTICS if s.per != PER_BIN}
         modules: dict[str, dict[str, Any]] = {}
         for i, name in enumerate(names):
-            values = {statistic: merged[statistic][i] for statistic in merged}
+            values = {statistic: column_values[i] for statistic, column_values in host.items()}
             values["nonfinite"] = derive("nonfinite", values)
             m: dict[str, Any] = {}
             for key, entry, column in fields:
                 if isinstance(entry, Derived):
                     value = float(entry.compute(values))
+                    if entry.unscale:
+                        value = value / unscale**entry.unscale
                 else:
                     value = values[entry.name] if entry.per != PER_FORMAT else values[entry.name][column]
-                    value = int(value) if entry.is_count else float(value)
-                if isinstance(entry, Derived) and entry.unscale:
-                    value = value / unscale**entry.unscale
                 if entry.unknown_when is not None and entry.unknown_when(values):
                     value = math.nan  # no finite value to measure: unknown, not 0
                 m[key] = value
