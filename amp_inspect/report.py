@@ -256,6 +256,8 @@ class StepReport:
                 values = values / unscale**statistic.unscale
             out = np.full((len(names), *values.shape[1:]), statistic.empty, dtype=dtype)
             getattr(np, statistic.ufunc).at(out, module_ids, values)
+            if not statistic.is_count:
+                out += 0.0  # -0.0 (a zero over a broken negative scale) reads +0.0, as Python's max kept its 0.0
             merged[statistic.name] = out
         fields = module_record_fields(self.formats)
         # As Python ints and floats (what the record holds), read once: indexing numpy per field costs more.

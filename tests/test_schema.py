@@ -295,3 +295,12 @@ def test_the_run_log_checks_the_schema_fields(tmp_path: Path) -> None:
         records = runlog.read_log(path)
     assert [r["step"] for r in records] == [0]
     assert math.isnan(records[0]["modules"]["m"]["grad_norm"])
+
+
+def test_a_broken_negative_scale_leaves_an_empty_modules_amax_at_plus_zero() -> None:
+    """The module merge starts from each statistic's empty value, as the loop before the schema did: an empty
+    module's amax over a (broken) negative scale is +0.0, not -0.0, in the run log."""
+    stats = amp_inspect.tensor_stats([torch.zeros(0), torch.ones(2)])
+    report = StepReport(1, stats, ["empty", "ones"], torch.tensor(-2.0))
+    assert report.scale_problem is not None
+    assert math.copysign(1.0, report.by_module["empty"]["amax"]) == 1.0
