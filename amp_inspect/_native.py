@@ -11,12 +11,20 @@ from pathlib import Path
 
 import torch
 
+from .statistics import layout_problem
+
 try:
-    from . import _C  # noqa: F401  (loading it runs the op's registrations)
+    from . import _C  # (loading it runs the op's registrations)
 
     LOAD_ERROR: str | None = None
 except (ImportError, OSError) as error:  # pragma: no cover - exercised by the fallback test in a subprocess
     LOAD_ERROR = f"{type(error).__name__}: {error}"
+else:
+    # A binary built from other sources would put statistics in other columns than the schema says: not used.
+    # (A binary older than layout() has the tables of its time, which this package's still are.)
+    _problem = layout_problem(_C.layout()) if hasattr(_C, "layout") else None
+    if _problem is not None:
+        LOAD_ERROR = f"its tables differ from this package's ({_problem}): rebuild it from these sources"
 
 
 def _build_info() -> dict[str, str]:

@@ -9,8 +9,8 @@ import warnings
 
 import torch
 
-from .formats import HIST_BINS
-from .reference import FIXED_COUNT_COLUMNS, tensor_stats_reference
+from .reference import tensor_stats_reference
+from .statistics import new_outputs
 
 OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
@@ -146,15 +146,9 @@ def build_info() -> dict[str, str]:
 
 
 def _empty_outputs(tensors, formats) -> tuple[torch.Tensor, ...]:
+    """The fake kernel's outputs: the schema's (amp_inspect/statistics.py), uninitialised."""
     device = tensors[0].device if tensors else torch.device("cpu")
-    t = len(tensors)
-    return (
-        torch.empty(t, FIXED_COUNT_COLUMNS + 3 * len(formats), dtype=torch.int64, device=device),
-        torch.empty(t, HIST_BINS, dtype=torch.int64, device=device),
-        torch.empty(t, dtype=torch.float32, device=device),
-        torch.empty(t, dtype=torch.float32, device=device),
-        torch.empty(t, dtype=torch.float64, device=device),
-    )
+    return new_outputs(len(tensors), formats, device, filled=False)
 
 
 def _check_fake_devices(op: str, tensors, **others) -> None:

@@ -1,8 +1,9 @@
 """Statistics combined across ranks: one picture on N ranks, and the rank that broke the step.
 
 ``reduce_stats(stats, group)`` merges the TensorStats of the same T tensors (or the shards of the same T
-tensors) held by every rank of a process group into global statistics: counts and histograms summed, amax
-max, amin_nonzero min, sumsq summed. It also says how many NaN/Inf each rank held in each tensor. That is
+tensors) held by every rank of a process group into global statistics, each by its merge in the schema of
+statistics (amp_inspect/statistics.py: counts and histograms summed, amax max, amin_nonzero min, sumsq
+summed). It also says how many NaN/Inf each rank held in each tensor. That is
 exact for disjoint pieces of each tensor (FSDP2 shards, or each rank's local gradients before DDP's
 all-reduce); replicated gradients (after DDP's all-reduce) would be counted once per rank, so the Inspector
 never combines those (see amp_inspect/ddp.py for DDP).
@@ -31,7 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .stats import TensorStats, stats_outputs
+from .statistics import MAX, MIN, OUTPUTS, SUM
+from .stats import TensorStats
 
 DEFAULT_TIMEOUT_S = 300.0  # far below the process groups' own defaults (10-30 min), far above step skew
 
@@ -163,35 +165,48 @@ def wait_all(
 def reduce_stats(
     stats: TensorStats, group: dist.ProcessGroup | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> GlobalStats:
-    """Combines every rank's statistics of the same T tensors (see the module docstring). Collective: every
-    rank of ``group`` must call it with statistics of the same shape, in the same order."""
-    counts, hist, amax, amin, sumsq = stats_outputs(stats)
-    device = counts.device
+    """Combines every rank's statistics of the same T tensors (see the module docstring): each output of the
+    schema (amp_inspect/statistics.py) by its statistics' merge. Collective: every rank of ``group`` must call
+    it with statistics of the same shape, in the same order."""
+    outputs = stats.outputs()
+    device = outputs[0].device
     nonfinite = stats.nonfinite
     if not is_distributed(group):
         return GlobalStats(stats, nonfinite.reshape(1, -1))
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    # One SUM buffer: counts and histograms as float64 (exact below 2^53), the sums of squares, and this
-    # rank's NaN/Inf counts in its own row of a [world, T] block (zeros elsewhere).
+    summed = [k for k, o in enumerate(OUTPUTS) if o.merge == SUM]
+    extreme = [k for k, o in enumerate(OUTPUTS) if o.merge in (MAX, MIN)]
+    # One SUM buffer: the summed outputs as float64 (counts exact below 2^53), and this rank's NaN/Inf counts in
+    # its own row of a [world, T] block (zeros elsewhere).
     by_rank = torch.zeros(world, len(stats), dtype=torch.float64, device=device)
     by_rank[rank] = nonfinite.to(torch.float64)
-    packed = torch.cat([counts.double().flatten(), hist.double().flatten(), sumsq.double(), by_rank.flatten()])
-    # One MAX buffer: amax, and amin_nonzero negated (min(x) = -max(-x), exact: negation only flips the sign).
-    extremes = torch.cat([amax, -amin])
+    packed = torch.cat([*(outputs[k].double().flatten() for k in summed), by_rank.flatten()])
+    # One MAX buffer: the maxima, and the minima negated (min(x) = -max(-x), exact: negation only flips the sign).
+    # In float32 when every extreme is (it is today), else float64.
+    common = outputs[extreme[0]].dtype if len({outputs[k].dtype for k in extreme}) == 1 else torch.float64
+    sent = [outputs[k].to(common).flatten() for k in extreme]
+    extremes = torch.cat([t if OUTPUTS[k].merge == MAX else -t for k, t in zip(extreme, sent, strict=True)])
     works = [
         dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True),
         dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True),
     ]
     wait_all(works, timeout_s, "combining the gradient statistics", group, device)
-    extremes_max, extremes_min = extremes[: len(stats)], -extremes[len(stats) :]
-    n_counts, n_hist, n_rows = counts.numel(), hist.numel(), sumsq.numel()
-    merged_counts = packed[:n_counts].round().to(torch.int64).reshape(counts.shape)
-    merged_hist = packed[n_counts : n_counts + n_hist].round().to(torch.int64).reshape(hist.shape)
-    merged_sumsq = packed[n_counts + n_hist : n_counts + n_hist + n_rows]
-    merged_by_rank = packed[n_counts + n_hist + n_rows :].round().to(torch.int64).reshape(world, len(stats))
-    outputs = (merged_counts, merged_hist, extremes_max, extremes_min, merged_sumsq)
-    return GlobalStats(TensorStats.from_op_outputs(outputs, stats.formats), merged_by_rank, global_ranks(group))
+    merged: list[torch.Tensor] = list(outputs)
+    *summed_pieces, by_rank_piece = packed.split([*(outputs[k].numel() for k in summed), by_rank.numel()])
+    for k, piece in zip(summed, summed_pieces, strict=True):
+        merged[k] = _as_output(piece, outputs[k])
+    for k, piece in zip(extreme, extremes.split([outputs[k].numel() for k in extreme]), strict=True):
+        merged[k] = _as_output(piece if OUTPUTS[k].merge == MAX else -piece, outputs[k])
+    merged_by_rank = by_rank_piece.round().to(torch.int64).reshape(world, len(stats))
+    return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), merged_by_rank, global_ranks(group))
+
+
+def _as_output(piece: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A merged buffer's piece back in the output's dtype and shape (counts rounded: exact below 2^53)."""
+    if not like.dtype.is_floating_point:
+        piece = piece.round()
+    return piece.to(like.dtype).reshape(like.shape)
 
 
 def layout_key(shapes: Sequence[Sequence[int]]) -> int:

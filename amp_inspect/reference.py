@@ -31,26 +31,24 @@ import struct
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .formats import FORMAT_BOUNDS, HIST_BINS
+from .statistics import BY_NAME, OUTPUT_NAMES, OUTPUTS, PER_FORMAT, new_outputs
 
-FIXED_COUNT_COLUMNS = 5  # numel, nan, posinf, neginf, zero
 # The largest flat buffer one group of the fallback works on at a time: big enough that a GPT-2-sized set
 # of gradients is one chunk (a chunk costs ~25 ops), small enough to bound the temporaries (~16 B/element).
 CHUNK_ELEMENTS = 1 << 24
 _PLAN_CACHE_SIZE = 8  # layouts kept uploaded: a training loop asks for the same list of tensors every step
 
+# The output whose columns are the class counts below (numel ... underflow), in the schema's order.
+COUNT_OUTPUT = OUTPUTS[OUTPUT_NAMES.index(BY_NAME["numel"].output)]
+
 _F32_EXPONENT_SHIFT = 23
 _F32_EXPONENT_MASK = 0xFF
-
-
-def _f32_bits_as_f64_bits(bits: int) -> int:
-    """The float64 bit pattern of the float32 whose bits are given (the same real value)."""
-    value = struct.unpack("<f", struct.pack("<I", bits))[0]
-    return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
 def round_to_float32(value: float) -> float:
@@ -71,22 +69,10 @@ class _Space:
 
     def thresholds(self, formats: tuple[str, ...]) -> list[tuple[int, int, int]]:
         """(overflow_from, normal_from, zero_upto) per format, as bit patterns of |v| in this space."""
-        out = []
-        for name in formats:
-            b = FORMAT_BOUNDS[name]
-            if not self.wide:
-                out.append((b.overflow_from, b.normal_from, b.zero_upto))
-            elif name == "fp8_e4m3":
-                # "above 464" in float64 is from the double after 464, not the float32 after it.
-                out.append(
-                    (
-                        _f32_bits_as_f64_bits(0x43E80000) + 1,
-                        *map(_f32_bits_as_f64_bits, (b.normal_from, b.zero_upto)),
-                    )
-                )
-            else:
-                out.append(tuple(map(_f32_bits_as_f64_bits, (b.overflow_from, b.normal_from, b.zero_upto))))
-        return out
+        bounds = (FORMAT_BOUNDS[name] for name in formats)
+        if self.wide:
+            return [(b.overflow_from64, b.normal_from64, b.zero_upto64) for b in bounds]
+        return [(b.overflow_from, b.normal_from, b.zero_upto) for b in bounds]
 
 
 NARROW = _Space(False, torch.int32, torch.float32, 0x7FFFFFFF, 0x7F800000, -(1 << 31))
@@ -127,16 +113,20 @@ def _classes(space: _Space, formats: tuple[str, ...]) -> _Classes:
         """Magnitudes in [lo, hi) of either sign: classes lo..hi-1 offset by m + 1 (positive) and 0 (negative)."""
         return (m + 1 + hi_index, m + 1 + position[lo], hi_index, position[lo])
 
-    columns = [
-        both(0, end),  # numel
-        both(space.inf + 1, end),  # nan
-        (m + 1 + position[space.inf + 1], m + 1 + position[space.inf], 0, 0),  # +inf
-        (position[space.inf + 1], position[space.inf], 0, 0),  # -inf
-        both(0, position[1]),  # zero
-    ]
-    columns += [both(of, position[space.inf]) for of, _, _ in per_format]  # overflow: finite, cast to Inf
-    columns += [both(zu + 1, position[nf]) for _, nf, zu in per_format]  # subnormal
-    columns += [both(1, position[zu + 1]) for _, _, zu in per_format]  # underflow: nonzero, cast to zero
+    # Each count statistic of the schema as class ranges: one entry per tensor, or a list per format.
+    ranges: dict[str, Any] = {
+        "numel": both(0, end),
+        "nan": both(space.inf + 1, end),
+        "posinf": (m + 1 + position[space.inf + 1], m + 1 + position[space.inf], 0, 0),
+        "neginf": (position[space.inf + 1], position[space.inf], 0, 0),
+        "zero": both(0, position[1]),
+        "overflow": [both(of, position[space.inf]) for of, _, _ in per_format],  # finite, cast to Inf
+        "subnormal": [both(zu + 1, position[nf]) for _, nf, zu in per_format],
+        "underflow": [both(1, position[zu + 1]) for _, _, zu in per_format],  # nonzero, cast to zero
+    }
+    columns: list[tuple[int, int, int, int]] = []
+    for statistic in COUNT_OUTPUT.statistics:  # in the op's column order
+        columns += ranges[statistic.name] if statistic.per == PER_FORMAT else [ranges[statistic.name]]
     return _Classes(tuple(bounds), tuple(columns))
 
 
@@ -352,15 +342,8 @@ def tensor_stats_reference(
     sumsq float64 [T]) on the device of the first tensor (CPU when there is none). Never syncs the host;
     ``chunk_elements`` bounds the flat buffers (module docstring)."""
     names = tuple(formats)
-    columns = FIXED_COUNT_COLUMNS + 3 * len(names)
     if not tensors:
-        return (
-            torch.zeros(0, columns, dtype=torch.int64),
-            torch.zeros(0, HIST_BINS, dtype=torch.int64),
-            torch.zeros(0, dtype=torch.float32),
-            torch.zeros(0, dtype=torch.float32),
-            torch.zeros(0, dtype=torch.float64),
-        )
+        return new_outputs(0, names, torch.device("cpu"), filled=True)  # type: ignore[return-value]
     device = tensors[0].device
     judged_wide = scale is None and scale_value is None
     multiplier: torch.Tensor | float | None = None

@@ -48,6 +48,7 @@ from .attribution import (
 )
 from .headroom import Headroom, balanced_scale, measure_headroom
 from .printable import shown_name
+from .statistics import PER_BIN, PER_FORMAT, STATISTICS, Derived, derive, module_record_fields
 from .stats import TensorStats
 from .table import fixed_width
 
@@ -55,8 +56,6 @@ from .table import fixed_width
 # importable from here, where StepReport's users have always found them.
 __all__ = ["BEFORE_ALLREDUCE", "ORIGIN_HEADINGS", "SHARDS", "Headroom", "StepReport", "modules_in_trouble"]
 
-_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
-_FIELDS += ("amax", "amin_nonzero", "sumsq", "hist")
 MAX_TABLE_ROWS = 12
 
 
@@ -105,7 +104,7 @@ class StatsSnapshot(HostCopy):
     def __init__(self, stats: TensorStats, scale: torch.Tensor | None) -> None:
         self.formats = stats.formats
         device = stats.numel.device
-        tensors = {name: getattr(stats, name) for name in _FIELDS}
+        tensors = stats.as_dict()
         if scale is not None:
             # The caller's own copy of the loss scale (StepReport makes it: GradScaler.update() changes the
             # scaler's in place), on the statistics' device so one copy path serves both (a CUDA scale with
@@ -222,9 +221,7 @@ class StepReport:
             h = self._snapshot.host()
             scale = float(h["scale"]) if "scale" in h else None
             names, module_ids = np.unique(np.asarray(self.module_of_row, dtype=object), return_inverse=True)
-            nonfinite = np.bincount(
-                module_ids, weights=(h["nan"] + h["posinf"] + h["neginf"]).astype(np.float64), minlength=len(names)
-            )
+            nonfinite = np.bincount(module_ids, weights=derive("nonfinite", h).astype(np.float64), minlength=len(names))
             order = sorted((i for i in range(len(names)) if nonfinite[i] > 0), key=lambda i: -nonfinite[i])
             offenders = [str(names[i]) for i in order]
             self._summary = {
@@ -242,34 +239,46 @@ class StepReport:
         return self._modules
 
     def _per_module(self, h: dict[str, np.ndarray], scale: float | None) -> dict[str, Any]:
+        """Each module's record, fields in the schema's record order (amp_inspect/statistics.py): its rows merged
+        by each statistic's merge, in row order; a recorded statistic unscaled per row before the merge (amax as
+        the optimizer sees each tensor), a derived value computed from the judged merged statistics and then
+        unscaled (grad_norm: the root of the judged sum of squares, divided by the scale)."""
         unscale = scale if scale else 1.0
+        names = list(dict.fromkeys(self.module_of_row))
+        index = {name: i for i, name in enumerate(names)}
+        module_ids = np.array([index[name] for name in self.module_of_row], dtype=np.int64)
+        merged: dict[str, np.ndarray] = {}
+        for statistic in STATISTICS:
+            # Counts in int64 (exact); float statistics in float64, as Python floats add and compare.
+            dtype = np.int64 if statistic.is_count else np.float64
+            values = h[statistic.name].astype(dtype, copy=False)
+            if statistic.unscale and statistic.in_module_record:
+                values = values / unscale**statistic.unscale
+            out = np.full((len(names), *values.shape[1:]), statistic.empty, dtype=dtype)
+            getattr(np, statistic.ufunc).at(out, module_ids, values)
+            if not statistic.is_count:
+                out += 0.0  # -0.0 (a zero over a broken negative scale) reads +0.0, as Python's max kept its 0.0
+            merged[statistic.name] = out
+        fields = module_record_fields(self.formats)
+        # As Python ints and floats (what the record holds), read once: indexing numpy per field costs more.
+        host = {s.name: merged[s.name].tolist() for s in STATISTICS if s.per != PER_BIN}
         modules: dict[str, dict[str, Any]] = {}
-        sumsq: dict[str, float] = {}
-        hists: dict[str, np.ndarray] = {}
-        for row, name in enumerate(self.module_of_row):
-            m = modules.get(name)
-            if m is None:
-                m = modules[name] = {k: 0 for k in ("numel", "nan", "posinf", "neginf", "zero")}
-                for f, fmt in enumerate(self.formats):
-                    for k in ("overflow", "subnormal", "underflow"):
-                        m[k if f == 0 else f"{k}/{fmt}"] = 0
-                m["amax"] = 0.0
-                sumsq[name] = 0.0
-                hists[name] = np.zeros(h["hist"].shape[1], dtype=np.int64)
-            for k in ("numel", "nan", "posinf", "neginf", "zero"):
-                m[k] += int(h[k][row])
-            for f, fmt in enumerate(self.formats):
-                for k in ("overflow", "subnormal", "underflow"):
-                    m[k if f == 0 else f"{k}/{fmt}"] += int(h[k][row, f])
-            m["amax"] = max(m["amax"], float(h["amax"][row]) / unscale)
-            sumsq[name] += float(h["sumsq"][row])
-            hists[name] += h["hist"][row]
-        for name, m in modules.items():
-            bad = m["nan"] + m["posinf"] + m["neginf"]
-            m["grad_norm"] = math.nan if bad else math.sqrt(sumsq[name]) / unscale
-            if bad and bad >= m["numel"]:
-                m["amax"] = math.nan  # no finite value to take a maximum of: unknown, not 0
-        return {"by_module": modules, "module_hist": hists}
+        for i, name in enumerate(names):
+            values = {statistic: column_values[i] for statistic, column_values in host.items()}
+            values["nonfinite"] = derive("nonfinite", values)
+            m: dict[str, Any] = {}
+            for key, entry, column in fields:
+                if isinstance(entry, Derived):
+                    value = float(entry.compute(values))
+                    if entry.unscale:
+                        value = value / unscale**entry.unscale
+                else:
+                    value = values[entry.name] if entry.per != PER_FORMAT else values[entry.name][column]
+                if entry.unknown_when is not None and entry.unknown_when(values):
+                    value = math.nan  # no finite value to measure: unknown, not 0
+                m[key] = value
+            modules[name] = m
+        return {"by_module": modules, "module_hist": dict(zip(names, merged["hist"], strict=True))}
 
     def _total_norm(self, h: dict[str, np.ndarray], scale: float | None) -> float:
         if int(h["nan"].sum()):

@@ -11,7 +11,7 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "offenders": [module names],      # modules with NaN/Inf gradients, most first
      "headroom": {"up": int, "down": int},
      "modules": {name: {"numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow",
-                        "amax", "grad_norm"}},
+                        "amax", "grad_norm"}},  # the fields statistics.module_record_fields lists
      "first_nonfinite": str,           # optional: the first module whose activations went non-finite
      "sparse_modules": [module names], # optional: modules with sparse gradients (numel counts stored values)
      "scale_problem": str,             # optional: the loss scale is not a finite positive number
@@ -57,7 +57,8 @@ checkpoint, a text file, another tool's JSONL with a "schema" field, a directory
 ValueError before anything is written or cut, so ``log=`` pointed at the wrong path never modifies that
 file. ``read_log`` drops the ``"log"`` marker from the records it returns.
 
-This module imports neither torch nor the rest of the package, so reading a log is cheap.
+This module imports no torch, and of the package only the torch-free formats and statistics, so reading a log
+is cheap.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ try:
 except ImportError:  # Windows: no advisory locks; one writer per file is then the user's to keep
     fcntl = None  # type: ignore[assignment]
 
+from . import statistics
 from .formats import HIST_BINS
 
 SCHEMA_VERSION = 1
@@ -87,7 +89,8 @@ SCHEMA_VERSION = 1
 # Fields whose values are floats and may be non-finite; read_log decodes "nan"/"inf"/"-inf" under these keys
 # and inside the per-module records of "modules". amin_nonzero is +inf by definition when nothing is nonzero.
 # "previous" is the scale a step ran at, inside "scale_decision" (a broken scale is non-finite there too).
-FLOAT_FIELDS = frozenset({"scale", "previous", "total_norm", "amax", "grad_norm", "amin_nonzero"})
+# The statistics' own float fields come from the schema of statistics (amp_inspect/statistics.py).
+FLOAT_FIELDS = frozenset({"scale", "previous", "total_norm"}) | statistics.FLOAT_FIELDS
 _MODULES_KEY = "modules"
 _STR_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last newline of an existing log
@@ -104,7 +107,7 @@ _MAX_INT = 2**63  # counts and steps are int64 wherever they are used (numpy, to
 _MAX_STEP = 2**53  # steps are exact in float64 (plots, JSON readers in other languages)
 _MAX_HEADROOM = 1024  # doublings or halvings: beyond float64's exponent range a headroom means nothing
 _UP_DOWN = ("up", "down")  # the keys of "headroom"
-_COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
+_COUNT_FIELDS = statistics.MODULE_COUNT_FIELDS  # checked under their own keys only (not "overflow/bf16")
 _GLUED = "torn, followed by a whole record"  # read_log: a line whose torn start was skipped, its record read
 _LISTED_BAD_LINES = 5  # invalid lines named one by one in read_log's warning
 

@@ -2,16 +2,8 @@
 
 Definitions (v is the value judged: x itself, or ``float32(x) * scale`` as one float32 multiply when a
 scale is given; the format terms overflow, subnormal and underflow are defined in amp_inspect/formats.py):
-
-- ``numel``, ``nan``, ``posinf``, ``neginf``, ``zero``: element counts.
-- ``overflow``, ``subnormal``, ``underflow``: counts per format, one column per name in ``formats``.
-- ``amax``: max |v| over finite v (0 when there is none). ``amin_nonzero``: min |v| over finite nonzero v
-  (+inf when there is none). Both float32; a float64 extreme is rounded to float32.
-- ``sumsq``: sum of v*v over finite v, relative error below 2e-6 against a float64 sum (squares are summed
-  in float32 partial sums of at most 16 terms that are accumulated in float64).
-- ``hist``: elements counted by the float32 exponent field of v, ``(bits >> 23) & 0xFF``. Bin 0 holds zeros
-  and float32 subnormals, bin 255 Inf and NaN, bin 127 the binade [1, 2). Each row sums to numel. A float64
-  v is binned as float32(v), so one beyond float32's range lands in bin 255.
+each statistic is one entry of the schema in amp_inspect/statistics.py, with its dtype, shape and how it
+merges; ``TensorStats``'s docstring lists them.
 
 Cost: one read of every element and no temporaries proportional to the number of elements; on CUDA, a
 fixed number of kernel launches whatever the number of tensors, and no host sync. Where no compiled kernel
@@ -25,13 +17,23 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from ._ops import tensor_stats_op
-from .formats import check_formats
-from .reference import FIXED_COUNT_COLUMNS
+from .formats import HIST_BINS, check_formats
+from .statistics import (
+    BY_NAME,
+    DERIVED,
+    DERIVED_BY_NAME,
+    OUTPUTS,
+    PER_BIN,
+    PER_FORMAT,
+    PER_TENSOR,
+    STATISTICS,
+    Statistic,
+    derive,
+)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # Round-to-nearest-even into float32: 2^-150 (half the smallest subnormal) ties to zero, and from
@@ -40,60 +42,97 @@ FLOAT32_ROUNDS_TO_ZERO_UPTO = 2.0**-150
 FLOAT32_ROUNDS_TO_INF_FROM = 2.0**128 - 2.0**103
 
 
-@dataclass(frozen=True)
 class TensorStats:
     """Statistics of T tensors against F formats, as tensors on the inputs' device (read them when you
-    need host values; building this object never syncs the host)."""
+    need host values; building this object never syncs the host). One attribute per statistic of the schema
+    (amp_inspect/statistics.py), and one per derived value (computed when read); v is the value judged, x or
+    ``float32(x) * scale``:"""
 
-    numel: torch.Tensor  # int64 [T]
-    nan: torch.Tensor  # int64 [T]
-    posinf: torch.Tensor  # int64 [T]
-    neginf: torch.Tensor  # int64 [T]
-    zero: torch.Tensor  # int64 [T]
-    overflow: torch.Tensor  # int64 [T, F]
-    subnormal: torch.Tensor  # int64 [T, F]
-    underflow: torch.Tensor  # int64 [T, F]
-    amax: torch.Tensor  # float32 [T]
-    amin_nonzero: torch.Tensor  # float32 [T]
-    sumsq: torch.Tensor  # float64 [T]
-    hist: torch.Tensor  # int64 [T, 256]
-    formats: tuple[str, ...]
+    __slots__ = ("_values", "formats")
+
+    def __init__(self, formats: Sequence[str], **values: torch.Tensor) -> None:
+        missing = [s.name for s in STATISTICS if s.name not in values]
+        unknown = [name for name in values if name not in BY_NAME]
+        if missing or unknown:
+            raise TypeError(f"TensorStats takes every statistic of the schema: missing {missing}, unknown {unknown}")
+        object.__setattr__(self, "_values", {s.name: values[s.name] for s in STATISTICS})
+        object.__setattr__(self, "formats", tuple(formats))
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if not name.startswith("_"):  # (copy and pickle look up dunders before __init__ has run)
+            values = self._values
+            if name in values:
+                return values[name]
+            if name in DERIVED_BY_NAME:
+                return derive(name, values)
+        raise AttributeError(f"TensorStats has no statistic {name!r}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("TensorStats is immutable")
+
+    def __reduce__(self) -> tuple:
+        # copy, deepcopy, pickle and torch.save rebuild it through __init__ (its slots are not set directly).
+        return (_rebuild, (self.formats, self._values))
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *BY_NAME, *DERIVED_BY_NAME})
+
+    def __repr__(self) -> str:
+        return f"TensorStats({len(self)} tensors, formats={self.formats})"
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        """The statistics by name, in schema order."""
+        return dict(self._values)
 
     @classmethod
     def from_op_outputs(cls, outputs: Sequence[torch.Tensor], formats: tuple[str, ...]) -> TensorStats:
-        counts, hist, amax, amin_nonzero, sumsq = outputs
+        """The statistics of the op's outputs (views: each output is split in a number of ops that does not
+        depend on F, not one index op per column: the fallback counts its ops)."""
         f = len(formats)
-        # Views, two ops whatever F (not one index op per column: the fallback counts its ops).
-        fixed, overflow, subnormal, underflow = counts.split([FIXED_COUNT_COLUMNS, f, f, f], 1)
-        numel, nan, posinf, neginf, zero = fixed.unbind(1)
-        return cls(
-            numel=numel,
-            nan=nan,
-            posinf=posinf,
-            neginf=neginf,
-            zero=zero,
-            overflow=overflow,
-            subnormal=subnormal,
-            underflow=underflow,
-            amax=amax,
-            amin_nonzero=amin_nonzero,
-            sumsq=sumsq,
-            hist=hist,
-            formats=formats,
-        )
+        values: dict[str, torch.Tensor] = {}
+        for output, tensor in zip(OUTPUTS, outputs, strict=True):
+            if len(output.statistics) == 1:
+                values[output.statistics[0].name] = tensor
+                continue
+            runs = list(output.runs())
+            widths = [len(run) if run[0].per == PER_TENSOR else run[0].columns(f) for run in runs]
+            for run, piece in zip(runs, tensor.split(widths, 1), strict=True):
+                if run[0].per == PER_TENSOR:
+                    values.update(zip((s.name for s in run), piece.unbind(1), strict=True))
+                else:
+                    values[run[0].name] = piece
+        return cls(formats, **values)
+
+    def outputs(self) -> tuple[torch.Tensor, ...]:
+        """The op's outputs (statistics.OUTPUTS, in order) holding these statistics."""
+        made = []
+        for output in OUTPUTS:
+            if len(output.statistics) == 1:
+                made.append(self._values[output.statistics[0].name])
+                continue
+            pieces = [
+                torch.stack([self._values[s.name] for s in run], 1)
+                if run[0].per == PER_TENSOR
+                else self._values[run[0].name]
+                for run in output.runs()
+            ]
+            made.append(torch.cat(pieces, 1))
+        return tuple(made)
+
+    def merge(self, other: TensorStats) -> TensorStats:
+        """The statistics of the union of the elements behind ``self`` and ``other``, row by row (the same T
+        tensors' disjoint pieces, e.g. two micro-batches or two steps), each statistic by its merge. On the
+        device, no host sync; derived values (norm) follow from the merged statistics."""
+        if other.formats != self.formats or len(other) != len(self):
+            raise ValueError(
+                f"cannot merge statistics of {len(self)} tensors and formats {self.formats} with {len(other)} "
+                f"tensors and formats {other.formats}"
+            )
+        merged = {s.name: getattr(torch, s.ufunc)(self._values[s.name], other._values[s.name]) for s in STATISTICS}
+        return TensorStats(self.formats, **merged)
 
     def __len__(self) -> int:
         return self.numel.shape[0]
-
-    @property
-    def nonfinite(self) -> torch.Tensor:
-        """NaN + Inf count per tensor (int64 [T])."""
-        return self.nan + self.posinf + self.neginf
-
-    @property
-    def norm(self) -> torch.Tensor:
-        """L2 norm of the finite values per tensor (float64 [T])."""
-        return self.sumsq.sqrt()
 
     def column(self, fmt: str) -> int:
         """The column of ``overflow``/``subnormal``/``underflow`` that holds format ``fmt``."""
@@ -103,18 +142,27 @@ class TensorStats:
             raise KeyError(f"format {fmt!r} was not requested; these were: {', '.join(self.formats)}") from None
 
 
-def stats_outputs(stats: TensorStats) -> tuple[torch.Tensor, ...]:
-    """The op's five outputs (counts, hist, amax, amin_nonzero, sumsq) of a TensorStats."""
-    counts = torch.cat(
-        [
-            torch.stack([stats.numel, stats.nan, stats.posinf, stats.neginf, stats.zero], 1),
-            stats.overflow,
-            stats.subnormal,
-            stats.underflow,
-        ],
-        1,
+def _rebuild(formats: tuple[str, ...], values: dict[str, torch.Tensor]) -> TensorStats:
+    return TensorStats(formats, **values)
+
+
+def _shape_words(s: Statistic) -> str:
+    return {PER_TENSOR: "[T]", PER_FORMAT: "[T, F]", PER_BIN: f"[T, {HIST_BINS}]"}[s.per]
+
+
+TensorStats.__doc__ = (
+    (TensorStats.__doc__ or "")
+    + "\n\n"
+    + "\n".join(
+        [f"    - ``{s.name}`` ({s.dtype} {_shape_words(s)}, merged by {s.merge}): {s.doc}." for s in STATISTICS]
+        + [f"    - ``{d.name}`` (from {', '.join(d.needs)}): {d.doc}." for d in DERIVED if not d.in_module_record]
     )
-    return counts, stats.hist, stats.amax, stats.amin_nonzero, stats.sumsq
+)
+
+
+def stats_outputs(stats: TensorStats) -> tuple[torch.Tensor, ...]:
+    """The op's outputs of a TensorStats (``stats.outputs()``)."""
+    return stats.outputs()
 
 
 def _check_scale(scale: object) -> tuple[torch.Tensor | None, float | None]:

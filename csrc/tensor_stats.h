@@ -58,6 +58,23 @@ struct StatsOutputs {
   Tensor sumsq;
 };
 
+// The outputs above as a table, in the op's order: allocation loops over it, and amp_inspect._C.layout() hands it
+// to Python, whose schema of statistics (amp_inspect/statistics.py OUTPUTS) tests/test_schema.py holds equal to it.
+enum class OutputColumns : int32_t { kNone, kCounts, kHistBins };  // [T], [T, count_columns(F)], [T, kHistBins]
+struct OutputSpec {
+  const char* name;
+  ScalarType dtype;
+  Tensor StatsOutputs::*member;
+  OutputColumns columns;
+  double neutral;  // the value of a tensor without elements: the identity of the statistic's merge
+};
+constexpr int kNumOutputs = 5;
+extern const OutputSpec kOutputs[kNumOutputs];
+int64_t output_columns(OutputColumns columns, int num_formats);
+
+// Format names in FormatId order: the one list of them (Python reads it through amp_inspect._C.layout()).
+extern const char* const kFormatNames[kNumFormats];
+
 struct StatsCall {
   std::vector<TensorView> views;  // nonempty tensors only, in caller order
   std::vector<Tensor> keep_alive;  // contiguous copies made for tensors of more than kMaxDims strided dims

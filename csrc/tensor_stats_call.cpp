@@ -12,16 +12,56 @@
 #include <cstring>
 
 namespace amp_inspect {
-namespace {
 
-// Names in FormatId order; amp_inspect/formats.py keeps the same list.
 const char* const kFormatNames[kNumFormats] = {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"};
 
+const OutputSpec kOutputs[kNumOutputs] = {
+    {"counts", ScalarType::Long, &StatsOutputs::counts, OutputColumns::kCounts, 0.0},
+    {"hist", ScalarType::Long, &StatsOutputs::hist, OutputColumns::kHistBins, 0.0},
+    {"amax", ScalarType::Float, &StatsOutputs::amax, OutputColumns::kNone, 0.0},
+    {"amin_nonzero", ScalarType::Float, &StatsOutputs::amin_nonzero, OutputColumns::kNone, INFINITY},
+    {"sumsq", ScalarType::Double, &StatsOutputs::sumsq, OutputColumns::kNone, 0.0},
+};
+
+int64_t output_columns(OutputColumns columns, int num_formats) {
+  switch (columns) {
+    case OutputColumns::kCounts:
+      return count_columns(num_formats);
+    case OutputColumns::kHistBins:
+      return kHistBins;
+    case OutputColumns::kNone:
+      break;
+  }
+  return 0;
+}
+
+namespace {
+
+// Every element of a host tensor set to `value`, in the tensor's dtype (one of the outputs' dtypes).
+void fill_host(const Tensor& t, double value) {
+  const int64_t n = t.numel();
+  switch (t.scalar_type()) {
+    case ScalarType::Long:
+      std::fill_n(static_cast<int64_t*>(t.data_ptr()), n, static_cast<int64_t>(value));
+      break;
+    case ScalarType::Float:
+      std::fill_n(static_cast<float*>(t.data_ptr()), n, static_cast<float>(value));
+      break;
+    case ScalarType::Double:
+      std::fill_n(static_cast<double*>(t.data_ptr()), n, value);
+      break;
+    default:
+      fail("amp_inspect: an output of dtype ", t.scalar_type(), " cannot be filled");
+  }
+}
+
 int format_id(const std::string& name) {
+  std::string known;
   for (int f = 0; f < kNumFormats; ++f) {
     if (name == kFormatNames[f]) return f;
+    known += (f ? ", " : "") + std::string(kFormatNames[f]);
   }
-  fail("amp_inspect.tensor_stats: unknown format '", name, "'; expected one of fp16, bf16, fp8_e4m3, fp8_e5m2");
+  fail("amp_inspect.tensor_stats: unknown format '", name, "'; expected one of ", known);
 }
 
 InputDtype input_dtype(const Tensor& t, size_t position) {
@@ -262,20 +302,16 @@ void prepare_unscale(StatsCall& call, const std::vector<Tensor>& tensors, const 
 }
 
 StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device& device, OutputFill fill) {
+  AMPI_CHECK(fill != OutputFill::kZeroed || device.type() == DeviceType::CPU,
+             "amp_inspect: zeroed outputs are made on the CPU only");
   StatsOutputs out;
-  out.counts = empty_tensor({num_tensors, count_columns(num_formats)}, ScalarType::Long, device);
-  out.hist = empty_tensor({num_tensors, kHistBins}, ScalarType::Long, device);
-  out.amax = empty_tensor({num_tensors}, ScalarType::Float, device);
-  out.amin_nonzero = empty_tensor({num_tensors}, ScalarType::Float, device);
-  out.sumsq = empty_tensor({num_tensors}, ScalarType::Double, device);
-  if (fill == OutputFill::kZeroed) {
-    AMPI_CHECK(device.type() == DeviceType::CPU, "amp_inspect: zeroed outputs are made on the CPU only");
-    // Filled here rather than with zero_/fill_ ops: host memory, and no dispatcher round trip per output.
-    std::memset(out.counts.data_ptr(), 0, static_cast<size_t>(out.counts.numel()) * sizeof(int64_t));
-    std::memset(out.hist.data_ptr(), 0, static_cast<size_t>(out.hist.numel()) * sizeof(int64_t));
-    std::memset(out.amax.data_ptr(), 0, static_cast<size_t>(num_tensors) * sizeof(float));
-    std::fill_n(static_cast<float*>(out.amin_nonzero.data_ptr()), num_tensors, INFINITY);
-    std::fill_n(static_cast<double*>(out.sumsq.data_ptr()), num_tensors, 0.0);
+  for (const OutputSpec& spec : kOutputs) {
+    std::vector<int64_t> shape{num_tensors};
+    if (spec.columns != OutputColumns::kNone) shape.push_back(output_columns(spec.columns, num_formats));
+    Tensor t = empty_tensor(shape, spec.dtype, device);
+    // Filled on the host memory rather than with zero_/fill_ ops: no dispatcher round trip per output.
+    if (fill == OutputFill::kZeroed) fill_host(t, spec.neutral);
+    out.*spec.member = t;
   }
   return out;
 }

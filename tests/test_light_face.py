@@ -39,6 +39,7 @@ TORCH_FREE = (
     "amp_inspect.scale_timeline",
     "amp_inspect.series",
     "amp_inspect.spikes",
+    "amp_inspect.statistics",
     "amp_inspect.table",
 )
 

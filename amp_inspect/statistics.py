@@ -1,0 +1,322 @@
+"""The schema of statistics: every statistic the tensor_stats op measures is one entry here, and every view
+derived from them is another. Everything that slices, allocates, merges, reduces across ranks or logs the
+statistics reads this table instead of listing them: ``TensorStats`` (stats.py), the fake kernel (_ops.py),
+the reference's outputs (reference.py), ``reduce_stats`` (distributed.py), the per-module views and the run
+log's module records (report.py, runlog.py). docs/architecture.md walks through adding a statistic.
+
+Terms (v is the value judged: x, or ``float32(x) * scale``; the format terms are defined in formats.py):
+
+- **per**: what one tensor holds: one value (``PER_TENSOR``), one per requested format (``PER_FORMAT``,
+  columns in the order of ``formats``), one per float32 exponent field (``PER_BIN``, ``HIST_BINS`` columns).
+- **merge**: how the statistics of disjoint sets of elements combine into the statistic of their union:
+  ``SUM`` (counts and sums; a histogram adds bin by bin), ``MAX`` or ``MIN``. One rule serves every merge
+  the package makes, because each is a union of disjoint elements: the chunks of one tensor (the kernels),
+  the tensors of a module (report.py), the shards of FSDP2 ranks (distributed.py), and steps. ``empty`` is the
+  value of a tensor without elements, the rule's identity. ``Statistic.ufunc`` names the elementwise function
+  numpy and torch share that merges two values: ``add``, ``fmax``, ``fmin`` (NaN-ignoring, as Python's ``max``
+  over a running value is).
+- **unscale**: the power of the loss scale a statistic of scaled values carries (amax 1, sumsq 2), which the
+  report divides out; None: reported as judged (counts and histograms describe the judged values).
+- **output**: the op output that holds it. The op returns ``OUTPUTS``, in the order their statistics first
+  appear in ``STATISTICS``; the statistics of one output
+  share dtype and merge and are its columns in order; an output of one single-valued statistic is 1-D [T].
+- **derived**: computed from merged statistics (``needs``), never merged itself: a norm of a module is the
+  root of the module's merged sum of squares, not a merge of norms. As TransformerEngine's debug statistics
+  do (transformer_engine/debug/features/utils/stats_computation.py: (compute, reduce) pairs, derived ones
+  naming their dependencies), kernels compute mergeable primitives and the rest is derived.
+
+The C++ side has the same tables (csrc/tensor_stats.h ``kOutputs``, numerics.h ``kFormatBounds``,
+``kFixedCountColumns``, ``kHistBins``) and hands them to Python through ``amp_inspect._C.layout()``;
+``layout_problem`` says where the two differ, the extension is refused at load time when they do
+(amp_inspect/_native.py), and tests/test_schema.py holds them equal.
+
+Torch-free and numpy-free (the log readers use it); the few helpers that make tensors import torch when called.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .formats import FORMAT_BOUNDS, HIST_BINS
+
+if TYPE_CHECKING:
+    import torch
+
+PER_TENSOR, PER_FORMAT, PER_BIN = "tensor", "format", "bin"
+SUM, MAX, MIN = "sum", "max", "min"
+_UFUNCS = {SUM: "add", MAX: "fmax", MIN: "fmin"}
+_INT_DTYPES = frozenset({"int64"})
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic the op measures (module docstring: the terms)."""
+
+    name: str
+    dtype: str  # a torch / numpy dtype name: "int64", "float32", "float64"
+    per: str
+    merge: str
+    output: str
+    empty: float
+    unscale: int | None
+    in_module_record: bool  # a field of each module of the run log's "modules" (report.by_module)
+    doc: str
+    # When a module record shows NaN ("unknown") instead of the merged value, given the module's merged values.
+    unknown_when: Callable[[Mapping[str, Any]], bool] | None = None
+
+    def columns(self, num_formats: int) -> int:
+        """Its columns per tensor for ``num_formats`` formats."""
+        return {PER_TENSOR: 1, PER_FORMAT: num_formats, PER_BIN: HIST_BINS}[self.per]
+
+    @property
+    def is_count(self) -> bool:
+        return self.dtype in _INT_DTYPES
+
+    @property
+    def ufunc(self) -> str:
+        """The elementwise function numpy and torch both name, that merges two values: add, fmax, fmin."""
+        return _UFUNCS[self.merge]
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A value computed from merged statistics (``needs``: statistics or other derived values, listed first)."""
+
+    name: str
+    needs: tuple[str, ...]
+    compute: Callable[[Mapping[str, Any]], Any]  # on tensors, numpy arrays or numbers alike
+    unscale: int | None
+    in_module_record: bool
+    doc: str
+    unknown_when: Callable[[Mapping[str, Any]], bool] | None = None
+
+
+def _sqrt(x: Any) -> Any:
+    """The square root of a number, tensor or numpy array, correctly rounded in each."""
+    if isinstance(x, (int, float)):
+        return math.sqrt(x)
+    return x.sqrt() if hasattr(x, "sqrt") else x**0.5  # numpy computes a power of 0.5 as its sqrt
+
+
+def _no_finite_value(v: Mapping[str, Any]) -> bool:
+    return bool(v["nonfinite"]) and v["nonfinite"] >= v["numel"]
+
+
+def _any_nonfinite(v: Mapping[str, Any]) -> bool:
+    return bool(v["nonfinite"])
+
+
+def _count(name: str, per: str, doc: str) -> Statistic:
+    return Statistic(name, "int64", per, SUM, "counts", 0, None, True, doc)
+
+
+STATISTICS: tuple[Statistic, ...] = (
+    _count("numel", PER_TENSOR, "elements"),
+    _count("nan", PER_TENSOR, "NaN elements"),
+    _count("posinf", PER_TENSOR, "+Inf elements"),
+    _count("neginf", PER_TENSOR, "-Inf elements"),
+    _count("zero", PER_TENSOR, "elements equal to zero (either sign)"),
+    _count("overflow", PER_FORMAT, "finite v whose cast to the format is +-Inf (formats.py)"),
+    _count("subnormal", PER_FORMAT, "finite nonzero v whose cast is a nonzero subnormal of the format"),
+    _count("underflow", PER_FORMAT, "finite nonzero v whose cast is zero"),
+    Statistic(
+        "hist", "int64", PER_BIN, SUM, "hist", 0, None, False,
+        "elements by the float32 exponent field of v, (bits >> 23) & 0xFF: bin 0 zeros and float32 subnormals, "
+        "bin 255 Inf and NaN, bin 127 [1, 2); each row sums to numel; a float64 v is binned as float32(v)",
+    ),
+    Statistic(
+        "amax", "float32", PER_TENSOR, MAX, "amax", 0.0, 1, True,
+        "max |v| over finite v (0 when there is none); a float64 extreme is rounded to float32",
+        unknown_when=_no_finite_value,
+    ),
+    Statistic(
+        "amin_nonzero", "float32", PER_TENSOR, MIN, "amin_nonzero", math.inf, 1, False,
+        "min |v| over finite nonzero v (+inf when there is none); a float64 extreme is rounded to float32",
+    ),
+    Statistic(
+        "sumsq", "float64", PER_TENSOR, SUM, "sumsq", 0.0, 2, False,
+        "sum of v*v over finite v, relative error below 2e-6 against a float64 sum (float32 partial sums of at "
+        "most 16 terms, accumulated in float64)",
+    ),
+)  # fmt: skip
+
+DERIVED: tuple[Derived, ...] = (
+    Derived(
+        "nonfinite", ("nan", "posinf", "neginf"), lambda v: v["nan"] + v["posinf"] + v["neginf"], None, False,
+        "NaN + Inf elements",
+    ),
+    Derived("norm", ("sumsq",), lambda v: _sqrt(v["sumsq"]), 1, False, "L2 norm of the finite values"),
+    Derived(
+        "grad_norm", ("sumsq", "nonfinite"), lambda v: _sqrt(v["sumsq"]), 1, True,
+        "a module's L2 norm, unknown (NaN) when any of its values is NaN/Inf: a norm of the finite rest would read "
+        "as a measurement",
+        unknown_when=_any_nonfinite,
+    ),
+)  # fmt: skip
+
+BY_NAME: dict[str, Statistic] = {s.name: s for s in STATISTICS}
+DERIVED_BY_NAME: dict[str, Derived] = {d.name: d for d in DERIVED}
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of the op: its statistics side by side (module docstring)."""
+
+    name: str
+    statistics: tuple[Statistic, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.statistics[0].dtype
+
+    @property
+    def merge(self) -> str:
+        return self.statistics[0].merge
+
+    @property
+    def one_dimensional(self) -> bool:
+        return len(self.statistics) == 1 and self.statistics[0].per == PER_TENSOR
+
+    def columns(self, num_formats: int) -> int:
+        return sum(s.columns(num_formats) for s in self.statistics)
+
+    def shape(self, rows: int, num_formats: int) -> tuple[int, ...]:
+        return (rows,) if self.one_dimensional else (rows, self.columns(num_formats))
+
+    def runs(self) -> Iterator[tuple[Statistic, ...]]:
+        """Its statistics in column order, neighbouring single-valued ones together (one slice holds them all,
+        split apart with one unbind: TensorStats takes and rebuilds an output in a number of torch ops that does
+        not depend on the number of formats, which the fallback's op count needs)."""
+        run: list[Statistic] = []
+        for s in self.statistics:
+            if s.per == PER_TENSOR:
+                run.append(s)
+                continue
+            if run:
+                yield tuple(run)
+                run = []
+            yield (s,)
+        if run:
+            yield tuple(run)
+
+
+def _outputs() -> tuple[Output, ...]:
+    names = list(dict.fromkeys(s.output for s in STATISTICS))
+    outputs = tuple(Output(n, tuple(s for s in STATISTICS if s.output == n)) for n in names)
+    for o in outputs:  # the schema's own rules, checked once at import
+        if len({s.dtype for s in o.statistics}) != 1 or len({s.merge for s in o.statistics}) != 1:
+            raise AssertionError(f"the statistics of output {o.name!r} differ in dtype or merge")
+        if list(o.statistics) != [s for s in STATISTICS if s.output == o.name] or len(names) != len(set(names)):
+            raise AssertionError(f"output {o.name!r}'s statistics are not neighbours in STATISTICS")
+    for d in DERIVED:
+        known = set(BY_NAME) | {e.name for e in DERIVED[: DERIVED.index(d)]}
+        if not set(d.needs) <= known:
+            raise AssertionError(f"derived {d.name!r} needs {sorted(set(d.needs) - known)}, not defined before it")
+    return outputs
+
+
+OUTPUTS: tuple[Output, ...] = _outputs()
+OUTPUT_NAMES: tuple[str, ...] = tuple(o.name for o in OUTPUTS)
+# The run log's module fields by kind (runlog.py checks their types when it reads a log).
+MODULE_COUNT_FIELDS: tuple[str, ...] = tuple(s.name for s in STATISTICS if s.in_module_record and s.is_count)
+FLOAT_FIELDS: frozenset[str] = frozenset(
+    [s.name for s in STATISTICS if not s.is_count] + [d.name for d in DERIVED if d.in_module_record]
+)
+
+
+def record_key(name: str, column: int, formats: Sequence[str]) -> str:
+    """A per-format field's key in a module record: the name for the first format, ``name/format`` else."""
+    return name if column == 0 else f"{name}/{formats[column]}"
+
+
+def module_record_fields(formats: Sequence[str]) -> list[tuple[str, Statistic | Derived, int]]:
+    """(key, entry, column) of each field of a module record, in the record's order: statistics in schema
+    order, each run of per-format ones written format by format (overflow, subnormal, underflow, then
+    overflow/bf16, ...), then the derived fields."""
+    fields: list[tuple[str, Statistic | Derived, int]] = []
+    recorded = [s for s in STATISTICS if s.in_module_record]
+    i = 0
+    while i < len(recorded):
+        if recorded[i].per != PER_FORMAT:
+            fields.append((recorded[i].name, recorded[i], 0))
+            i += 1
+            continue
+        j = i
+        while j < len(recorded) and recorded[j].per == PER_FORMAT:
+            j += 1
+        fields += [(record_key(s.name, f, formats), s, f) for f in range(len(formats)) for s in recorded[i:j]]
+        i = j
+    fields += [(d.name, d, 0) for d in DERIVED if d.in_module_record]
+    return fields
+
+
+def derive(name: str, values: Mapping[str, Any]) -> Any:
+    """Derived value ``name`` of ``values`` (merged statistics by name: tensors, arrays or numbers), computing
+    only what it needs."""
+    d = DERIVED_BY_NAME[name]
+    return d.compute({n: values[n] if n in values else derive(n, values) for n in d.needs})
+
+
+def new_outputs(rows: int, formats: Sequence[str], device: Any, *, filled: bool) -> tuple[torch.Tensor, ...]:
+    """The op's outputs for ``rows`` tensors: each statistic's ``empty`` value (``filled``) or uninitialised
+    (the fake kernel's). Imports torch."""
+    import torch
+
+    made = []
+    for o in OUTPUTS:
+        shape, dtype = o.shape(rows, len(formats)), getattr(torch, o.dtype)
+        if not filled:
+            made.append(torch.empty(shape, dtype=dtype, device=device))
+            continue
+        values = [
+            torch.full((rows, s.columns(len(formats))), s.empty, dtype=dtype, device=device) for s in o.statistics
+        ]
+        made.append(torch.cat(values, 1).view(shape) if len(values) > 1 else values[0].view(shape))
+    return tuple(made)
+
+
+# ---------------------------------------------------------------------------------------------- the C++ tables
+
+
+def layout_problem(native: Mapping[str, Any]) -> str | None:
+    """Where the tables a compiled extension reports (``amp_inspect._C.layout()``) differ from this package's:
+    one clause, or None when they agree. A binary built from other sources would put statistics in other
+    columns; the extension is not used then."""
+    names = tuple(native.get("formats", ()))
+    if names != tuple(FORMAT_BOUNDS):
+        return f"its formats are {', '.join(names)}, this package's {', '.join(FORMAT_BOUNDS)}"
+    for name, bits in zip(names, native.get("format_bounds", ()), strict=False):
+        if tuple(bits) != FORMAT_BOUNDS[name].bits:
+            ours = tuple(map(hex, FORMAT_BOUNDS[name].bits))
+            return f"its {name} bounds are {tuple(map(hex, bits))}, this package's {ours}"
+    if len(native.get("format_bounds", ())) != len(names) or native.get("max_formats") != len(names):
+        return "its format table has another length"
+    if native.get("hist_bins") != HIST_BINS:
+        return f"its histograms have {native.get('hist_bins')} bins, this package's {HIST_BINS}"
+    counts = [o for o in OUTPUTS if not o.one_dimensional and any(s.per == PER_FORMAT for s in o.statistics)]
+    fixed = sum(1 for o in counts for s in o.statistics if s.per == PER_TENSOR)
+    per_format = sum(1 for o in counts for s in o.statistics if s.per == PER_FORMAT)
+    if (native.get("fixed_count_columns"), native.get("count_columns_per_format")) != (fixed, per_format):
+        return (
+            f"its count columns are {native.get('fixed_count_columns')} + {native.get('count_columns_per_format')} per "
+            f"format, this package's {fixed} + {per_format}"
+        )
+    theirs = [tuple(o) for o in native.get("outputs", ())]
+    ours = [(o.name, o.dtype, _columns_kind(o), float(o.statistics[0].empty)) for o in OUTPUTS]
+    if theirs != ours:
+        return f"its outputs are {theirs}, this package's {ours}"
+    if any(o.statistics[0].empty != s.empty for o in OUTPUTS for s in o.statistics):
+        return "an output's statistics start from different empty values"  # the C++ fills one value per output
+    return None
+
+
+def _columns_kind(o: Output) -> str:
+    """How csrc/tensor_stats.h's OutputColumns names this output's columns."""
+    if o.one_dimensional:
+        return "none"
+    if [s.per for s in o.statistics] == [PER_BIN]:
+        return "hist_bins"
+    return "counts"
