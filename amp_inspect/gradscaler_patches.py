@@ -9,7 +9,7 @@ gradients that scaler has unscaled in the step now running.
 
 Several inspectors may wrap the same scaler: each owns its own wrappers only, and removing them never takes
 another inspector's away. GradScaler's private state read here: ``_per_optimizer_states`` (each optimizer's
-stage) and ``_maybe_opt_step`` (where it decides to skip), the places torch keeps them.
+stage) and ``_maybe_opt_step`` (where it decides to skip), the places torch keeps them (_torch_compat.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import OptState
 
+from ._torch_compat import optimizer_states
+
 
 def unscaled_optimizers(scaler: torch.amp.GradScaler) -> set[int]:
     """ids of the optimizers whose gradients scaler.unscale_ already unscaled this step."""
-    states = getattr(scaler, "_per_optimizer_states", {})
+    states = optimizer_states(scaler)
     return {key for key, state in states.items() if state.get("stage") is OptState.UNSCALED}
 
 
