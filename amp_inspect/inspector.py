@@ -17,19 +17,14 @@ Cost: one fused pass over all gradients per inspected step (``every`` sets how o
 ``activations`` exist only while armed. ``detach()`` removes everything the inspector registered, except a
 DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as DDP would.
 
-The Inspector's one job is the step: which steps to inspect, and each report into the history, the log and
-the listeners. It holds collaborators for the rest: the gradient pass (gradient_pass.py), the parameters and
-their names (parameter_watch.py), the activation hooks' arming (activation_arming.py), the run log
-(run_log_sink.py), the one calling thread (thread_guard.py), the DDP hook (ddp.DdpLink) and the plain
-GradScaler's patches (gradscaler_patches.py).
+The Inspector's one job is the step: which steps to inspect, and each report on to the history. The rest is
+its collaborators': gradient_pass, parameter_watch, activation_arming, step_history, run_log_sink,
+thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 import warnings
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -45,15 +40,15 @@ from .backward_order import BackwardOrder
 from .ddp import DdpLink, HookState, NonfiniteByRank, check_attach, ddp_of
 from .distributed import Combiners, log_path_of_rank
 from .doctor import ClipWatch, DoctorReport, doctor
-from .gradscaler_patches import GradScalerPatches
-from .history import RECENT_STEPS, StepRecord, Summary, collapse_warning, summarize
+from .gradscaler_patches import GradScalerPatches, ScalerLink
+from .history import StepRecord, Summary, summarize
 from .naming import ParamEntry
 from .options import AttachOptions, takes_attach_options
 from .parameter_watch import ParameterWatch
 from .report import StepReport
 from .run_log_sink import RunLogSink
 from .scaler import InspectingGradScaler
-from .spikes import SPIKE_WINDOW, is_spike
+from .step_history import StepHistory
 from .thread_guard import OneCaller
 from .wrappers import refuse_fsdp1
 
@@ -81,7 +76,7 @@ class Inspector:
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         if opts.watch_clipping and scaler is None:
             raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
-        self._refuse_a_taken_scaler(scaler)
+        ScalerLink.refuse_taken(scaler, self)
         refuse_fsdp1(model)
         check_attach(model, opts.group, opts.ddp_hook)
         self.model, self.formats, self.every = model, opts.formats, opts.every
@@ -96,27 +91,22 @@ class Inspector:
         device_type = self.entries[0].param.device.type if self.entries else "cpu"
         self._autocast = AutocastWatch(model, "cuda" if device_type == "meta" else device_type)
         self._one_caller = OneCaller()
-        self._collect_lock = threading.RLock()  # history read from another thread while check() collects
         self.step = 0  # the step the next check() inspects
         self.last_report: StepReport | None = None
-        self._pending: deque[StepReport] = deque()
-        self._history: list[StepRecord] = []
-        self._previous_report: StepReport | None = None  # the last finalized one (spikes compare with it)
-        self._warned_collapse = self._warned_local = False
+        self._warned_local = False
         self._combiners = Combiners()
         ddp = ddp_of(model)
         report_group = ddp.process_group if ddp is not None else opts.group
         log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
         self._sink = RunLogSink(log_path, opts.hist_every, self) if log_path is not None else None
+        self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
         self._arming = ActivationArming(model, opts.activations, opts.arm_steps, self.formats, self, self.step)
-        self.scaler: torch.amp.GradScaler | None = None
-        self._scaler_patches = GradScalerPatches()
+        self._scaler = ScalerLink()
         self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if scaler is not None:
             self._link(scaler)
         # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
         self.clip_watch: ClipWatch | None = ClipWatch(scaler) if opts.watch_clipping else None
-        self._listeners: list[Callable[[StepReport], None]] = []
         self._ddp = DdpLink(model, self, opts.ddp_hook)
 
     @property
@@ -124,30 +114,25 @@ class Inspector:
         """Every distinct parameter inspected, with its clean name and module, in registration order."""
         return self._params.entries
 
+    # Thin aliases for tests that look inside (tests/test_silent_answers.py, test_names_and_doctor.py).
     @property
     def _watcher(self) -> ActivationWatcher | None:
-        return self._arming.watcher  # the activation hooks (tests look at their records)
+        return self._arming.watcher
+
+    @property
+    def _scaler_patches(self) -> GradScalerPatches:
+        return self._scaler.patches
 
     # ---- scaler link ----
 
-    def _refuse_a_taken_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
-        if isinstance(scaler, InspectingGradScaler) and scaler.listener not in (None, self):
-            raise RuntimeError(
-                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
-                "first, or attach this one to a plain GradScaler"
-            )
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The scaler this inspector is linked to (given to attach or check), None before one is."""
+        return self._scaler.scaler
 
     def _link(self, scaler: torch.amp.GradScaler) -> None:
-        if self.scaler is scaler:
-            return
-        self._refuse_a_taken_scaler(scaler)
-        self.scaler = scaler
-        if isinstance(scaler, InspectingGradScaler):
-            scaler.set_listener(self)
-            return
-        self._scaler_patches.record_unscales(scaler)
-        if self.every > 1:
-            self._scaler_patches.call_on_skip(scaler, lambda: self._inspect_skipped_step(scaler))
+        on_skip = (lambda: self._inspect_skipped_step(scaler)) if self.every > 1 else None
+        self._scaler.link(scaler, self, on_skip)
 
     def _inspect_skipped_step(self, scaler: torch.amp.GradScaler) -> None:
         """With every > 1, a step that a plain GradScaler skips between inspected steps still gets full
@@ -155,7 +140,7 @@ class Inspector:
         last = self.last_report
         if last is None or last.step != self.step - 1:
             self._inspect(self.step - 1, scaler)
-            self._collect(wait=False)
+            self._steps.collect(False, self._follow_step)
 
     # ---- what the InspectingGradScaler and the DDP hook ask (ScalerListener, HookListener) ----
 
@@ -259,7 +244,7 @@ class Inspector:
             warnings.warn(f"amp_inspect: {grads.partial}", RuntimeWarning, stacklevel=3)
         skips = scaler is not None and scaler.is_enabled()
         scale = loss_scale_tensor(scaler) if skips else None  # GradScaler's own scale tensor
-        unscaled = self._scaler_patches.unscaled(scaler, grads.params) if scale is not None else None
+        unscaled = self._scaler.unscaled(scaler, grads.params) if scale is not None else None
         stats = gradient_pass.measure(grads, self.formats, scale, unscaled)
         combiner = self._combiners.over(grads.shard_group, self.group, self.timeout)
         measured = gradient_pass.combined(grads, stats, combiner)  # collective: every rank's check() takes part
@@ -275,14 +260,13 @@ class Inspector:
         report.autocast = self._autocast.seen
         self._autocast.settle()
         # Finalized records only (no sync): str(report) shows the median of these and its own recommendation.
-        recent = [r.recommended_scale for r in self._history[-(RECENT_STEPS - 1) :] if not r.skipped]
-        report.recent_recommended = [x for x in recent if x]
+        report.recent_recommended = self._steps.recent_recommended()
         self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
         self._ddp.add_origin(report)  # DDP: this step's NaN/Inf counts from before the all-reduce
         if self._sink is not None:  # memory of this step, sampled now (no sync): the log is written later
             report.hardware = hardware.sample(self._device())
         self.last_report = report
-        self._pending.append(report)
+        self._steps.add(report)
         self.step = max(self.step, report.step + 1)
 
     def _device(self) -> torch.device | None:
@@ -291,48 +275,27 @@ class Inspector:
     def _after_step(self) -> None:
         """End of a step: activation findings of the step, then reports whose copies are complete."""
         self._arming.end_step(self.step, self.last_report)
-        self._collect(wait=False)
+        self._steps.collect(False, self._follow_step)
 
-    def _collect(self, wait: bool) -> None:
-        with self._collect_lock:  # another thread reading history must not finalize the same report twice
-            while self._pending and (wait or self._pending[0].ready()):
-                self._finalize(self._pending.popleft())
+    def _follow_step(self, report: StepReport, record: StepRecord) -> None:
+        """A finalized step: into the run log; after a skipped or poisoned one, the activation hooks are armed
+        from the next forward (``on_skip``)."""
+        if self._sink is not None:
+            self._sink.write(report, record, self._device())
+        if record.skipped or record.poisoned:
+            self._arming.after_skip(self.step)
 
     def add_listener(self, listener: Callable[[StepReport], None]) -> None:
         """Calls ``listener(report)`` for every report from now on, once its statistics are on the host (reading
         it does not wait): one step behind on CUDA. ``detach()`` removes the listeners."""
-        self._listeners.append(listener)
-
-    def _finalize(self, report: StepReport) -> None:
-        record = StepRecord.from_report(report)
-        # Per-module norms (a loop over the rows) where the log makes them anyway, or on a spike, with the step
-        # before's (kept as its report): the summary names the modules whose norm rose most.
-        spike = is_spike(record.total_norm, [r.total_norm for r in self._history[-SPIKE_WINDOW:]]) is not None
-        if self._sink is not None or spike:
-            record = dataclasses.replace(record, module_norms=_module_norms(report))
-        before = self._previous_report
-        if spike and before is not None and self._history and self._history[-1].module_norms is None:
-            self._history[-1] = dataclasses.replace(self._history[-1], module_norms=_module_norms(before))
-        self._previous_report = report
-        self._history.append(record)
-        if self._sink is not None:
-            self._sink.write(report, record, self._device())
-        if record.skipped or record.poisoned:
-            self._arming.after_skip(self.step)  # on_skip: armed from the next forward for arm_steps steps
-        for listener in self._listeners:
-            listener(report)
-        message = collapse_warning(self._history, self.collapse_skips)
-        if message and not self._warned_collapse:
-            warnings.warn(f"amp_inspect: {message}", RuntimeWarning, stacklevel=3)
-        self._warned_collapse = message is not None
+        self._steps.listeners.append(listener)
 
     # ---- views ----
 
     @property
     def history(self) -> list[StepRecord]:
         """One StepRecord per inspected step (waits for outstanding device copies)."""
-        self._collect(wait=True)
-        return list(self._history)
+        return self._steps.records(self._follow_step)
 
     def summary(self) -> Summary:
         """Skip rate, scale events and advice on the scaler's settings, from the history."""
@@ -373,34 +336,29 @@ class Inspector:
 
     def close(self) -> None:
         """Writes out outstanding reports and closes the log (waits for outstanding device copies)."""
-        self._collect(wait=True)
+        self._steps.collect(True, self._follow_step)
         if self._sink is not None:
             self._sink.close()
             self._sink = None  # later steps are still inspected, no longer logged
+            self._steps.keep_module_norms = False
 
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
         self._arming.close()
-        self._scaler_patches.remove()
+        self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
         self._backward_order.remove()
         self._autocast.remove()
-        if isinstance(self.scaler, InspectingGradScaler):
-            self.scaler.remove_listener(self)  # a scaler that reports to another inspector keeps it
         self._ddp.release(self)
         if self.clip_watch is not None:
             self.clip_watch.close()
         self.close()
-        self._listeners.clear()
+        self._steps.listeners.clear()
 
     def __enter__(self) -> Inspector:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.detach()
-
-
-def _module_norms(report: StepReport) -> dict[str, float | None]:
-    return {name: m["grad_norm"] for name, m in report.by_module.items()}
 
 
 @takes_attach_options

@@ -7,7 +7,8 @@ state_dict are GradScaler's own, unchanged. It also unscales bf16 gradients on C
 unscale kernel rejects. With fused optimizers (``fused=True``), which unscale inside their own step, it
 inspects without writing. Sparse COO gradients (``nn.Embedding(sparse=True)``) go through the same pass: their
 stored values, coalesced first for fp16, exactly as GradScaler unscales them; the report judges the coalesced
-values (numel counts those).
+values (numel counts those). Complex gradients are unscaled as their real and imaginary parts (torch's
+GradScaler has no complex kernel). gradient_pass.py holds the pass, the same one ``Inspector.check()`` runs.
 ``last_report`` is the StepReport of the last step (no host sync to make it).
 
     scaler = amp_inspect.InspectingGradScaler("cuda")
