@@ -35,8 +35,6 @@ from . import gradient_pass, hardware
 from ._torch_compat import init_scale, loss_scale_tensor
 from .activation_arming import NO_FORWARD_SEEN, ActivationArming
 from .activations import ActivationWatcher
-from .autocast_watch import AUTOCAST_OFF, AutocastWatch
-from .backward_order import BackwardOrder
 from .ddp import DdpLink, HookState, NonfiniteByRank, check_attach, ddp_of
 from .distributed import Combiners, log_path_of_rank
 from .doctor import ClipWatch, DoctorReport, doctor
@@ -48,6 +46,7 @@ from .parameter_watch import ParameterWatch
 from .report import StepReport
 from .run_log_sink import RunLogSink
 from .scaler import InspectingGradScaler
+from .step_context import StepContext
 from .step_history import StepHistory
 from .thread_guard import OneCaller
 from .wrappers import refuse_fsdp1
@@ -80,16 +79,11 @@ class Inspector:
         refuse_fsdp1(model)
         check_attach(model, opts.group, opts.ddp_hook)
         self.model, self.formats, self.every = model, opts.formats, opts.every
-        # formats= left to its default follows the autocast dtype the run is seen to use (a bf16 run: bf16), unless
-        # a GradScaler is attached: a loss scale is fp16's tool, and its headroom is judged against fp16.
-        self._formats_follow_autocast = "formats" not in options
         self.activations, self.arm_steps, self.collapse_skips = opts.activations, opts.arm_steps, opts.collapse_skips
         self.group, self.timeout = opts.group, opts.timeout
         self._params = ParameterWatch(model)  # parameters added or removed after attach are noticed at check()
-        # The order autograd makes the modules' gradients in, from the first backward (the blame of a skipped step).
-        self._backward_order = BackwardOrder((e.param, e.module) for e in self.entries)
-        device_type = self.entries[0].param.device.type if self.entries else "cpu"
-        self._autocast = AutocastWatch(model, "cuda" if device_type == "meta" else device_type)
+        # formats= left to its default follows the autocast dtype the run is seen to use (step_context.py).
+        self._context = StepContext(model, self.entries, follow_autocast="formats" not in options)
         self._one_caller = OneCaller()
         self.step = 0  # the step the next check() inspects
         self.last_report: StepReport | None = None
@@ -227,13 +221,10 @@ class Inspector:
 
     def _follow_autocast(self) -> None:
         """formats= left to its default: judge against the format of the autocast dtype the forward ran under."""
-        seen = self._autocast.seen
-        if not self._formats_follow_autocast or seen in (None, AUTOCAST_OFF) or self.formats[0] == seen:
-            return
-        if self.scaler is not None and self.scaler.is_enabled():
-            return
-        self.formats = (seen, *(f for f in self.formats if f != seen))
-        self._arming.set_formats(self.formats)
+        formats = self._context.formats_to_judge(self.formats, self.scaler)
+        if formats is not None:
+            self.formats = formats
+            self._arming.set_formats(formats)
 
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
         """One gradient pass (gradient_pass.py), judged at the plain GradScaler's scale where its unscale_ ran."""
@@ -256,9 +247,7 @@ class Inspector:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
         if report.first_nonfinite is None:
             report.first_nonfinite = self._arming.take_finding(report.step)
-        report.backward_order = self._backward_order.take()
-        report.autocast = self._autocast.seen
-        self._autocast.settle()
+        self._context.annotate(report)
         # Finalized records only (no sync): str(report) shows the median of these and its own recommendation.
         report.recent_recommended = self._steps.recent_recommended()
         self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
@@ -346,8 +335,7 @@ class Inspector:
         """Removes every hook and patch this inspector registered and closes its log."""
         self._arming.close()
         self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
-        self._backward_order.remove()
-        self._autocast.remove()
+        self._context.remove()
         self._ddp.release(self)
         if self.clip_watch is not None:
             self.clip_watch.close()
