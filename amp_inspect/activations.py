@@ -58,10 +58,6 @@ NONFINITE = "non-finite"
 MAX_RECORDS = 4096  # records held per direction before they are folded into their first finding (one sync)
 LOW_PRECISION = (torch.float16, torch.bfloat16)  # dtypes judged for overflow of the format wherever they appear
 
-# Path components that wrappers insert into named_modules() names. "_orig_mod" is torch.compile's
-# OptimizedModule; the FSDP and activation-checkpoint wrappers use the other two. "module" is only a wrapper
-# component below DDP/DataParallel (a user's own submodule may be called "module").
-
 
 @dataclass(frozen=True)
 class ActivationFinding:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ._torch_compat import foreach_norm
+
 FP16_OVERFLOW_FROM = 65520.0  # |v| >= this casts to Inf (65504 < v < 65520 rounds down to 65504)
 FP16_ZERO_UPTO = 2.0**-25  # |v| <= this casts to zero
 FP16_NORMAL_FROM = 2.0**-14 - 2.0**-25  # |v| below this (and above FP16_ZERO_UPTO) casts to a subnormal
@@ -66,6 +68,6 @@ def compare(grads: Sequence[torch.Tensor], repeats: int = 5) -> dict[str, float]
     device = grads[0].device
     return {
         "fused": median_ms(lambda: tensor_stats(grads), device, repeats),
-        "foreach_norm": median_ms(lambda: torch._foreach_norm(grads), device, repeats),
+        "foreach_norm": median_ms(lambda: foreach_norm(grads), device, repeats),
         "per_tensor_python": median_ms(lambda: per_tensor_checks(grads), device, max(1, repeats // 2)),
     }

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import OptState
 
+from ._torch_compat import loss_scale_tensor, optimizer_states
 from .findings import Finding, plural
 
 CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_")
@@ -140,9 +141,9 @@ class ClipWatch:
 
     def _grads_scaled(self, params: list[torch.Tensor]) -> bool:
         scaler = self.scaler
-        if not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        if not scaler.is_enabled() or loss_scale_tensor(scaler) is None:
             return False  # no loss was ever scaled
-        states = scaler._per_optimizer_states  # .get below: reading must not add entries to the defaultdict
+        states = optimizer_states(scaler)  # .get below: reading must not add entries to the defaultdict
 
         def ready(optimizer_id: int) -> bool:
             state = states.get(optimizer_id)
@@ -160,7 +161,9 @@ class ClipWatch:
 
     def _record(self, name: str) -> None:
         where = _call_site()
-        scale = self.scaler._scale.detach().clone()  # async; update() changes the scale tensor in place
+        scale = loss_scale_tensor(self.scaler)
+        assert scale is not None  # _grads_scaled saw it
+        scale = scale.detach().clone()  # async; update() changes the scale tensor in place
         site = self._sites.get((name, where))
         if site is None:
             self._sites[(name, where)] = _ClipSite(name, where, 1, scale, scale != 1)

@@ -23,6 +23,7 @@ the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T
 
 # No ``from __future__ import annotations``: DDP compares the hook's annotations with real types.
 
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,9 +32,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed import DEFAULT_TIMEOUT_S, global_ranks, wait_all
+from ._torch_compat import compile_wrapped, ddp_comm_hooks
+from .distributed import DEFAULT_TIMEOUT_S, global_ranks, is_distributed, wait_all
 from .naming import ParamEntry
+from .report import BEFORE_ALLREDUCE, StepReport
 from .stats import tensor_stats
+from .wrappers import refuse_sparse_with_comm_hook
 
 # The hook only needs NaN/Inf counts, which every format's statistics include; one format keeps it lean.
 _HOOK_FORMATS = ("fp16",)
@@ -229,7 +233,7 @@ def ddp_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
 
 def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
     """The DDP wrapper at the root of ``model``, if any (torch.compile's wrapper looked through)."""
-    inner = getattr(model, "_orig_mod", model)
+    inner = compile_wrapped(model)
     return inner if isinstance(inner, nn.parallel.DistributedDataParallel) else None
 
 
@@ -243,13 +247,13 @@ def register(ddp: nn.parallel.DistributedDataParallel, listener: HookListener) -
     if isinstance(state, HookState):
         state.listener = listener
         return None
-    if getattr(ddp, "_comm_hooks", None):
+    if ddp_comm_hooks(ddp):
         return "this DDP model already has a comm hook"
     state = HookState(ddp, listener)
     try:
         ddp.register_comm_hook(state, ddp_comm_hook)
     except RuntimeError as error:  # a built-in hook (not listed in _comm_hooks) was registered first
-        hooks = getattr(ddp, "_comm_hooks", None)
+        hooks = ddp_comm_hooks(ddp)
         if hooks and hooks[-1][1] is state:
             hooks.pop()  # DDP lists a hook before its reducer accepts it
         return f"DDP refused a second comm hook ({error})"
@@ -262,3 +266,77 @@ def release(ddp: nn.parallel.DistributedDataParallel, listener: HookListener) ->
     state = getattr(ddp, _STATE_ATTRIBUTE, None)
     if isinstance(state, HookState) and state.listener is listener:
         state.listener = None
+
+
+def check_attach(model: nn.Module, group: dist.ProcessGroup | None, ddp_hook: bool) -> None:
+    """attach()'s refusals for a DDP model: sparse gradients with the comm hook, a ``group`` other than DDP's."""
+    ddp = ddp_of(model)
+    if ddp is None:
+        return
+    if ddp_hook and is_distributed(ddp.process_group):
+        refuse_sparse_with_comm_hook(model)
+    if group is not None and global_ranks(group) != global_ranks(ddp.process_group):
+        raise ValueError(
+            "group= differs from the DDP model's process group: the DDP hook reports over the group DDP averages "
+            "over; leave group= out (or pass that group)"
+        )
+
+
+class DdpLink:
+    """A listener's side of its DDP model: the comm hook registered at attach (``ddp_hook``), or the state for
+    one registered by hand, and the per-rank NaN/Inf counts the hook makes. Either hook state is made at once,
+    before any backward: its exact averaging watches every accumulation. Holds no reference to the listener."""
+
+    def __init__(self, model: nn.Module, listener: HookListener, ddp_hook: bool) -> None:
+        self.model = model
+        self.counts: NonfiniteByRank | None = None  # made on the hook's first bucket
+        self._manual: HookState | None = None  # the state for a hook registered by hand
+        ddp = ddp_of(model)
+        if ddp is None or not is_distributed(ddp.process_group):
+            return
+        if not ddp_hook:
+            self._manual = HookState(ddp, listener)
+        elif why_not := register(ddp, listener):
+            warnings.warn(
+                f"amp_inspect: {why_not}, so NaN/Inf cannot be traced to the rank that produced them (reports "
+                "cover the averaged gradients only)",
+                RuntimeWarning,
+                stacklevel=5,  # the caller of attach()
+            )
+
+    def nonfinite_by_rank(self, entries: list[ParamEntry], timeout_s: float) -> NonfiniteByRank:
+        """Where the hook counts (made on first use, for ``entries``: the hook may be registered by hand)."""
+        if self.counts is None:
+            self.counts = NonfiniteByRank(self._ddp(), entries, timeout_s)
+        return self.counts
+
+    def hook_state(self, listener: HookListener) -> HookState:
+        """The state to register ddp_comm_hook with by hand."""
+        refuse_sparse_with_comm_hook(self.model)
+        if self._manual is None:
+            self._manual = HookState(self._ddp(), listener)
+        return self._manual
+
+    def add_origin(self, report: StepReport) -> None:
+        """The step's NaN/Inf counts from before the all-reduce, when the hook made them, into ``report``."""
+        counts = self.counts.take(report.step) if self.counts is not None else None
+        if counts is not None:
+            assert self.counts is not None
+            report.set_rank_origin(counts, self.counts.modules, self.counts.ranks, kind=BEFORE_ALLREDUCE)
+
+    def release(self, listener: HookListener) -> None:
+        """DDP cannot unregister a comm hook: from now on it only averages (detach on every rank alike)."""
+        ddp = ddp_of(self.model)
+        if ddp is not None:
+            release(ddp, listener)
+            if self._manual is not None:
+                self._manual.listener = None
+
+    def _ddp(self) -> nn.parallel.DistributedDataParallel:
+        ddp = ddp_of(self.model)
+        if ddp is None:
+            raise RuntimeError(
+                "amp_inspect.ddp_comm_hook: attach the inspector to the DistributedDataParallel model itself "
+                "(attach(ddp_model)), so that the hook averages over DDP's process group"
+            )
+        return ddp

@@ -1,5 +1,6 @@
-"""What an inspector learns from a plain torch.amp.GradScaler by wrapping two of its methods, and which
-gradients that scaler has unscaled in the step now running.
+"""An inspector's link to its scaler (``ScalerLink``): an InspectingGradScaler reports to it; from a plain
+torch.amp.GradScaler it learns what it needs by wrapping two of its methods, and which gradients that scaler
+has unscaled in the step now running.
 
 - ``unscale_``: which parameters each ``unscale_(optimizer)`` covers, so that with several optimizers on one
   scaler a check() between their unscale_ calls judges each gradient in the right picture.
@@ -9,7 +10,7 @@ gradients that scaler has unscaled in the step now running.
 
 Several inspectors may wrap the same scaler: each owns its own wrappers only, and removing them never takes
 another inspector's away. GradScaler's private state read here: ``_per_optimizer_states`` (each optimizer's
-stage) and ``_maybe_opt_step`` (where it decides to skip), the places torch keeps them.
+stage) and ``_maybe_opt_step`` (where it decides to skip), the places torch keeps them (_torch_compat.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import OptState
 
+from ._torch_compat import optimizer_states
+from .scaler import InspectingGradScaler, ScalerListener
+
 
 def unscaled_optimizers(scaler: torch.amp.GradScaler) -> set[int]:
     """ids of the optimizers whose gradients scaler.unscale_ already unscaled this step."""
-    states = getattr(scaler, "_per_optimizer_states", {})
+    states = optimizer_states(scaler)
     return {key for key, state in states.items() if state.get("stage") is OptState.UNSCALED}
 
 
@@ -92,3 +96,44 @@ class GradScalerPatches:
             else:
                 setattr(obj, attr, below)
         self._patched.clear()
+
+
+class ScalerLink:
+    """A listener's link to its scaler: an InspectingGradScaler reports to it (``set_listener``); a plain
+    GradScaler gets the wrappers above. One scaler at a time; ``link`` again with the same one does nothing."""
+
+    def __init__(self) -> None:
+        self.scaler: torch.amp.GradScaler | None = None
+        self.patches = GradScalerPatches()
+
+    @staticmethod
+    def refuse_taken(scaler: torch.amp.GradScaler | None, listener: object) -> None:
+        """RuntimeError when ``scaler`` is an InspectingGradScaler that reports to another listener."""
+        if isinstance(scaler, InspectingGradScaler) and scaler.listener not in (None, listener):
+            raise RuntimeError(
+                "this InspectingGradScaler already has an inspector attached (it reports to one); detach() that one "
+                "first, or attach this one to a plain GradScaler"
+            )
+
+    def link(self, scaler: torch.amp.GradScaler, listener: ScalerListener, on_skip: Callable[[], None] | None) -> None:
+        """Links ``scaler``; a plain one calls ``on_skip()`` (when given) before it skips a step on NaN/Inf."""
+        if self.scaler is scaler:
+            return
+        self.refuse_taken(scaler, listener)
+        self.scaler = scaler
+        if isinstance(scaler, InspectingGradScaler):
+            scaler.set_listener(listener)
+            return
+        self.patches.record_unscales(scaler)
+        if on_skip is not None:
+            self.patches.call_on_skip(scaler, on_skip)
+
+    def unscaled(self, scaler: torch.amp.GradScaler, params: Sequence[torch.Tensor]) -> list[bool]:
+        """Whether each of ``params``' gradients is unscaled already in the step now running (a plain scaler)."""
+        return self.patches.unscaled(scaler, params)
+
+    def remove(self, listener: ScalerListener) -> None:
+        """Removes the wrappers; an InspectingGradScaler stops reporting to ``listener`` (not to another one)."""
+        self.patches.remove()
+        if isinstance(self.scaler, InspectingGradScaler):
+            self.scaler.remove_listener(listener)

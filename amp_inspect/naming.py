@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
+from ._torch_compat import WRAPPER_COMPONENTS
+
 ROOT_NAME = "(model)"  # parameters registered directly on the model itself
-_WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 _DATA_PARALLEL_TYPES = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 # peft (not imported here): PeftModel.base_model -> LoraModel (a BaseTuner).model -> the user's model, a
 # LoRA layer's base_layer -> the original Linear / Conv1D / Embedding, and a ModulesToSaveWrapper's
@@ -40,7 +40,7 @@ def _is_peft(module: nn.Module) -> bool:
 
 def _is_wrapper_part(parent: nn.Module, component: str) -> bool:
     """Whether ``component`` under ``parent`` is a wrapper's link to the wrapped module (left out of names)."""
-    if component in _WRAPPER_COMPONENTS:
+    if component in WRAPPER_COMPONENTS:
         return True
     if component == "module":
         return isinstance(parent, _DATA_PARALLEL_TYPES)
@@ -94,39 +94,6 @@ def param_entries(model: nn.Module) -> list[ParamEntry]:
             seen.add(id(param))
             entries.append(ParamEntry(f"{clean}.{local}" if clean else local, clean or ROOT_NAME, param))
     return entries
-
-
-def judged_values(grad: torch.Tensor) -> torch.Tensor:
-    """The strided tensor whose values stand for ``grad`` in the statistics. A sparse COO gradient
-    (``nn.Embedding(sparse=True)``): the values of the coalesced gradient (a repeated index is one gradient row,
-    as the optimizer and torch's clip_grad_norm_ see it; GradScaler coalesces fp16 ones too, and for the others
-    its NaN/Inf check of the stored values differs only where finite values sum to Inf), so numel counts those
-    stored values. A complex gradient: its real and imaginary parts (``torch.view_as_real``: the norm is exact,
-    numel counts both parts). Read-only: an uncoalesced gradient's values are a copy."""
-    if grad.layout == torch.sparse_coo:
-        grad = grad.coalesce()._values()
-    if grad.is_complex():
-        grad = torch.view_as_real(grad)
-    return grad
-
-
-def grads_of(entries: list[ParamEntry]) -> tuple[list[torch.Tensor], list[int]]:
-    """The gradients present (sparse and complex ones as ``judged_values``), and for each, its index in
-    ``entries`` (parameters without one skipped). Other layouts (sparse CSR etc.) are an error naming the
-    parameter, never silently left out."""
-    grads, rows = [], []
-    for i, e in enumerate(entries):
-        g = e.param.grad
-        if g is None:
-            continue
-        if g.layout not in (torch.strided, torch.sparse_coo):
-            raise TypeError(
-                f"amp_inspect: parameter {e.name!r} has a gradient of layout {g.layout}; only dense and sparse COO "
-                "gradients can be inspected"
-            )
-        grads.append(judged_values(g))
-        rows.append(i)
-    return grads, rows
 
 
 def sparse_gradient_modules(model: nn.Module) -> list[str]:

@@ -7,7 +7,8 @@ state_dict are GradScaler's own, unchanged. It also unscales bf16 gradients on C
 unscale kernel rejects. With fused optimizers (``fused=True``), which unscale inside their own step, it
 inspects without writing. Sparse COO gradients (``nn.Embedding(sparse=True)``) go through the same pass: their
 stored values, coalesced first for fp16, exactly as GradScaler unscales them; the report judges the coalesced
-values (numel counts those).
+values (numel counts those). Complex gradients are unscaled as their real and imaginary parts (torch's
+GradScaler has no complex kernel). gradient_pass.py holds the pass, the same one ``Inspector.check()`` runs.
 ``last_report`` is the StepReport of the last step (no host sync to make it).
 
     scaler = amp_inspect.InspectingGradScaler("cuda")
@@ -32,12 +33,20 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ._ops import unscale_stats_op
+from . import gradient_pass
+from ._torch_compat import (
+    check_scale_growth_tracker,
+    init_scale,
+    loss_scale_tensor,
+    optimizer_states,
+    reset_growth_tracker,
+    set_init_scale,
+)
 from .checked import positive_number, whole_number
-from .distributed import DEFAULT_TIMEOUT_S, Combiner, Combiners, GlobalStats, local_shards, sharded_groups
-from .report import SHARDS, StepReport
+from .distributed import DEFAULT_TIMEOUT_S, Combiner, Combiners, sharded_groups
+from .gradient_pass import Gradients, Measured
+from .report import StepReport
 from .scale_policy import HeadroomPolicy, ScaleDecision, StepStats
-from .stats import TensorStats, merge_rows, stats_outputs, tensor_stats
 
 DEFAULT_FORMATS = ("fp16",)
 
@@ -85,6 +94,10 @@ def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor])
 POLICIES = ("torch", "headroom")
 
 
+def _unnamed(param: torch.Tensor) -> None:
+    return None  # no listener: gradients are named by their place in the optimizer
+
+
 class InspectingGradScaler(torch.amp.GradScaler):
     """torch.amp.GradScaler (same constructor and behaviour) that inspects gradients in its unscale pass.
 
@@ -106,17 +119,15 @@ class InspectingGradScaler(torch.amp.GradScaler):
         self._policy: HeadroomPolicy | None = (
             HeadroomPolicy() if policy == "headroom" else policy if isinstance(policy, HeadroomPolicy) else None
         )
-        if self._policy is not None and self._enabled:
-            self._init_scale = self._policy.first_scale(self._init_scale)  # no blind skips from init_scale down
+        if self._policy is not None and self.is_enabled():
+            set_init_scale(self, self._policy.first_scale(init_scale(self)))  # no blind skips from init_scale down
         self.last_decision: ScaleDecision | None = None
         self._step_groups: list[Any] = []  # mesh groups whose statistics stay per rank (combined for the policy)
         self.last_report: StepReport | None = None
         self._listener: ScalerListener | None = None
         self._steps = 0  # steps completed (update() calls)
         self._unscaled_this_step = False
-        # This step's unscale passes: (statistics outputs, module names, per-rank NaN/Inf counts or None).
-        self._step_parts: list[tuple[tuple[torch.Tensor, ...], list[str], GlobalStats | None]] = []
-        self._step_sparse: list[str] = []  # this step's modules with sparse gradients
+        self._step_parts: list[Measured] = []  # this step's unscale passes (one per optimizer)
         self._combiners = Combiners()  # FSDP2: gradients combined across ranks
 
     # ---- the listener and the state it reads ----
@@ -154,91 +165,25 @@ class InspectingGradScaler(torch.amp.GradScaler):
     def formats(self) -> tuple[str, ...]:
         return self._listener.formats if self._listener is not None else DEFAULT_FORMATS
 
-    def _dense_grads(
-        self, optimizer: torch.optim.Optimizer, allow_fp16: bool
-    ) -> tuple[list, list, list, dict[int, torch.Tensor]]:
-        """(grads, their module names, the names of the sparse ones, summed) in the optimizer's parameter order;
-        DTensor gradients (FSDP2) as they are (``_local`` takes their shards); a sparse COO gradient as its stored
-        values (a view: unscaling it unscales the gradient, exactly as GradScaler does), an fp16 one coalesced
-        first, as GradScaler does. ``summed``: for an uncoalesced sparse gradient, its row -> the values of its
-        coalesced copy, whose statistics the report takes (a repeated index is one gradient row, as the
-        optimizer and torch's clip_grad_norm_ see it)."""
-        dense, names, sparse, summed = [], [], [], {}
+    def _collect(self, optimizer: torch.optim.Optimizer, allow_fp16: bool) -> Gradients:
+        """This optimizer's gradients (gradient_pass.py says which values stand for sparse and complex ones),
+        named by the listener."""
         listener = self._listener
-        for g_index, group in enumerate(optimizer.param_groups):
-            for p_index, param in enumerate(group["params"]):
-                grad = param.grad
-                if grad is None:
-                    continue
-                if not allow_fp16 and grad.dtype == torch.float16:
-                    raise ValueError("Attempting to unscale FP16 gradients.")
-                name = listener.module_of(param) if listener is not None else None
-                if name is None:
-                    name = f"param_groups[{g_index}].params[{p_index}]"
-                if grad.is_complex() or grad.layout not in (torch.strided, torch.sparse_coo):
-                    what = grad.dtype if grad.is_complex() else grad.layout
-                    raise TypeError(
-                        f"InspectingGradScaler: the gradient of {name} is {what}, which GradScaler cannot unscale "
-                        "either (its unscale takes real dense or sparse COO gradients)"
-                    )
-                if grad.layout == torch.sparse_coo:
-                    if grad.dtype is torch.float16:
-                        param.grad = grad = grad.coalesce()
-                    if not grad.is_coalesced():
-                        summed[len(dense)] = grad.coalesce()._values()  # a copy: unscaling leaves it as it is
-                    grad = grad._values()
-                    sparse.append(name)
-                dense.append(grad)
-                names.append(name)
-        return dense, names, sparse, summed
+        module_of = listener.module_of if listener is not None else _unnamed
+        return gradient_pass.of_optimizer(optimizer, module_of, allow_fp16)
 
-    def _summed_rows(self, outputs: tuple[torch.Tensor, ...], summed: dict[int, torch.Tensor]) -> None:
-        """Replaces the rows of uncoalesced sparse gradients by the statistics of their coalesced values."""
-        if not summed:
-            return
-        rows = list(summed)
-        fixed = stats_outputs(tensor_stats([summed[r] for r in rows], formats=self.formats))
-        index = torch.tensor(rows, dtype=torch.int64, device=outputs[0].device)
-        for out, new in zip(outputs, fixed, strict=True):
-            out.index_copy_(0, index, new.to(out.device))
-
-    def _local(self, dense: list[torch.Tensor]) -> tuple[list[torch.Tensor], Combiner | None]:
-        """FSDP2 / DTensor gradients: this rank's shards (views: unscaling them unscales the DTensors), and
-        the Combiner over the ranks that hold the other shards (None when there is nothing to combine)."""
-        local, group, _ = local_shards(dense)
+    def _combiner(self, grads: Gradients) -> Combiner | None:
+        """FSDP2 / DTensor gradients: the Combiner over the ranks that hold the other shards (None when there is
+        nothing to combine)."""
         listener = self._listener
         chosen, timeout = (listener.group, listener.timeout) if listener is not None else (None, DEFAULT_TIMEOUT_S)
-        return local, self._combiners.over(group, chosen, timeout)
+        return self._combiners.over(grads.shard_group, chosen, timeout)
 
-    def _combine(
-        self, combiner: Combiner | None, outputs: tuple[torch.Tensor, ...], dense: list[torch.Tensor]
-    ) -> tuple[tuple[torch.Tensor, ...], GlobalStats | None]:
-        """Whole-parameter statistics from every rank's shards (collective), and the combination (per-rank
-        NaN/Inf counts) when there was one."""
-        if combiner is None:
-            return outputs, None
-        merged = combiner.combine(TensorStats.from_op_outputs(outputs, self.formats), [tuple(g.shape) for g in dense])
-        return stats_outputs(merged.stats), merged
-
-    def _publish(self, outputs: tuple[torch.Tensor, ...], names: list[str], origin: GlobalStats | None) -> None:
+    def _publish(self, measured: Measured) -> None:
         """Adds one unscale pass (one optimizer's gradients) to this step's report. With several optimizers
         on one scaler, the step's report covers all of them; the listener receives it once, in update()."""
-        self._step_parts.append((outputs, names, origin))
-        home = self._step_parts[0][0][0].device
-        if len(self._step_parts) == 1:
-            merged = outputs
-        else:
-            merged = tuple(
-                torch.cat([part[k].to(home, non_blocking=home.type != "cpu") for part, _, _ in self._step_parts])
-                for k in range(len(outputs))
-            )
-        all_names = [n for _, part_names, _ in self._step_parts for n in part_names]
-        stats = TensorStats.from_op_outputs(merged, self.formats)
-        self.last_report = StepReport(self._steps, stats, all_names, self._scale, sparse_modules=self._step_sparse)
-        origins = [part_origin for _, _, part_origin in self._step_parts]
-        if all(o is not None and o.ranks == origins[0].ranks for o in origins):
-            counts = torch.cat([o.nonfinite_by_rank.to(home) for o in origins], dim=1)
-            self.last_report.set_rank_origin(counts, all_names, origins[0].ranks, kind=SHARDS)
+        self._step_parts.append(measured)
+        self.last_report = gradient_pass.step_report(self._steps, self._step_parts, loss_scale_tensor(self))
         self._unscaled_this_step = True
 
     def _unscale_grads_(
@@ -248,67 +193,47 @@ class InspectingGradScaler(torch.amp.GradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
-        dense, names, sparse, summed = self._dense_grads(optimizer, allow_fp16)
-        whole = dense  # DTensors keep the whole parameters' shapes for the layout check
-        dense, combiner = self._local(dense)
-        per_device_found: dict[torch.device, torch.Tensor] = {}
-        by_device: dict[torch.device, list[int]] = {}
-        for i, g in enumerate(dense):
-            by_device.setdefault(g.device, []).append(i)
-        parts = []
-        with torch.no_grad():
-            for device, rows in by_device.items():
-                found = per_device_found.setdefault(device, found_inf.to(device, copy=True))
-                inv = inv_scale.to(device)
-                outputs = unscale_stats_op([dense[i] for i in rows], inv, found, list(self.formats))
-                parts.append((rows, outputs))
-        self._step_sparse += sparse
-        if parts:
-            merged = merge_rows(parts, len(dense), parts[0][1][0].device)
-            if summed:
-                merged = tuple(t.clone() for t in merged)  # not the op's own outputs: written below
-                self._summed_rows(merged, summed)
-            outputs, origin = self._combine(combiner, merged, whole)
-            if origin is not None:  # any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale
-                anywhere = (origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
+        grads = self._collect(optimizer, allow_fp16)
+        stats, per_device_found = gradient_pass.unscale(grads, inv_scale, found_inf, self.formats)
+        if stats is not None:
+            measured = gradient_pass.combined(grads, stats, self._combiner(grads))
+            # Any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale.
+            if measured.origin is not None:
+                anywhere = (measured.origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():
                     torch.maximum(found, anywhere.to(found.device), out=found)
             else:
-                self._step_groups += agree_on_found_inf(per_device_found.values(), whole)
-            self._publish(outputs, names, origin)
+                self._step_groups += agree_on_found_inf(per_device_found.values(), grads.whole)
+            self._publish(measured)
         return per_device_found
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # Fused optimizers unscale inside their own step: inspect and flag, write nothing.
-        self._check_scale_growth_tracker("_check_inf_per_device")
-        dense, names, sparse, summed = self._dense_grads(optimizer, allow_fp16=True)
+        check_scale_growth_tracker(self, "_check_inf_per_device")
+        grads = self._collect(optimizer, allow_fp16=True)
         found: dict[torch.device, torch.Tensor] = {}
-        if dense:
-            local, combiner = self._local(dense)
-            local = [summed.get(i, g) for i, g in enumerate(local)]  # nothing is written here: judge the sums
-            outputs, origin = self._combine(combiner, stats_outputs(tensor_stats(local, formats=self.formats)), dense)
-            any_bad = (TensorStats.from_op_outputs(outputs, self.formats).nonfinite.sum() > 0).float()
-            for device in {g.device for g in local}:
+        if len(grads):
+            measured = gradient_pass.combined(grads, gradient_pass.measure(grads, self.formats), self._combiner(grads))
+            any_bad = (measured.stats.nonfinite.sum() > 0).float()
+            for device in {g.device for g in grads.written}:
                 found[device] = any_bad.to(device, non_blocking=True)
-            if origin is None:
-                self._step_groups += agree_on_found_inf(found.values(), dense)
-            self._step_sparse += sparse
-            self._publish(outputs, names, origin)
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found
+            if measured.origin is None:
+                self._step_groups += agree_on_found_inf(found.values(), grads.whole)
+            self._publish(measured)
+        optimizer_states(self)[id(optimizer)]["found_inf_per_device"] = found  # where GradScaler's step reads it
         return found
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickle what GradScaler pickles; the inspection state (reports with device tensors and CUDA events,
         # the listener) belongs to the running process.
         state = super().__getstate__()
-        for key in ("last_report", "_listener", "_step_parts", "_step_sparse", "_combiners", "_step_groups"):
+        for key in ("last_report", "_listener", "_step_parts", "_combiners", "_step_groups"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self.last_report, self._listener, self._step_parts, self._combiners = None, None, [], Combiners()
-        self._step_sparse = []
         self._step_groups = []
 
     @property
@@ -319,14 +244,15 @@ class InspectingGradScaler(torch.amp.GradScaler):
         """The policy's inputs, combined over every gradient (and every rank whose statistics stay per rank),
         read in one device-to-host copy. step() has already waited for found_inf, computed after these."""
         stats = report.stats
-        assert self._scale is not None
-        home = self._scale.device
+        scale = loss_scale_tensor(self)
+        assert scale is not None
+        home = scale.device
         vec = torch.stack(
             [
                 stats.amax.max().to(home, torch.float64),
                 stats.nan.sum().to(home, torch.float64),
                 (stats.posinf + stats.neginf).sum().to(home, torch.float64),
-                self._scale.reshape(()).to(torch.float64),
+                scale.reshape(()).to(torch.float64),
             ]
         )
         for group in self._step_groups:  # identical on every rank of the group afterwards
@@ -345,7 +271,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """GradScaler's load_state_dict, and the headroom policy's state when it holds one: every field is checked
         first (ValueError naming it), so a bad state dict changes nothing, neither the scale nor the policy."""
-        if not self._enabled:
+        if not self.is_enabled():
             return  # GradScaler's own rule: a disabled scaler ignores the state
         if not isinstance(state_dict, dict):
             raise ValueError(f"InspectingGradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
@@ -369,24 +295,25 @@ class InspectingGradScaler(torch.amp.GradScaler):
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         decision = None
         report = self.last_report
-        if self._policy is not None and self._enabled and new_scale is None and self._unscaled_this_step:
+        if self._policy is not None and self.is_enabled() and new_scale is None and self._unscaled_this_step:
             assert report is not None
             decision = self._policy.decide(
-                self._policy_stats(report), self._growth_factor, self._backoff_factor, self._growth_interval
+                self._policy_stats(report),
+                self.get_growth_factor(),
+                self.get_backoff_factor(),
+                self.get_growth_interval(),
             )
             report.scale_decision = decision
             self.last_decision = decision
         ended = report if self._unscaled_this_step else None
         if decision is not None:
             super().update(decision.scale)
-            assert self._growth_tracker is not None
-            self._growth_tracker.zero_()  # unused by the policy: clean steps since its last decision
+            reset_growth_tracker(self)  # unused by the policy: clean steps since its last decision
         else:
             super().update(new_scale)
         self._steps += 1
         self._unscaled_this_step = False
         self._step_parts = []
-        self._step_sparse = []
         self._step_groups = []
         if self._listener is not None:
             self._listener.step_ended(ended)

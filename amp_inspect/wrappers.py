@@ -11,33 +11,14 @@ import sys
 
 from torch import nn
 
+from ._torch_compat import compiled_in_place, compiled_module_type
 from .naming import sparse_gradient_modules
 
 
 def is_compiled(model: nn.Module) -> bool:
     """Whether ``model`` or a submodule runs through torch.compile (an OptimizedModule, or ``Module.compile()``)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:  # torch.compile never ran: nothing is compiled
-        return False
-    optimized = getattr(eval_frame, "OptimizedModule", ())
-    return any(isinstance(m, optimized) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
-
-
-def set_dynamo_stance(stance: object) -> object | None:
-    """Sets torch.compile's stance (a DynamoStance); returns the previous one, None where torch has no stances."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    setter = getattr(eval_frame, "_set_stance", None)
-    return setter(stance) if setter is not None else None
-
-
-def eager_stance() -> object | None:
-    """torch.compile's "force_eager" stance (compiled code runs its original Python), None where torch has none."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    make = getattr(eval_frame, "DynamoStance", None)
-    current = getattr(eval_frame, "_stance", None)
-    if make is None or current is None:
-        return None
-    return make("force_eager", current.skip_guard_eval_unsafe, current.backend)
+    optimized = compiled_module_type()
+    return any(isinstance(m, optimized) or compiled_in_place(m) for m in model.modules())
 
 
 def has_fsdp2_modules(model: nn.Module) -> bool:

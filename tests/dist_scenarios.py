@@ -119,7 +119,7 @@ def ddp(world: int, out: Path) -> None:
     for kind in ("hooked", "manual", "hooked_view"):
         model, *_, insp = variants[kind]
         reference = variants[reference_of[kind]][0]
-        assert insp._nonfinite_by_rank._pending is None and insp._nonfinite_by_rank._counts is None
+        assert insp._ddp.counts._pending is None and insp._ddp.counts._counts is None
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
 
 

@@ -524,11 +524,11 @@ def test_detach_removes_hooks_and_patches(tmp_path) -> None:
     insp = amp_inspect.attach(model, scaler, every=2, activations="always", log=tmp_path / "run.jsonl")
     assert "_maybe_opt_step" in vars(scaler) and not no_forward_hooks(model)
     train(model, insp, scaler, opt, 2)
-    log = insp._log
+    log = insp._sink.log
     insp.detach()
     assert "_maybe_opt_step" not in vars(scaler) and "unscale_" not in vars(scaler)
     assert no_forward_hooks(model)
-    assert log.closed and insp._log is None
+    assert log.closed and insp._sink is None
     # The scaler is GradScaler again: a skipped step is no longer inspected behind the user's back.
     models.backward(model, scaler, 2)
     poison_(model, "ln_f", math.inf)

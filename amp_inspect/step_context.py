@@ -1,0 +1,47 @@
+"""What a step's report learns beside its gradients, from watching the model: the order autograd made the
+modules' gradients in (backward_order.py: the blame of a skipped step) and the autocast dtype the forward ran
+under (autocast_watch.py), which also picks the formats to judge against when ``formats=`` was left to its
+default: a bf16 run is judged against bf16, unless an enabled GradScaler is attached (a loss scale is fp16's
+tool, and its headroom is judged against fp16). Both watches remove their hooks once they have seen enough.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .autocast_watch import AUTOCAST_OFF, AutocastWatch
+from .backward_order import BackwardOrder
+from .naming import ParamEntry
+from .report import StepReport
+
+
+class StepContext:
+    """The two watches on ``model`` (its parameters ``entries``); ``follow_autocast``: formats= was left out."""
+
+    def __init__(self, model: nn.Module, entries: list[ParamEntry], follow_autocast: bool) -> None:
+        self._follow = follow_autocast
+        self._order = BackwardOrder((e.param, e.module) for e in entries)
+        device_type = entries[0].param.device.type if entries else "cpu"
+        self._autocast = AutocastWatch(model, "cuda" if device_type == "meta" else device_type)
+
+    def formats_to_judge(self, formats: tuple[str, ...], scaler: torch.amp.GradScaler | None) -> tuple[str, ...] | None:
+        """``formats`` with the autocast dtype's format first, when it should follow the run and is not first
+        yet; None when they stay as they are."""
+        seen = self._autocast.seen
+        if not self._follow or seen in (None, AUTOCAST_OFF) or formats[0] == seen:
+            return None
+        if scaler is not None and scaler.is_enabled():
+            return None
+        return (seen, *(f for f in formats if f != seen))
+
+    def annotate(self, report: StepReport) -> None:
+        """Gives ``report`` the backward order (of the first backward) and the autocast dtype seen."""
+        report.backward_order = self._order.take()
+        report.autocast = self._autocast.seen
+        self._autocast.settle()
+
+    def remove(self) -> None:
+        """Removes both watches' hooks."""
+        self._order.remove()
+        self._autocast.remove()

@@ -1,0 +1,39 @@
+"""step_context.StepContext: the formats follow the autocast dtype the forward ran under (formats= left to its
+default, no enabled GradScaler), and the report gets the backward order and that dtype."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from amp_inspect.naming import param_entries
+from amp_inspect.report import StepReport
+from amp_inspect.stats import tensor_stats
+from amp_inspect.step_context import StepContext
+
+
+def _seen_bf16(follow: bool) -> tuple[nn.Module, StepContext]:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    context = StepContext(model, param_entries(model), follow_autocast=follow)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(3, 2)).float().sum().backward()
+    return model, context
+
+
+def test_formats_follow_the_autocast_dtype_unless_told_or_scaled() -> None:
+    _, context = _seen_bf16(follow=True)
+    assert context.formats_to_judge(("fp16", "fp8_e4m3"), None) == ("bf16", "fp16", "fp8_e4m3")
+    assert context.formats_to_judge(("bf16",), None) is None  # already first
+    assert context.formats_to_judge(("fp16",), torch.amp.GradScaler("cpu")) is None  # a loss scale: fp16's tool
+    assert context.formats_to_judge(("fp16",), torch.amp.GradScaler("cpu", enabled=False)) == ("bf16", "fp16")
+    _, told = _seen_bf16(follow=False)
+    assert told.formats_to_judge(("fp16",), None) is None  # formats= given: kept
+
+
+def test_the_report_gets_the_backward_order_and_the_autocast_seen() -> None:
+    model, context = _seen_bf16(follow=True)
+    report = StepReport(0, tensor_stats([p.grad for p in model.parameters()]), ["0", "0", "1", "1"], None)
+    context.annotate(report)
+    assert report.autocast == "bf16"
+    assert list(report.backward_order) == ["1", "0"]  # closest to the output first
+    context.remove()
