@@ -16,16 +16,14 @@ The names below are imported on first use, so ``import amp_inspect.runlog`` (and
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._lazy import lazy_names
 
 if TYPE_CHECKING:
+    from .checks import doctor, watch_clipping
     from .ddp import ddp_comm_hook
     from .distributed import DistributedInspectionError
-    from .doctor import doctor, watch_clipping
     from .formats import FORMATS
     from .history import StepRecord, Summary
     from .inspector import Inspector, attach
@@ -51,10 +49,10 @@ _MODULE_OF = {
     "TensorStats": "stats",
     "attach": "inspector",
     "ddp_comm_hook": "ddp",
-    "doctor": "doctor",
+    "doctor": "checks",  # the function; its module is not named `doctor`, which would shadow it when imported
     "read_log": "runlog",
     "tensor_stats": "stats",
-    "watch_clipping": "doctor",
+    "watch_clipping": "checks",
 }
 
 __all__ = [
@@ -79,17 +77,3 @@ __all__ = [
 
 
 __getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
-
-
-class _Package(types.ModuleType):
-    """The package object. Importing a submodule sets it as an attribute of the package; ``amp_inspect.doctor``
-    names both a submodule and the function exported here, and must stay the function (as it was when the
-    package imported everything eagerly), whichever imports ran first."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -36,9 +36,9 @@ from . import hardware
 from .activations import ActivationWatcher
 from .autocast_watch import AUTOCAST_OFF, AutocastWatch
 from .backward_order import BackwardOrder
+from .checks import ClipWatch, DoctorReport, doctor
 from .ddp import HookState, NonfiniteByRank, ddp_of, register, release
 from .distributed import Combiners, global_ranks, is_distributed, local_shards, log_path_of_rank, to_local
-from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches
 from .hist_schedule import HistogramSchedule
 from .history import RECENT_STEPS, StepRecord, Summary, collapse_warning, summarize

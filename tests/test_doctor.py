@@ -15,13 +15,20 @@ import torch.nn.utils
 import torch.nn.utils.clip_grad
 from torch import nn
 
-from amp_inspect.doctor import ClipWatch, DoctorReport, Finding, doctor, main, watch_clipping
+import amp_inspect.checks
+from amp_inspect import cli
+from amp_inspect.checks import ClipWatch, DoctorReport, Finding, doctor, watch_clipping
 from amp_inspect.history import StepRecord
 from amp_inspect.report import Headroom
 from amp_inspect.runlog import RunLog
 
-doctor_module = importlib.import_module("amp_inspect.doctor")  # the package exports the function `doctor`
 findings_module = importlib.import_module("amp_inspect.findings")  # the check registry
+
+
+def main(argv: list[str]) -> int:
+    """``amp-inspect doctor ARGV``: the doctor's command line lives with the CLI."""
+    return cli.main(["doctor", *argv])
+
 
 ORIGINALS = {
     (module, name): getattr(module, name)
@@ -219,7 +226,7 @@ def test_history_may_be_an_inspector() -> None:
 def test_new_checks_are_registered_with_a_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(findings_module, "CHECKS", list(findings_module.CHECKS))
 
-    @doctor_module.check
+    @amp_inspect.checks.check
     def always(setup):
         yield Finding("custom", "info", f"model is {type(setup.model).__name__}")
 
