@@ -1,7 +1,8 @@
 """The CUDA kernels' own source, run on the CPU (csrc/tensor_stats_emu.cpp: every CUDA thread of a block a
 host thread, real barriers, shuffles and atomics) against the CPU kernel: exactly, sumsq to the tolerance of
 the CUDA-vs-CPU tests (2e-6). Chunks are made small and grids chosen so that small tensors cross many chunk,
-block, vector and tensor-table boundaries. Marked ``cuda_emu``; never skipped (no GPU needed).
+block, vector and tensor-table boundaries. Marked ``cuda_emu``: no GPU needed; skipped, saying so, only where the
+test-only library amp_inspect._C_emu is not built (an installed wheel; conftest.py).
 
 What this cannot see (needs a GPU: bench/gpu_check.sh): the GPU memory model, code generation, registers,
 speed, streams and CUDA graphs."""
