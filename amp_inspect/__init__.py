@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .inspector import Inspector, attach
     from .report import Headroom, StepReport
     from .runlog import read_log
-    from .scale_policy import HeadroomPolicy, ScaleDecision
+    from .scale_policy import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
     from .scaler import InspectingGradScaler
     from .stats import TensorStats, tensor_stats
 
@@ -45,12 +45,14 @@ _MODULE_OF = {
     "StepRecord": "history",
     "StepReport": "report",
     "ScaleDecision": "scale_policy",
+    "ScalePolicy": "scale_policy",
     "Summary": "history",
     "TensorStats": "stats",
     "attach": "inspector",
     "ddp_comm_hook": "ddp",
     "doctor": "checks",  # the function; its module is not named `doctor`, which would shadow it when imported
     "read_log": "runlog",
+    "register_policy": "scale_policy",
     "tensor_stats": "stats",
     "watch_clipping": "checks",
 }
@@ -65,12 +67,14 @@ __all__ = [
     "StepRecord",
     "StepReport",
     "ScaleDecision",
+    "ScalePolicy",
     "Summary",
     "TensorStats",
     "attach",
     "ddp_comm_hook",
     "doctor",
     "read_log",
+    "register_policy",
     "tensor_stats",
     "watch_clipping",
 ]

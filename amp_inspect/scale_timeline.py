@@ -48,6 +48,8 @@ def decision_from_record(value: Mapping[str, Any]) -> ScaleDecision:
     known = {f.name for f in dataclasses.fields(ScaleDecision)}
     fields = {key: item for key, item in value.items() if key in known}
     fields["offenders"] = tuple(fields.get("offenders") or ())
+    if not fields.get("policy"):  # written before the name was recorded: the headroom policy's
+        fields.pop("policy", None)
     return ScaleDecision(**fields)
 
 
