@@ -32,7 +32,8 @@ test: setup lint
 
 # dist/amp_inspect-<version>-cp310-abi3-<platform>.whl, one file for every torch from 2.10 on and CPython 3.10
 # on: CPU kernels and, for the CUDA major of the torch in .venv, CUDA kernels for WHEEL_ARCHS (sm_80 to
-# sm_120, PTX of the newest). Built from a fresh build folder, so no object of an in-place build leaks in.
+# sm_120, PTX of the newest). Built from a fresh build folder, so no object of an in-place build leaks in; the
+# tests' amp_inspect._C_emu, which `setup` builds in place, is left out (setup.py: a wheel holds what users call).
 WHEEL_ARCHS ?= 8.0;8.6;8.9;9.0;10.0;12.0+PTX
 wheel: setup
 	rm -rf build/wheel dist/amp_inspect-*.whl

@@ -1,6 +1,8 @@
-"""Build of amp_inspect's compiled libraries: amp_inspect._C (schemas, CPU kernels, the CPU emulation of the
-CUDA kernels the tests run) and amp_inspect._C_cuda (the CUDA kernels), both on torch's stable ABI targeted at
-torch 2.10 and Python's limited API of 3.10: one binary for every torch from 2.10 on (a cp310-abi3 wheel).
+"""Build of amp_inspect's compiled libraries: amp_inspect._C (schemas, CPU kernels) and amp_inspect._C_cuda (the
+CUDA kernels), both on torch's stable ABI targeted at torch 2.10 and Python's limited API of 3.10: one binary for
+every torch from 2.10 on (a cp310-abi3 wheel). Beside them, for the tests only, amp_inspect._C_emu (the CUDA
+kernels' source compiled for the CPU, tests/test_cuda_emu.py): built by in-place and editable builds
+(`build_ext --inplace`, `pip install -e`, `make setup`), never put in a wheel (`make wheel`, `pip install .`).
 
 CUDA kernels are built whenever torch is a CUDA build, also on a machine with no GPU visible: then
 TORCH_CUDA_ARCH_LIST defaults to every NVIDIA generation from Ampere to Blackwell (DEFAULT_ARCHS, plus PTX of
@@ -156,6 +158,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 ROOT = Path(__file__).parent
 CSRC = "csrc"
+EMU_EXTENSION = "amp_inspect._C_emu"  # tests only: built in place, never in a wheel (BuildStableExtension)
 
 
 def _built_archs() -> str:
@@ -216,13 +219,16 @@ def _extensions():
     # both hold tensor_stats_call.cpp, never bind to each other's copy.
     # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
     cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
-    sources = [f"{CSRC}/{name}" for name in ("tensor_stats.cpp", "tensor_stats_call.cpp")]
-    sources += [f"{CSRC}/tensor_stats_cpu.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
+    sources = [f"{CSRC}/{name}" for name in ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp")]
+    # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
+    # _C_cuda does), loaded after _C, whose schema library its ops join.
+    emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
+    emu = CppExtension(EMU_EXTENSION, emu_sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)
     # py_limited_api: compiled with Py_LIMITED_API (CPython 3.10's), linked without libtorch_python.
     if NVCC is None:
         if NO_CUDA_REASON != "AMP_INSPECT_NO_CUDA=1":
             _say(f"building WITHOUT the CUDA kernels: {NO_CUDA_REASON}.")
-        return [CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)]
+        return [CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, py_limited_api=True), emu]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
     defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"', f"-DAMPI_CUDA_MAJOR={_cuda_major()}"]
@@ -246,16 +252,20 @@ def _extensions():
         py_limited_api=True,
         **_pip_toolkit_paths(),
     )
-    return [cpu, cuda]
+    return [cpu, cuda, emu]
 
 
 class BuildStableExtension(BuildExtension):
     """torch's BuildExtension, which first removes a _C built before the stable-ABI port: Python would import its
-    version-tagged name (_C.cpython-311-x86_64-linux-gnu.so) before the new _C.abi3.so."""
+    version-tagged name (_C.cpython-311-x86_64-linux-gnu.so) before the new _C.abi3.so. It builds the test-only
+    _C_emu only in place (`build_ext --inplace`, and editable installs, which set editable_mode): a build for a
+    wheel (`bdist_wheel`, `pip install .`) leaves it out, so the shipped binaries hold only what users call."""
 
     def run(self) -> None:
         for stale in (ROOT / "amp_inspect").glob("_C.cpython-*.so"):
             stale.unlink()
+        if not (self.inplace or getattr(self, "editable_mode", False)):
+            self.extensions = [ext for ext in self.extensions if ext.name != EMU_EXTENSION]
         super().run()
 
 

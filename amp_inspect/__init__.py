@@ -16,22 +16,20 @@ The names below are imported on first use, so ``import amp_inspect.runlog`` (and
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._lazy import lazy_names
 
 if TYPE_CHECKING:
+    from .checks import doctor, watch_clipping
     from .ddp import ddp_comm_hook
     from .distributed import DistributedInspectionError
-    from .doctor import doctor, watch_clipping
     from .formats import FORMATS
     from .history import StepRecord, Summary
     from .inspector import Inspector, attach
     from .report import Headroom, StepReport
     from .runlog import read_log
-    from .scale_policy import HeadroomPolicy, ScaleDecision
+    from .scale_policy import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
     from .scaler import InspectingGradScaler
     from .stats import TensorStats, tensor_stats
 
@@ -47,14 +45,16 @@ _MODULE_OF = {
     "StepRecord": "history",
     "StepReport": "report",
     "ScaleDecision": "scale_policy",
+    "ScalePolicy": "scale_policy",
     "Summary": "history",
     "TensorStats": "stats",
     "attach": "inspector",
     "ddp_comm_hook": "ddp",
-    "doctor": "doctor",
+    "doctor": "checks",  # the function; its module is not named `doctor`, which would shadow it when imported
     "read_log": "runlog",
+    "register_policy": "scale_policy",
     "tensor_stats": "stats",
-    "watch_clipping": "doctor",
+    "watch_clipping": "checks",
 }
 
 __all__ = [
@@ -67,29 +67,17 @@ __all__ = [
     "StepRecord",
     "StepReport",
     "ScaleDecision",
+    "ScalePolicy",
     "Summary",
     "TensorStats",
     "attach",
     "ddp_comm_hook",
     "doctor",
     "read_log",
+    "register_policy",
     "tensor_stats",
     "watch_clipping",
 ]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
-
-
-class _Package(types.ModuleType):
-    """The package object. Importing a submodule sets it as an attribute of the package; ``amp_inspect.doctor``
-    names both a submodule and the function exported here, and must stay the function (as it was when the
-    package imported everything eagerly), whichever imports ran first."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

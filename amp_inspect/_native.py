@@ -1,8 +1,9 @@
 """Loads the compiled kernels, built against torch's stable ABI (one binary for every torch from 2.10 on):
-``amp_inspect._C`` (the op's schema, the CPU kernels, the emulated CUDA kernels) and, when the build holds
-them, the CUDA kernels, a library of their own (``amp_inspect/_C_cuda*.so``) loaded only when this torch is a
-CUDA build of the CUDA major they were compiled for: a cu13 binary beside torch 2.10+cu128 still serves its
-CPU kernels, and says once, in one line, why its CUDA kernels are off (``CUDA_OFF``)."""
+``amp_inspect._C`` (the op's schema, the CPU kernels; the tests' emulated CUDA kernels are ``_C_emu``) and,
+when the build holds them, the CUDA kernels, a library of their own (``amp_inspect/_C_cuda*.so``) loaded only
+when this torch is a CUDA build of the CUDA major they were compiled for: a cu13 binary beside torch
+2.10+cu128 still serves its CPU kernels, and says once, in one line, why its CUDA kernels are off
+(``CUDA_OFF``)."""
 
 from __future__ import annotations
 

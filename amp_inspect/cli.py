@@ -136,8 +136,8 @@ DOCTOR_DESCRIPTION = (
 
 
 def add_doctor_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The doctor's description and options on ``parser`` (the ``doctor`` sub-parser, or the parser of
-    ``python -m amp_inspect.doctor``); ``args.func(args)`` then runs it."""
+    """The doctor's description and options on the ``doctor`` sub-parser (defined only here: the doctor itself,
+    amp_inspect/checks.py, knows no command line); ``args.func(args)`` then runs it."""
     from .argtypes import count as count_arg
     from .history import COLLAPSE_SKIPS  # torch-free: building the parser does not load torch
 
@@ -181,7 +181,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _doctor_log(path: str, collapse_skips: int) -> tuple[list[str], list[Finding]]:
     """The header line and the findings of a run log: its history's and its hardware readings'."""
-    from .doctor import doctor
+    from .checks import doctor
     from .environment_checks import log_hardware_findings
     from .findings import Finding, plural
     from .history import StepRecord

@@ -3,7 +3,7 @@
 
 Torch-free, so the command line can name the doctor's defaults without loading torch. The checks themselves
 live in amp_inspect/setup_checks.py (model, optimizer, scaler, history) and amp_inspect/environment_checks.py
-(the machine, the build, a run log's hardware readings); amp_inspect/doctor.py runs them.
+(the machine, the build, a run log's hardware readings); amp_inspect/checks.py runs them.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
 from .printable import shown_name
-
-if TYPE_CHECKING:
-    from .setup_checks import Setup
 
 SEVERITIES = ("error", "warning", "info")
 MAX_LISTED = 10  # modules or parameters named in one finding before "and N more"
@@ -98,13 +95,15 @@ class DoctorReport:
 
 # ---- the registry ----
 
-CheckFn = Callable[["Setup"], Iterable[Finding]]
-CHECKS: list[CheckFn] = []
+# A setup check takes an amp_inspect.setup_checks.Setup (CheckFn there); the registry does not name it, so that
+# this module, which every check imports, imports none of them.
+SetupCheck = TypeVar("SetupCheck", bound=Callable[[Any], Iterable[Finding]])
+CHECKS: list[Callable[[Any], Iterable[Finding]]] = []
 ENVIRONMENT_CHECKS: list[Callable[[], Iterable[Finding]]] = []
 
 
-def check(fn: CheckFn) -> CheckFn:
-    """Registers a setup check (runs in registration order)."""
+def check(fn: SetupCheck) -> SetupCheck:
+    """Registers a setup check, a function of a ``Setup`` (runs in registration order)."""
     CHECKS.append(fn)
     return fn
 

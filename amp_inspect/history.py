@@ -12,10 +12,10 @@ A **poisoned** step had NaN/Inf gradients and no enabled GradScaler to skip it: 
 itself (the tool cannot see that), the optimizer applied them.
 It is counted apart from skipped steps (no loss-scale advice fits it).
 
-The advice depends on the loss-scale policy the run used (scale_timeline.py: a history whose records carry
-ScaleDecisions ran under ``policy="headroom"``): GradScaler's init_scale, growth_interval and backoff_factor
-set its scale under ``policy="torch"``; under the headroom policy the measured exponents set it, and the advice
-speaks of the policy's decisions instead.
+The advice depends on the loss-scale policy the run used (scale_timeline.policy_of: the name its records'
+ScaleDecisions carry, ``"torch"`` when they carry none): GradScaler's init_scale, growth_interval and
+backoff_factor set its scale under ``policy="torch"``; under a ScalePolicy its decisions set it, and the advice is
+the policy's own (``advice`` of its class in amp_inspect/scale_policy.py's registry, read from ``RunFacts``).
 
 Torch-free, so a run log is summarised without loading torch.
 """
@@ -40,9 +40,8 @@ from .attribution import (
 )
 from .headroom import Headroom
 from .printable import shown_name
-from .scale_policy import MARGIN, NONFINITE_NOT_FROM_SCALE, SKIP_OVERFLOW, ScaleDecision
+from .scale_policy import RunFacts, ScaleDecision, policy_advice
 from .scale_timeline import (
-    POLICY_HEADROOM,
     POLICY_TORCH,
     ScaleChange,
     decision_from_record,
@@ -470,8 +469,8 @@ def summarize(
     summary.decisions = scale_changes([r.step for r in history], [r.scale_decision for r in history])
     if not summary.scaler:
         return summary  # no loss scale acted: no loss-scale advice fits
-    if summary.policy == POLICY_HEADROOM:
-        summary.advice += _headroom_policy_advice(history, summary)
+    if summary.policy != POLICY_TORCH:
+        summary.advice += policy_advice(summary.policy, _run_facts(history, summary))
     else:
         summary.advice += _gradscaler_advice(history, summary, growth_interval, backoff_factor)
     return summary
@@ -561,53 +560,16 @@ def _gradscaler_advice(
     return advice
 
 
-def _headroom_policy_advice(history: list[StepRecord], summary: Summary) -> list[str]:
-    """Advice for a run under policy="headroom", where the measured exponents set the scale (GradScaler's
-    init_scale, growth_interval and backoff_factor do not): what its decisions say about the run."""
-    advice: list[str] = []
-    decisions = summary.decisions
-    margin = next(r.scale_decision.margin for r in reversed(history) if r.scale_decision is not None)
-    innocent = [c for c in decisions if c.decision.reason == NONFINITE_NOT_FROM_SCALE]
-    if innocent:
-        where = summary.blame.shown_top("no module named")
-        index = {r.step: i for i, r in enumerate(history)}
-        isolated = all(
-            index.get(c.step) is not None
-            and index[c.step] + 1 < len(history)
-            and not history[index[c.step] + 1].skipped
-            for c in innocent
-        )
-        if isolated:
-            what = (
-                "each one step alone, with clean steps after it at the same scale: a one-off (a spike in the loss, a "
-                "bad batch); whether the scale times that spike overflowed cannot be told from NaN gradients"
-            )
-        else:
-            what = "the headroom policy skipped them without collapsing the scale; no scaler setting fixes them"
-        advice.append(
-            f"{len(innocent)} skipped steps (first: step {innocent[0].step}) held NaN/Inf that the loss scale did not "
-            f"cause, as the policy judged (started in {where}): {what}. Look for the source ({_source_hint(summary)})"
-        )
-    widened = [c for c in decisions if c.decision.reason == MARGIN]
-    if widened:
-        advice.append(
-            f"the policy widened its margin {len(widened)} time(s) (first at step {widened[0].step}), to {margin} "
-            "binades under the format's ceiling: a gradient inside backward, larger than the parameter gradients "
-            "it measures, overflowed. It keeps that margin for the run (state_dict); "
-            f"HeadroomPolicy(margin={margin}) starts a new run with it"
-        )
-    overflows = [c for c in decisions if c.decision.skip == SKIP_OVERFLOW and c.decision.reason != MARGIN]
-    if len(overflows) >= 3:
-        advice.append(
-            f"{len(overflows)} steps (first: step {overflows[0].step}) overflowed at the scale the policy chose: the "
-            f"gradients grew by more than its margin of {margin} binades from one step to the next; a wider margin "
-            f"(HeadroomPolicy(margin={margin + 1})) trades a little underflow for fewer skips"
-        )
+def _run_facts(history: list[StepRecord], summary: Summary) -> RunFacts:
+    """What a loss-scale policy's advice reads of the run (scale_policy.RunFacts)."""
+    index = {r.step: i for i, r in enumerate(history)}
     downs = [r.headroom.down for r in history if r.headroom.down is not None]
-    if downs and min(downs) < 0 and uses_fp16(history):
-        advice.append(
-            f"small gradients underflow to zero even at the scales the policy chose ({min(downs)} halvings of "
-            f"headroom below) while it keeps {margin} binades under the ceiling: the gradients span more than the "
-            "format's range; bf16 autocast (no loss scale needed) keeps them"
-        )
-    return advice
+    return RunFacts(
+        decisions=[(c.step, c.decision) for c in summary.decisions],
+        last=next(r.scale_decision for r in reversed(history) if r.scale_decision is not None),
+        blame=summary.blame.shown_top("no module named"),
+        source_hint=_source_hint(summary),
+        clean_after=frozenset(step for step, i in index.items() if i + 1 < len(history) and not history[i + 1].skipped),
+        min_down=min(downs) if downs else None,
+        fp16=uses_fp16(history),
+    )

@@ -35,9 +35,9 @@ from . import gradient_pass, hardware
 from ._torch_compat import init_scale, loss_scale_tensor
 from .activation_arming import NO_FORWARD_SEEN, ActivationArming
 from .activations import ActivationWatcher
+from .checks import ClipWatch, DoctorReport, doctor
 from .ddp import DdpLink, HookState, NonfiniteByRank, check_attach, ddp_of
 from .distributed import Combiners, log_path_of_rank
-from .doctor import ClipWatch, DoctorReport, doctor
 from .gradscaler_patches import GradScalerPatches, ScalerLink
 from .history import StepRecord, Summary, summarize
 from .naming import ParamEntry

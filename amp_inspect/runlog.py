@@ -16,10 +16,11 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "sparse_modules": [module names], # optional: modules with sparse gradients (numel counts stored values)
      "scale_problem": str,             # optional: the loss scale is not a finite positive number
      "scale_decision": {"scale": float, "previous": float, "reason": str, "skip": str | null, "margin": int,
-                        "room": int | null, "room_from": str | null, "offenders": [module names]},
-                                       # optional: InspectingGradScaler(policy="headroom")'s next scale and why
-                                       # (amp_inspect/scale_policy.py); a log whose records carry it was written
-                                       # under that policy (amp_inspect/scale_timeline.py)
+                        "room": int | null, "room_from": str | null, "offenders": [module names],
+                        "policy": str},  # optional: a ScalePolicy's next scale and why, and the policy's name
+                                       # (amp_inspect/scale_policy.py; no "policy": an older log, "headroom"); a
+                                       # log whose records carry it was written under that policy
+                                       # (amp_inspect/scale_timeline.py)
      "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf per rank and module
      "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
@@ -197,6 +198,7 @@ def _is_decision(value: Any) -> bool:
         and isinstance(value.get("offenders"), list)
         and all(isinstance(m, str) for m in value["offenders"])
         and all(k in value for k in ("skip", "room", "room_from"))
+        and isinstance(value.get("policy", ""), str)
     )
 
 

@@ -1,4 +1,16 @@
-"""The headroom loss-scale policy: the next loss scale from the measured exponents of this step's gradients.
+"""Loss-scale policies: the ``ScalePolicy`` protocol InspectingGradScaler drives, the registry that names each
+policy's words for the run log's readers, and the headroom policy (``HeadroomPolicy``).
+
+A policy is any object with a ``name`` (recorded with each decision in the run log) and four methods:
+``first_scale(init_scale)``, ``decide(stats, growth_factor, backoff_factor, growth_interval)`` (a
+``StepStats`` in, a ``ScaleDecision`` out), ``state_dict()`` and ``load_state_dict(state)``. The words a summary
+or report uses for its decisions are class attributes read without an instance (a log is read without torch and
+without the policy's options): ``reason_words`` and ``skip_words`` (reason / skip kind -> words), ``routine``
+(reasons shown last on the timeline) and, optionally, ``advice(facts)`` (what its decisions say about a run).
+``register_policy(cls)`` files them under ``cls.name``; a new policy is one module that defines its class and
+registers it (tests/test_scale_policy.py has one in a dozen lines).
+
+The headroom policy: the next loss scale from the measured exponents of this step's gradients.
 
 GradScaler is blind: it doubles the scale every ``growth_interval`` clean steps until something overflows,
 then halves it. InspectingGradScaler measures, in its unscale pass, the largest finite scaled |grad|
@@ -43,8 +55,9 @@ passes statistics combined over every rank, so every rank computes the same deci
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from .checked import positive_number, whole_number
 from .formats import FORMAT_BOUNDS, float32_from_bits
@@ -84,11 +97,12 @@ class ScaleDecision:
     previous: float  # the scale the step ran at
     reason: str  # one of REASONS
     skip: str | None  # None (the step was applied), SKIP_OVERFLOW or SKIP_NONFINITE
-    margin: int  # binades kept under the ceiling after this decision
-    room: int | None  # measured doublings before the largest finite scaled |grad| overflows (None: no data)
-    room_from: str | None  # "this step" or "last clean step" (all gradients non-finite)
+    margin: int = 0  # binades kept under the ceiling after this decision
+    room: int | None = None  # measured doublings before the largest finite scaled |grad| overflows (None: no data)
+    room_from: str | None = None  # "this step" or "last clean step" (all gradients non-finite)
     offenders: tuple[str, ...] = field(default_factory=tuple)
     unsafe_scale: float | None = None  # a scale whose NaN/Inf vanished at this (lower) one: margin learned
+    policy: str = "headroom"  # the name of the policy that decided (a log written before it was recorded: headroom)
 
     def to_record(self) -> dict[str, Any]:
         record = asdict(self)
@@ -110,8 +124,112 @@ class ScaleDecision:
         return text
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What a policy's ``advice`` reads of a run (history.summarize fills it; torch-free)."""
+
+    decisions: Sequence[tuple[int, ScaleDecision]]  # (step, decision) of the decisions shown on the timeline
+    last: ScaleDecision  # the run's latest decision
+    blame: str  # where the skipped steps' NaN/Inf started, in words
+    source_hint: str  # where to look for the source of NaN/Inf, in words
+    clean_after: frozenset[int]  # steps followed by a step that was not skipped
+    min_down: int | None  # the fewest halvings of headroom below, over the run (None: not measured)
+    fp16: bool  # the run's autocast is fp16
+
+
+@runtime_checkable
+class ScalePolicy(Protocol):
+    """What InspectingGradScaler needs of a loss-scale policy (see the module docstring)."""
+
+    name: str
+
+    def first_scale(self, init_scale: float) -> float: ...
+
+    def decide(
+        self, s: StepStats, growth_factor: float, backoff_factor: float, growth_interval: int
+    ) -> ScaleDecision: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+REQUIRED = ("first_scale", "decide", "state_dict", "load_state_dict")
+_REGISTRY: dict[str, type] = {}
+
+
+def checked_policy(policy: Any, owner: str) -> ScalePolicy:
+    """``policy`` when it is a ScalePolicy object, else TypeError in one sentence naming what it lacks."""
+    if isinstance(policy, type):
+        raise TypeError(f"{owner}: policy must be a policy object, got the class {policy.__name__} (call it first)")
+    missing = [name for name in REQUIRED if not callable(getattr(policy, name, None))]
+    name = getattr(policy, "name", None)
+    if not isinstance(name, str) or not name or name == "torch":
+        missing.insert(0, "name (a str other than 'torch')")
+    if missing:
+        raise TypeError(
+            f"{owner}: policy {type(policy).__name__} is not a ScalePolicy: it lacks {', '.join(missing)} "
+            f"(a ScalePolicy has name, {', '.join(REQUIRED)}: amp_inspect/scale_policy.py)"
+        )
+    return policy
+
+
+def register_policy(cls: type) -> type:
+    """Files a policy class under ``cls.name`` (a class decorator), so that summaries and reports of a run log
+    name its decisions in its words; the scaler's ``policy="<name>"`` then builds ``cls()``."""
+    if not isinstance(getattr(cls, "name", None), str) or cls.name in ("", "torch"):
+        raise ValueError(f"register_policy: {cls.__name__}.name must be a str other than '' and 'torch'")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered_policies() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def policy_class(name: str) -> type | None:
+    """The registered class of the policy named ``name``, or None (unknown here: its module is not imported)."""
+    return _REGISTRY.get(name)
+
+
+def reason_words(policy: str, reason: str) -> str:
+    """The words for a decision's reason under ``policy``; the reason itself when the policy is unknown."""
+    return getattr(policy_class(policy), "reason_words", {}).get(reason, reason)
+
+
+def skip_words(policy: str, skip: str) -> str:
+    return getattr(policy_class(policy), "skip_words", {}).get(skip, skip)
+
+
+def is_routine(policy: str, reason: str) -> bool:
+    """Whether decisions for ``reason`` are the policy's routine moves (listed after the others)."""
+    return reason in getattr(policy_class(policy), "routine", ())
+
+
+def policy_advice(policy: str, facts: RunFacts) -> list[str]:
+    """What the policy's decisions say about a run (none for a policy without ``advice`` or unknown here)."""
+    advice: Callable[[RunFacts], list[str]] | None = getattr(policy_class(policy), "advice", None)
+    return [] if advice is None else list(advice(facts))
+
+
+@register_policy
 class HeadroomPolicy:
     """Decides the next loss scale from a step's measured statistics (see the module docstring)."""
+
+    name: ClassVar[str] = "headroom"
+    reason_words: ClassVar[Mapping[str, str]] = {
+        START: "start: set from the first measured step",
+        HEADROOM: "headroom: set from the measured room",
+        MARGIN: "margin widened: an overflow with measured room left, or NaN/Inf gone at a lower scale",
+        OVERFLOW: "overflow caused by the scale",
+        NONFINITE_NOT_FROM_SCALE: "non-finite not caused by the scale",
+        NO_DATA: "no data: every gradient zero",
+    }
+    skip_words: ClassVar[Mapping[str, str]] = {
+        SKIP_OVERFLOW: "overflow (the scale)",
+        SKIP_NONFINITE: "non-finite not from the scale",
+    }
+    routine: ClassVar[tuple[str, ...]] = (HEADROOM,)  # plain headroom moves: shown after the rest
 
     def __init__(
         self,
@@ -359,3 +477,47 @@ class HeadroomPolicy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Sets the options and run state of ``state`` (from ``state_dict``): all of them, or, when any is bad, none."""
         self._set(self.checked_state(state))
+
+    @staticmethod
+    def advice(facts: RunFacts) -> list[str]:
+        """What the headroom policy's decisions say about a run (the measured exponents set the scale, so
+        GradScaler's init_scale, growth_interval and backoff_factor are not what to change)."""
+        advice: list[str] = []
+        margin = facts.last.margin
+        innocent = [(step, d) for step, d in facts.decisions if d.reason == NONFINITE_NOT_FROM_SCALE]
+        if innocent:
+            if all(step in facts.clean_after for step, _ in innocent):
+                what = (
+                    "each one step alone, with clean steps after it at the same scale: a one-off (a spike in the "
+                    "loss, a bad batch); whether the scale times that spike overflowed cannot be told from NaN "
+                    "gradients"
+                )
+            else:
+                what = "the headroom policy skipped them without collapsing the scale; no scaler setting fixes them"
+            advice.append(
+                f"{len(innocent)} skipped steps (first: step {innocent[0][0]}) held NaN/Inf that the loss scale did "
+                f"not cause, as the policy judged (started in {facts.blame}): {what}. Look for the source "
+                f"({facts.source_hint})"
+            )
+        widened = [step for step, d in facts.decisions if d.reason == MARGIN]
+        if widened:
+            advice.append(
+                f"the policy widened its margin {len(widened)} time(s) (first at step {widened[0]}), to {margin} "
+                "binades under the format's ceiling: a gradient inside backward, larger than the parameter gradients "
+                "it measures, overflowed. It keeps that margin for the run (state_dict); "
+                f"HeadroomPolicy(margin={margin}) starts a new run with it"
+            )
+        overflows = [step for step, d in facts.decisions if d.skip == SKIP_OVERFLOW and d.reason != MARGIN]
+        if len(overflows) >= 3:
+            advice.append(
+                f"{len(overflows)} steps (first: step {overflows[0]}) overflowed at the scale the policy chose: the "
+                f"gradients grew by more than its margin of {margin} binades from one step to the next; a wider "
+                f"margin (HeadroomPolicy(margin={margin + 1})) trades a little underflow for fewer skips"
+            )
+        if facts.min_down is not None and facts.min_down < 0 and facts.fp16:
+            advice.append(
+                f"small gradients underflow to zero even at the scales the policy chose ({facts.min_down} halvings "
+                f"of headroom below) while it keeps {margin} binades under the ceiling: the gradients span more "
+                "than the format's range; bf16 autocast (no loss scale needed) keeps them"
+            )
+        return advice

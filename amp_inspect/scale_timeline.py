@@ -1,11 +1,13 @@
 """The loss scaler's decisions on the scale timeline: which steps to show, and what each decision was, in words.
 
-``InspectingGradScaler(policy="headroom")`` makes a ScaleDecision at every update (amp_inspect/scale_policy.py):
-the scale chosen for the next step, why (``reason``) and, for a skipped step, the skip kind. The run log
-carries it as ``"scale_decision"``; a log whose records carry one was written under ``policy="headroom"``, any
-other under GradScaler's own rule (``policy="torch"``). A decision is **shown** on the timeline when it changed
-the scale, skipped the step, or learned from NaN that a scale was unsafe (a decision that kept the scale on a
-clean step otherwise says nothing new).
+``InspectingGradScaler(policy=...)`` with a ScalePolicy makes a ScaleDecision at every update
+(amp_inspect/scale_policy.py): the scale chosen for the next step, why (``reason``), for a skipped step the skip
+kind, and the policy's name. The run log carries it as ``"scale_decision"``; a log whose records carry one was
+written under that policy (``policy="headroom"`` when the decision names none: logs from before the name was
+recorded), any other under GradScaler's own rule (``policy="torch"``). The words for a reason or skip kind are
+the policy's (scale_policy's registry, by name); a policy not registered in this process shows them as recorded.
+A decision is **shown** on the timeline when it changed the scale, skipped the step, or learned from NaN that a
+scale was unsafe (a decision that kept the scale on a clean step otherwise says nothing new).
 
 Torch-free: the summary (history.py), the console, the loss-scale figure (plots.py) and the HTML report share it.
 """
@@ -20,31 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .printable import shown_name
-from .scale_policy import (
-    HEADROOM,
-    MARGIN,
-    NO_DATA,
-    NONFINITE_NOT_FROM_SCALE,
-    OVERFLOW,
-    SKIP_NONFINITE,
-    SKIP_OVERFLOW,
-    START,
-    ScaleDecision,
-)
+from .scale_policy import SKIP_NONFINITE, HeadroomPolicy, ScaleDecision, is_routine, reason_words, skip_words
 
 POLICY_TORCH = "torch"
-POLICY_HEADROOM = "headroom"
+POLICY_HEADROOM = HeadroomPolicy.name
 MAX_SHOWN = 16  # decisions listed one by one; the rest are counted
 
-REASON_WORDS = {
-    START: "start: set from the first measured step",
-    HEADROOM: "headroom: set from the measured room",
-    MARGIN: "margin widened: an overflow with measured room left, or NaN/Inf gone at a lower scale",
-    OVERFLOW: "overflow caused by the scale",
-    NONFINITE_NOT_FROM_SCALE: "non-finite not caused by the scale",
-    NO_DATA: "no data: every gradient zero",
-}
-SKIP_WORDS = {SKIP_OVERFLOW: "overflow (the scale)", SKIP_NONFINITE: "non-finite not from the scale"}
+# The headroom policy's words (the loss-scale figure's legend reads them); any policy's: scale_policy.reason_words.
+REASON_WORDS = dict(HeadroomPolicy.reason_words)
+SKIP_WORDS = dict(HeadroomPolicy.skip_words)
 
 
 def scale_text(x: float) -> str:
@@ -62,12 +48,14 @@ def decision_from_record(value: Mapping[str, Any]) -> ScaleDecision:
     known = {f.name for f in dataclasses.fields(ScaleDecision)}
     fields = {key: item for key, item in value.items() if key in known}
     fields["offenders"] = tuple(fields.get("offenders") or ())
+    if not fields.get("policy"):  # written before the name was recorded: the headroom policy's
+        fields.pop("policy", None)
     return ScaleDecision(**fields)
 
 
 def policy_of(decisions: Iterable[ScaleDecision | None]) -> str:
-    """POLICY_HEADROOM when any step carries a decision of the headroom policy, else POLICY_TORCH."""
-    return POLICY_HEADROOM if any(d is not None for d in decisions) else POLICY_TORCH
+    """The name of the policy whose decision a step carries (the first one's), else POLICY_TORCH."""
+    return next((d.policy for d in decisions if d is not None), POLICY_TORCH)
 
 
 @dataclass(frozen=True)
@@ -79,12 +67,12 @@ class ScaleChange:
 
     @property
     def reason_text(self) -> str:
-        return REASON_WORDS.get(self.decision.reason, self.decision.reason)
+        return reason_words(self.decision.policy, self.decision.reason)
 
     @property
     def skip_text(self) -> str:
         skip = self.decision.skip
-        return "" if skip is None else SKIP_WORDS.get(skip, skip)
+        return "" if skip is None else skip_words(self.decision.policy, skip)
 
     def __str__(self) -> str:
         d = self.decision
@@ -108,12 +96,13 @@ def scale_changes(steps: Sequence[int], decisions: Sequence[ScaleDecision | None
 
 
 def shown_changes(changes: Sequence[ScaleChange], limit: int = MAX_SHOWN) -> list[ScaleChange]:
-    """Up to ``limit`` changes in log order: skips and every reason but plain headroom moves first (those are
-    the decisions a reader looks for), then the headroom moves."""
-    ranked = sorted(
-        range(len(changes)),
-        key=lambda i: (changes[i].decision.skip is None and changes[i].decision.reason == HEADROOM, i),
-    )
+    """Up to ``limit`` changes in log order: skips and every reason but the policy's routine moves (plain
+    headroom moves) first (those are the decisions a reader looks for), then the routine moves."""
+
+    def routine(d: ScaleDecision) -> bool:
+        return d.skip is None and is_routine(d.policy, d.reason)
+
+    ranked = sorted(range(len(changes)), key=lambda i: (routine(changes[i].decision), i))
     return [changes[i] for i in sorted(ranked[:limit])]
 
 

@@ -26,6 +26,7 @@ the process group, and hands it each step's report at ``update()``.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -46,7 +47,7 @@ from .checked import positive_number, whole_number
 from .distributed import DEFAULT_TIMEOUT_S, Combiner, Combiners, sharded_groups
 from .gradient_pass import Gradients, Measured
 from .report import StepReport
-from .scale_policy import HeadroomPolicy, ScaleDecision, StepStats
+from .scale_policy import ScaleDecision, ScalePolicy, StepStats, checked_policy, policy_class, registered_policies
 
 DEFAULT_FORMATS = ("fp16",)
 
@@ -91,7 +92,7 @@ def agree_on_found_inf(flags: Iterable[torch.Tensor], grads: list[torch.Tensor])
     return groups
 
 
-POLICIES = ("torch", "headroom")
+POLICIES = ("torch", "headroom")  # the names built in; policy="<name>" takes any registered one (scale_policy.py)
 
 
 def _unnamed(param: torch.Tensor) -> None:
@@ -102,23 +103,23 @@ class InspectingGradScaler(torch.amp.GradScaler):
     """torch.amp.GradScaler (same constructor and behaviour) that inspects gradients in its unscale pass.
 
     ``policy="torch"`` (default): GradScaler's own scale updates, bit for bit. ``policy="headroom"`` (or a
-    HeadroomPolicy): the next scale is set from the measured exponents (amp_inspect/scale_policy.py); each
-    update's ScaleDecision is ``last_report.scale_decision`` and goes to the run log."""
+    HeadroomPolicy, or any ScalePolicy object, or the name of a registered one): the policy sets the next scale
+    from the measured statistics (amp_inspect/scale_policy.py); each update's ScaleDecision is
+    ``last_report.scale_decision`` and goes to the run log with the policy's name."""
 
-    def __init__(self, *args: Any, policy: str | HeadroomPolicy = "torch", **kwargs: Any) -> None:
-        if isinstance(policy, str) and policy not in POLICIES:
-            raise ValueError(
-                f"InspectingGradScaler: policy must be one of {POLICIES} or a HeadroomPolicy, got {policy!r}"
-            )
-        if not isinstance(policy, (str, HeadroomPolicy)):
-            raise TypeError(
-                f"InspectingGradScaler: policy must be a str or a HeadroomPolicy, got {type(policy).__name__}"
-            )
+    def __init__(self, *args: Any, policy: str | ScalePolicy = "torch", **kwargs: Any) -> None:
+        if isinstance(policy, str):
+            names = ("torch", *registered_policies())
+            if policy not in names:
+                raise ValueError(
+                    f"InspectingGradScaler: policy must be one of {names} or a ScalePolicy object, got {policy!r}"
+                )
+            policy = None if policy == "torch" else policy_class(policy)()
+        else:
+            policy = checked_policy(policy, "InspectingGradScaler")
         _check_scaler_options(*args, **kwargs)
         super().__init__(*args, **kwargs)
-        self._policy: HeadroomPolicy | None = (
-            HeadroomPolicy() if policy == "headroom" else policy if isinstance(policy, HeadroomPolicy) else None
-        )
+        self._policy: ScalePolicy | None = policy
         if self._policy is not None and self.is_enabled():
             set_init_scale(self, self._policy.first_scale(init_scale(self)))  # no blind skips from init_scale down
         self.last_decision: ScaleDecision | None = None
@@ -238,7 +239,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
 
     @property
     def policy(self) -> str:
-        return "torch" if self._policy is None else "headroom"
+        return "torch" if self._policy is None else self._policy.name
 
     def _policy_stats(self, report: StepReport) -> StepStats:
         """The policy's inputs, combined over every gradient (and every rank whose statistics stay per rank),
@@ -263,34 +264,42 @@ class InspectingGradScaler(torch.amp.GradScaler):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if state and self._policy is not None:
-            state["policy"] = "headroom"
-            state["headroom_policy"] = self._policy.state_dict()
+        if state and self._policy is not None:  # "<name>_policy": a headroom state reads as it always did
+            state["policy"] = self._policy.name
+            state[f"{self._policy.name}_policy"] = self._policy.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """GradScaler's load_state_dict, and the headroom policy's state when it holds one: every field is checked
-        first (ValueError naming it), so a bad state dict changes nothing, neither the scale nor the policy."""
+        """GradScaler's load_state_dict, and the policy's state when it holds one: the scaler's fields are checked
+        first (ValueError naming the first bad one), then the policy loads its own state (the headroom policy
+        checks it whole first), then the scale, so a bad state dict changes nothing, neither the scale nor the
+        policy."""
         if not self.is_enabled():
             return  # GradScaler's own rule: a disabled scaler ignores the state
         if not isinstance(state_dict, dict):
             raise ValueError(f"InspectingGradScaler.load_state_dict: expected a dict, got {type(state_dict).__name__}")
-        policy_state = None
+        key = None if self._policy is None else f"{self._policy.name}_policy"
         if state_dict:
             _check_scaler_state(state_dict)
-            if self._policy is not None and "headroom_policy" in state_dict:
-                policy_state = self._policy.checked_state(state_dict["headroom_policy"])
-            elif "headroom_policy" in state_dict:
+            saved = state_dict.get("policy", "headroom" if "headroom_policy" in state_dict else None)
+            if saved is not None and f"{saved}_policy" in state_dict and f"{saved}_policy" != key:
                 warnings.warn(
-                    "InspectingGradScaler.load_state_dict: the state was saved under policy='headroom' and this "
-                    "scaler's policy is 'torch': its scale is loaded, the policy's state is not used",
+                    f"InspectingGradScaler.load_state_dict: the state was saved under policy={saved!r} and this "
+                    f"scaler's policy is {self.policy!r}: its scale is loaded, the policy's state is not used",
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        super().load_state_dict(state_dict)  # an empty state: GradScaler's own RuntimeError
-        if policy_state is not None:
-            assert self._policy is not None
-            self._policy.load_state_dict(state_dict["headroom_policy"])
+        if not state_dict or key not in state_dict:
+            super().load_state_dict(state_dict)  # an empty state: GradScaler's own RuntimeError
+            return
+        assert self._policy is not None
+        before = self._policy.state_dict()
+        self._policy.load_state_dict(state_dict[key])  # raises before changing anything on a bad state
+        try:
+            super().load_state_dict(state_dict)
+        except Exception:
+            self._policy.load_state_dict(before)  # the scale did not load: neither does the policy's state
+            raise
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         decision = None
@@ -303,6 +312,8 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 self.get_backoff_factor(),
                 self.get_growth_interval(),
             )
+            if decision.policy != self._policy.name:  # the log names the policy that decided
+                decision = dataclasses.replace(decision, policy=self._policy.name)
             report.scale_decision = decision
             self.last_decision = decision
         ended = report if self._unscaled_this_step else None

@@ -1,5 +1,5 @@
 """The AMP doctor's setup checks: what is wrong with a model, optimizer, GradScaler, autocast dtype and history,
-each a function of a ``Setup`` registered with ``@check`` (amp_inspect/findings.py); amp_inspect/doctor.py runs
+each a function of a ``Setup`` registered with ``@check`` (amp_inspect/findings.py); amp_inspect/checks.py runs
 them.
 
 Cost: the checks walk parameters and modules once, reading no tensor data (no sync). Reading a ClipWatch's
@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -33,8 +33,14 @@ from .history import (
 from .naming import clean_module_names, param_entries
 from .scale_timeline import POLICY_TORCH, policy_of
 
-if TYPE_CHECKING:
-    from .clipping import ClipWatch
+
+class ClipEvidence(Protocol):
+    """What the clipping check reads from a clip watch (amp_inspect.clipping.ClipWatch is one): named here as a
+    protocol so that the checks and the watch, which both report with amp_inspect.findings, do not import each other."""
+
+    @property
+    def findings(self) -> list[Finding]: ...
+
 
 TENSOR_CORE_MULTIPLE = 8  # fp16/bf16 GEMMs use tensor cores fully when every dimension is a multiple of this
 IMAGE_CHANNELS_MAX = 4  # a Conv's in_channels up to this are image inputs (RGB, RGBA); cuDNN pads them itself
@@ -50,7 +56,7 @@ class Setup:
     scaler: torch.amp.GradScaler | None = None
     autocast_dtype: torch.dtype | None = None
     history: Sequence[StepRecord] | None = None
-    clip_watch: ClipWatch | None = None
+    clip_watch: ClipEvidence | None = None
     collapse_skips: int = COLLAPSE_SKIPS
 
     @functools.cached_property
@@ -78,6 +84,9 @@ class Setup:
     @property
     def scaler_enabled(self) -> bool:
         return self.scaler is not None and self.scaler.is_enabled()
+
+
+CheckFn = Callable[[Setup], Iterable[Finding]]  # what ``@check`` registers
 
 
 @check

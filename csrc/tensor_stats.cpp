@@ -39,17 +39,7 @@ STABLE_TORCH_LIBRARY(amp_inspect, m) {
       "unscale_stats_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats) -> "
       "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
   m.def("build_info() -> str");
-  // Tests only: the CUDA kernels' source run on the CPU by tensor_stats_emu.cpp, with the chunk size and the
-  // number of blocks chosen by the caller (blocks <= 0: as many as chunks, at most 4), and with the views
-  // passed in the kernels' parameters (inline_views, as under CUDA graph capture) or as a table.
-  m.def(
-      "_tensor_stats_emulated(Tensor[] tensors, Tensor? scale, float? scale_value, str[] formats, int chunk_elems, "
-      "int blocks, bool inline_views) -> (Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, "
-      "Tensor sumsq)");
-  m.def(
-      "_unscale_stats_emulated_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats, "
-      "int chunk_elems, int blocks, bool inline_views) -> (Tensor counts, Tensor hist, Tensor amax, "
-      "Tensor amin_nonzero, Tensor sumsq)");
+  // The tests' emulated CUDA ops are defined by the test-only library amp_inspect._C_emu (tensor_stats_emu.cpp).
 }
 
 // An op without tensor arguments is served by the CompositeExplicitAutograd kernel.

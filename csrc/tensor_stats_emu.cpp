@@ -4,6 +4,8 @@
 // proves the kernels' chunking, reductions, barriers and atomics on every CI run, without a GPU.
 // The host side is the CUDA op's own (prepare_call, prepare_kernel_call, kernels::run_stats); only the
 // backend differs: host memory, a chosen number of blocks, and emulated launches.
+// Built as the test-only library amp_inspect._C_emu (never in a wheel, setup.py), loaded after amp_inspect._C.
+#include <Python.h>
 #include <torch/csrc/stable/library.h>
 
 #include <cstring>
@@ -64,7 +66,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_emulated(std::v
 }  // namespace
 }  // namespace amp_inspect
 
+// Tests only: the CUDA kernels' source run on the CPU, with the chunk size and the number of blocks chosen by
+// the caller (blocks <= 0: as many as chunks, at most 4), and with the views passed in the kernels' parameters
+// (inline_views, as under CUDA graph capture) or as a table. A fragment: _C defines the library.
+STABLE_TORCH_LIBRARY_FRAGMENT(amp_inspect, m) {
+  m.def(
+      "_tensor_stats_emulated(Tensor[] tensors, Tensor? scale, float? scale_value, str[] formats, int chunk_elems, "
+      "int blocks, bool inline_views) -> (Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, "
+      "Tensor sumsq)");
+  m.def(
+      "_unscale_stats_emulated_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats, "
+      "int chunk_elems, int blocks, bool inline_views) -> (Tensor counts, Tensor hist, Tensor amax, "
+      "Tensor amin_nonzero, Tensor sumsq)");
+}
+
 STABLE_TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
   m.impl("_tensor_stats_emulated", TORCH_BOX(&amp_inspect::tensor_stats_emulated));
   m.impl("_unscale_stats_emulated_", TORCH_BOX(&amp_inspect::unscale_stats_emulated));
+}
+
+// `import amp_inspect._C_emu` (after amp_inspect._C) runs the registrations above; the module itself is empty.
+PyMODINIT_FUNC PyInit__C_emu(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C_emu", nullptr, -1, nullptr, nullptr, nullptr, nullptr,
+                               nullptr};
+  return PyModule_Create(&module);
 }

@@ -4,6 +4,8 @@
   pre-LN blocks with causal attention and a GELU MLP, final LayerNorm, and a head whose weight is tied to the
   embedding (one tensor under two names: "wte.weight" and "head.weight").
 - ``SmallCNN``: Conv2d/BatchNorm2d/ReLU twice, global average pool, Linear head.
+- ``SparseNet`` (a sparse embedding feeding a Linear head; ``sparse_backward`` runs it) and ``TwoLayer`` (two
+  Linear layers): the inspector's edge cases (sparse gradients, scalers, threads, torch.compile, options).
 
 ``Block.mlp_gain`` scales the MLP branch: below 1 its weight gradients shrink towards fp16's subnormal and
 underflow range, the way a damped residual branch gets there in real runs.
@@ -15,11 +17,13 @@ module's gradient.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -208,3 +212,51 @@ def cli_output(*args: str) -> str:
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
     )
     return result.stdout + result.stderr
+
+
+# ---- two small models for the inspector's edge cases: a sparse embedding, two Linear layers ----
+
+
+class SparseNet(nn.Module):
+    """A sparse embedding (nn.Embedding(sparse=True)) feeding a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 4, sparse=True)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(tokens)).sum()
+
+
+class TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+TOKENS = torch.tensor([1, 2, 1, 5])  # token 1 twice: an uncoalesced sparse gradient with a duplicate index
+STORED = 3 * 4  # values stored by the coalesced gradient: three distinct tokens, four features
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def sparse_backward(model: SparseNet, scaler: torch.amp.GradScaler | None, poison: bool) -> None:
+    loss = model(TOKENS.to(model.head.weight.device))
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if poison:
+        model.emb.weight.grad._values()[0, 0] = math.nan
+
+
+def hf_gpt2(n_embd: int = 36, vocab: int = 64):
+    """A one-layer transformers GPT-2 from a config (its Conv1D layers; skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=n_embd, n_head=2, vocab_size=vocab, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config)

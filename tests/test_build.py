@@ -70,7 +70,7 @@ def test_csrc_uses_the_stable_abi_only():
     assert offenders == []
     text = (REPO / "setup.py").read_text()
     assert '"-DTORCH_TARGET_VERSION=0x020a000000000000"' in text
-    assert text.count("py_limited_api=True") == 3  # _C in both branches, _C_cuda
+    assert text.count("py_limited_api=True") == 4  # _C in both branches, _C_cuda, _C_emu
 
 
 def _run_with_torch_cuda(version: str | None) -> subprocess.CompletedProcess:
@@ -167,3 +167,63 @@ def test_cuda_12_without_a_toolkit_says_pypi_has_no_nvcc(tmp_path):
         "CUDA 12 (nvidia-cuda-nvcc-cu12 holds ptxas only); fix: `conda install -c nvidia cuda-nvcc=12.8"
     )
     assert "pip install" not in line
+
+
+def _built_extensions(tmp_path: Path, *build_ext_args: str) -> list[str]:
+    """The extensions ``setup.py build_ext ARGS`` would compile, beside a fake CPU-only torch whose
+    BuildExtension prints them instead of compiling."""
+    fake = tmp_path / "torch"
+    (fake / "utils").mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text(
+        "__version__ = '2.11.0+cpu'\nclass version:\n    cuda = None\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n"
+    )
+    (fake / "utils" / "__init__.py").write_text("")
+    (fake / "utils" / "cpp_extension.py").write_text(
+        "from setuptools import Extension\n"
+        "from setuptools.command.build_ext import build_ext\n"
+        "class BuildExtension(build_ext):\n"
+        "    def build_extensions(self):\n"
+        "        print('BUILDS', *sorted(e.name for e in self.extensions))\n"
+        "        raise SystemExit(0)  # nothing compiled, nothing to copy\n"
+        "def CppExtension(name, sources, **kwargs):\n    return Extension(name, sources)\n"
+        "CUDAExtension = CppExtension\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "AMP_INSPECT_NO_CUDA": "1"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "setup.py"), "build_ext", *build_ext_args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("BUILDS")]
+    return line.split()[1:]
+
+
+def test_the_emulated_ops_are_built_in_place_and_left_out_of_a_wheel(tmp_path):
+    """The test-only amp_inspect._C_emu is built by in-place builds (make setup's editable install, build_ext
+    --inplace) and not by the build a wheel runs (build_ext into a build folder)."""
+    inplace = _built_extensions(tmp_path, "--inplace")
+    assert inplace == ["amp_inspect._C", "amp_inspect._C_emu"]
+    for_wheel = _built_extensions(tmp_path, "--build-lib", str(tmp_path / "lib"), "--build-temp", str(tmp_path / "t"))
+    assert for_wheel == ["amp_inspect._C"]
+
+
+def test_the_shipped_library_holds_no_emulated_op():
+    """amp_inspect._C (what a wheel ships) registers the users' ops only; amp_inspect._C_emu adds the tests'."""
+    code = (
+        "import importlib.util, torch, amp_inspect._native\n"
+        "ops = torch.ops.amp_inspect\n"
+        "print(hasattr(ops, 'tensor_stats'), hasattr(ops, '_tensor_stats_emulated'))\n"
+        "if importlib.util.find_spec('amp_inspect._C_emu'):\n"
+        "    import amp_inspect._C_emu\n"
+        "    print(hasattr(ops, '_tensor_stats_emulated'), hasattr(ops, '_unscale_stats_emulated_'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "True False"
+    assert lines[1:] in ([], ["True True"])

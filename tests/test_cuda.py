@@ -4,15 +4,14 @@ marked ``cuda`` and skips (in conftest.py, when it is about to run) without a vi
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import amp_inspect
-from tests import oracles
+from tests import cuda_cases, oracles
 from tests.oracles import ALL_FORMATS
 from tests.test_large import check_planted, planted_values
-from tests.test_random_bits import DTYPES, EDGE_SIZES, random_tensor, strided_layouts
+from tests.test_random_bits import DTYPES, random_tensor
 
 pytestmark = pytest.mark.cuda
 
@@ -54,42 +53,13 @@ def cuda_like(t: torch.Tensor, device: torch.device | None = None) -> torch.Tens
     return flat.to(device or CUDA).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-SCALES = (None, 1.0, 2.0**16, 3.0, "tensor")
-
-
-@pytest.mark.parametrize("scale", SCALES, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_random_bits_chunk_edges(dtype, scale, rng):
-    tensors = [random_tensor(rng, n, dtype) for n in EDGE_SIZES]
-    if scale == "tensor":
-        scale = torch.tensor(2.0**-16)
-    check_cuda_vs_cpu(tensors, scale)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_unaligned_starts(dtype, rng):
-    """Slices starting at element 1, 2, 3 (no 16-byte alignment) and ending anywhere."""
-    tensors = []
-    for n in (1, 5, 17, 16383, 16384, 16385, 65537):
-        base = random_tensor(rng, n + 8, dtype)
-        for start in (0, 1, 2, 3):
-            tensors.append(base[start : start + n])
-            tensors.append(base[start : start + n - 1] if n > 1 else base[start:start])
-    check_cuda_vs_cpu(tensors, None)
-    check_cuda_vs_cpu(tensors, 3.0, oracle=False)
-
-
-def test_nonfinite_positions(rng):
-    tensors = []
-    for dtype in DTYPES:
-        for n in (16383, 16384, 16385, 3 * 16384 + 1):
-            base = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(dtype)
-            for pos in (0, n // 2, n - 1, 16383):
-                t = base.clone()
-                t[min(pos, n - 1)] = float("nan")
-                tensors.append(t)
-    stats = check_cuda_vs_cpu(tensors, None)
-    assert stats.nan.tolist() == [1] * len(tensors)
+@pytest.mark.parametrize(("case", "scale"), cuda_cases.RUNS, ids=cuda_cases.RUN_IDS)
+def test_shared_case(case: cuda_cases.Case, scale, rng):
+    """The case table tests/test_cuda_emu.py runs too, its sizes on the GPU's chunk edges."""
+    tensors = case.tensors(rng, cuda_cases.GPU_CHUNK, big=True)
+    stats = check_cuda_vs_cpu(tensors, cuda_cases.scale_of(scale), oracle=case.oracle_at(scale))
+    if case.one_nonfinite_each:
+        assert (stats.nan + stats.posinf + stats.neginf).tolist() == [1] * len(tensors)
 
 
 def test_more_than_1000_tensors(rng):
@@ -97,12 +67,6 @@ def test_more_than_1000_tensors(rng):
     tensors = [random_tensor(rng, int(n), DTYPES[i % 4]) for i, n in enumerate(sizes)]
     check_cuda_vs_cpu(tensors, None, oracle=False)
     check_cuda_vs_cpu(tensors, torch.tensor(0.25), oracle=False)
-
-
-def test_noncontiguous(rng):
-    tensors = strided_layouts(rng, big=True)
-    check_cuda_vs_cpu(tensors, None)
-    check_cuda_vs_cpu(tensors, 2.0**16)
 
 
 @pytest.mark.parametrize("first", ["cpu", "cuda"])

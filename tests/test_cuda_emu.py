@@ -1,7 +1,8 @@
 """The CUDA kernels' own source, run on the CPU (csrc/tensor_stats_emu.cpp: every CUDA thread of a block a
 host thread, real barriers, shuffles and atomics) against the CPU kernel: exactly, sumsq to the tolerance of
 the CUDA-vs-CPU tests (2e-6). Chunks are made small and grids chosen so that small tensors cross many chunk,
-block, vector and tensor-table boundaries. Marked ``cuda_emu``; never skipped (no GPU needed).
+block, vector and tensor-table boundaries. Marked ``cuda_emu``: no GPU needed; skipped, saying so, only where the
+test-only library amp_inspect._C_emu is not built (an installed wheel; conftest.py).
 
 What this cannot see (needs a GPU: bench/gpu_check.sh): the GPU memory model, code generation, registers,
 speed, streams and CUDA graphs."""
@@ -12,15 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests import oracles
+from tests import cuda_cases, oracles
 from tests.oracles import ALL_FORMATS
-from tests.test_random_bits import DTYPES, random_tensor, strided_layouts
+from tests.test_random_bits import DTYPES, random_tensor
 
 pytestmark = pytest.mark.cuda_emu
 
 INLINE_VIEWS = 16  # csrc/tensor_stats_launch.h kInlineViews: more tensors take a table, or several launches
 SMALL_CHUNK = 64  # elements per chunk in most tests (the GPU uses 2048)
-SIZES = (1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 511, 1025)
 
 
 def emulated(tensors, scale=None, formats=ALL_FORMATS, *, chunk=SMALL_CHUNK, blocks=3, inline=False):
@@ -44,13 +44,14 @@ def check(tensors, scale=None, formats=ALL_FORMATS, **launch):
     return got
 
 
-@pytest.mark.parametrize("scale", [None, 2.0**16, 3.0, "tensor"], ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_random_bits_every_dtype_and_scale(dtype, scale, rng):
-    tensors = [random_tensor(rng, n, dtype) for n in SIZES]
-    if scale == "tensor":
-        scale = torch.tensor(2.0**-16)
-    check(tensors, scale)
+@pytest.mark.parametrize(("case", "scale"), cuda_cases.RUNS, ids=cuda_cases.RUN_IDS)
+def test_shared_case(case: cuda_cases.Case, scale, rng):
+    """The case table tests/test_cuda.py runs on a GPU, its sizes on this run's small chunk edges, on grids of
+    1 to 5 blocks."""
+    tensors = case.tensors(rng, SMALL_CHUNK)
+    got = check(tensors, cuda_cases.scale_of(scale), blocks=(3, 5, 2, 4, 1)[case.scales.index(scale)])
+    if case.one_nonfinite_each:
+        assert (got[0][:, 1] + got[0][:, 2] + got[0][:, 3]).tolist() == [1] * len(tensors)
 
 
 @pytest.mark.parametrize("formats", [("fp16",), ("bf16", "fp8_e5m2"), ("fp8_e4m3", "fp16", "bf16"), ALL_FORMATS])
@@ -58,18 +59,6 @@ def test_each_format_count(formats, rng):
     tensors = [random_tensor(rng, n, DTYPES[i % 4]) for i, n in enumerate((100, 1000, 3))]
     check(tensors, None, formats)
     check(tensors, 2.0**10, formats)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_unaligned_starts_and_ends(dtype, rng):
-    """Slices starting 1, 2, 3 elements past a 16-byte boundary: scalar head, vector body, scalar tail."""
-    tensors = []
-    for n in (1, 5, 17, 63, 64, 65, 300):
-        base = random_tensor(rng, n + 8, dtype)
-        for start in (0, 1, 2, 3):
-            tensors.append(base[start : start + n])
-    check(tensors, None, blocks=4)
-    check(tensors, 3.0, blocks=2)
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 5, 40])
@@ -94,32 +83,12 @@ def test_more_tensors_than_fit_in_the_parameters(inline, rng):
     check(tensors, torch.tensor(0.25), inline=inline, blocks=2)
 
 
-def test_noncontiguous_layouts(rng):
-    tensors = strided_layouts(rng, big=False)
-    check(tensors, None, chunk=16)
-    check(tensors, 2.0**16, chunk=32, blocks=5)
-
-
 def test_empty_tensors_mixed_in_and_all_empty(rng):
     tensors = [torch.empty(0), random_tensor(rng, 70, torch.float32), torch.empty(0, 3, dtype=torch.float16)]
     check(tensors)
     got = check([torch.empty(0), torch.empty(0, dtype=torch.bfloat16)])
     assert got[0][:, 0].tolist() == [0, 0]
     assert torch.isinf(got[3]).all()
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_nonfinite_at_first_middle_last(dtype, rng):
-    tensors = []
-    for n in (63, 64, 65, 200):
-        base = torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(dtype)
-        for pos, value in ((0, "nan"), (n // 2, "inf"), (n - 1, "-inf"), (31, "nan")):
-            t = base.clone()
-            t[min(pos, n - 1)] = float(value)
-            tensors.append(t)
-    got = check(tensors, None)
-    non_finite = got[0][:, 1] + got[0][:, 2] + got[0][:, 3]
-    assert non_finite.tolist() == [1] * len(tensors)
 
 
 def test_squares_near_float32_limits(rng):

@@ -19,7 +19,7 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect.attribution import FROM_ACTIVATIONS, FROM_BACKWARD_ORDER, blame, origin_in_order
-from amp_inspect.doctor import doctor
+from amp_inspect.checks import doctor
 from amp_inspect.headroom import Headroom
 from amp_inspect.history import StepRecord, collapse_warning, stable_recommended_scale, summarize
 from amp_inspect.scale_policy import NONFINITE_NOT_FROM_SCALE, ScaleDecision

@@ -17,9 +17,11 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect.distributed import reduce_stats
+from amp_inspect.history import StepRecord, summarize
 from amp_inspect.report import BEFORE_ALLREDUCE, SHARDS
 from tests import models
 from tests.dist_scenarios import INF_STEP, STEPS
+from tests.models import SparseNet, TwoLayer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,7 +184,7 @@ def test_rank_origin_counts_are_grouped_by_module_most_first() -> None:
 
 
 def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log(tmp_path) -> None:
-    from amp_inspect.history import StepRecord, summarize
+    from amp_inspect.history import StepRecord
     from amp_inspect.report import Headroom
 
     def record(step: int, ranks: list[int], origin: str = BEFORE_ALLREDUCE) -> StepRecord:
@@ -225,3 +227,21 @@ def test_the_hooks_cheap_host_check_never_hides_a_nan_or_inf() -> None:
         assert not _surely_finite(values)
     assert not _surely_finite(torch.full((4,), 3e38))  # the sum overflows: left to the exact count
     assert not _surely_finite(torch.tensor([float("inf"), -float("inf")]))  # inf - inf: NaN, not finite
+
+
+# ---- DDP with sparse gradients ----
+
+
+def test_ddp_comm_hook_refuses_sparse_gradients_with_a_clear_error() -> None:
+    # The refusal attach() makes for a DDP model with ddp_hook=True (the hook cannot count sparse buckets).
+    from amp_inspect.wrappers import refuse_sparse_with_comm_hook
+
+    with pytest.raises(ValueError, match=r"sparse gradients \(emb use sparse=True\): attach with ddp_hook=False"):
+        refuse_sparse_with_comm_hook(SparseNet())
+    refuse_sparse_with_comm_hook(TwoLayer())  # dense: fine
+
+
+def test_ddp_with_sparse_gradients_refuses_the_hook_and_inspects_them_without_it(tmp_path) -> None:
+    from tests.test_distributed import run_scenario
+
+    run_scenario("ddp_sparse", 2, tmp_path)

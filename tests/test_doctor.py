@@ -5,6 +5,7 @@ happens; the command with and without a run log."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import subprocess
 import sys
@@ -15,13 +16,22 @@ import torch.nn.utils
 import torch.nn.utils.clip_grad
 from torch import nn
 
-from amp_inspect.doctor import ClipWatch, DoctorReport, Finding, doctor, main, watch_clipping
+import amp_inspect
+import amp_inspect.checks
+from amp_inspect import cli
+from amp_inspect.checks import ClipWatch, DoctorReport, Finding, doctor, watch_clipping
 from amp_inspect.history import StepRecord
 from amp_inspect.report import Headroom
 from amp_inspect.runlog import RunLog
+from tests.models import hf_gpt2
 
-doctor_module = importlib.import_module("amp_inspect.doctor")  # the package exports the function `doctor`
 findings_module = importlib.import_module("amp_inspect.findings")  # the check registry
+
+
+def main(argv: list[str]) -> int:
+    """``amp-inspect doctor ARGV``: the doctor's command line lives with the CLI."""
+    return cli.main(["doctor", *argv])
+
 
 ORIGINALS = {
     (module, name): getattr(module, name)
@@ -219,7 +229,7 @@ def test_history_may_be_an_inspector() -> None:
 def test_new_checks_are_registered_with_a_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(findings_module, "CHECKS", list(findings_module.CHECKS))
 
-    @doctor_module.check
+    @amp_inspect.checks.check
     def always(setup):
         yield Finding("custom", "info", f"model is {type(setup.model).__name__}")
 
@@ -497,3 +507,42 @@ def test_a_gpu_the_binary_cannot_run_is_named(monkeypatch: pytest.MonkeyPatch) -
     assert "cuda-arch-missing" in found
     assert "Tesla T4 (7.5)" in found["cuda-arch-missing"].message
     assert "H200" not in found["cuda-arch-missing"].message and "5090" not in found["cuda-arch-missing"].message
+
+
+# ---- the multiple-of-8 check sees transformers' Conv1D ----
+
+
+def sizes_finding(model: nn.Module):
+    """The doctor's tensor-core-sizes finding on ``model`` under fp16 autocast, or None."""
+    report = amp_inspect.doctor(model, autocast_dtype=torch.float16)
+    return next((f for f in report.findings if f.code == "tensor-core-sizes"), None)
+
+
+def test_doctor_flags_gpt2_conv1d_sizes() -> None:
+    finding = sizes_finding(hf_gpt2(n_embd=36))  # 36 and 3 * 36 = 108: not multiples of 8
+    assert finding is not None
+    for name in ("transformer.h.0.attn.c_attn (Conv1D nx=36, nf=108)", "transformer.h.0.mlp.c_fc (Conv1D nx=36)"):
+        assert name in finding.message, finding.message
+    assert "transformer.h.0.mlp.c_proj (Conv1D nf=36)" in finding.message
+
+
+def test_doctor_is_quiet_on_a_gpt2_with_round_sizes() -> None:
+    assert sizes_finding(hf_gpt2(n_embd=32)) is None
+
+
+class Conv1D(nn.Module):
+    """A nanoGPT-style copy of transformers' Conv1D (weight [nx, nf])."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.zeros(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.view(-1, self.nx), self.weight)
+
+
+def test_doctor_flags_a_copied_conv1d_without_transformers() -> None:
+    finding = sizes_finding(nn.Sequential(Conv1D(nf=30, nx=16)))
+    assert finding is not None and "0 (Conv1D nf=30)" in finding.message

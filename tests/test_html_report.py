@@ -23,7 +23,11 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the HTML report's figures need matplotlib")
 
+
+import pytest
+
 from amp_inspect import plots  # noqa: E402
+from amp_inspect.history import StepRecord, summarize
 from amp_inspect.html_report import write_report  # noqa: E402
 from amp_inspect.runlog import RunLog, read_log, sparse_hist  # noqa: E402
 
@@ -372,3 +376,25 @@ def test_distributed_log_names_the_ranks_behind_skips(tmp_path: Path) -> None:
     assert "Ranks behind skipped steps (NaN/Inf in their own gradients, before the all-reduce)" in text
     assert "rank 3 &mdash; on 3 skipped steps" in text
     assert "came from rank 3 alone" in text
+
+
+# ---- poisoned steps in the pictures, the report and the console ----
+
+
+def test_poisoned_steps_in_plots_html_and_console(tmp_path, capsys) -> None:
+    from amp_inspect import console, html_report, plots
+
+    records = [
+        {"step": s, "scale": None, "skipped": False, "poisoned": s == 2, "offenders": ["a"] if s == 2 else []}
+        for s in range(4)
+    ]
+    series = plots.RunSeries.from_records(records)
+    assert series.poisoned.tolist() == [False, False, True, False] and not series.skipped.any()
+    fig = plots.loss_scale(series)
+    assert "1 poisoned" in fig.axes[0].get_title(loc="left")
+    summary = summarize([StepRecord.from_log_record(r) for r in records])
+    page = html_report.render_html(series, summary, {}, source="run.jsonl")
+    assert "poisoned steps" in page.lower() and "Poisoned steps: modules" in page
+    console.print_summary(summary)
+    out = " ".join(capsys.readouterr().out.split())  # rich may wrap a long title
+    assert "1 poisoned" in out and "gradients on poisoned steps" in out

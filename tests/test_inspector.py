@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import warnings
 from collections import Counter
 
@@ -20,15 +21,22 @@ import torch
 from torch import nn
 
 import amp_inspect
+from amp_inspect.history import StepRecord, summarize
 from tests import models, oracles
 from tests.models import (
     CNN_PARAM_MODULES,
     COUNT_FIELDS,
+    DEVICES,
     GPT_PARAM_MODULES,
+    STORED,
+    TOKENS,
+    SparseNet,
+    TwoLayer,
     found_inf_of,
     fp16_oracle,
     grads_by_module,
     poison_,
+    sparse_backward,
 )
 from tests.test_distributed import free_port
 
@@ -702,3 +710,364 @@ def test_float64_extremes_beyond_float32_do_not_break_the_report() -> None:
     report = insp.check()
     assert report.headroom == amp_inspect.Headroom(None, None) and report.recommended_scale is None
     assert insp.history[-1].step == 0
+
+
+# ---- what must not go unsaid: sparse gradients, NaN with no enabled scaler, parameters added after attach,
+# two inspectors on one scaler, check() from two threads, torch.compile, meta tensors, a broken loss scale,
+# complex parameters ----
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_gradient_nan_is_found_named_and_counted_by_stored_values(device: str) -> None:
+    torch.manual_seed(0)
+    model = SparseNet().to(device)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler)
+    sparse_backward(model, scaler, poison=True)
+    report = insp.check()
+    assert report.found_inf and report.skipped
+    assert report.offenders == ["emb"]
+    assert report.sparse_modules == ["emb"]
+    assert report.by_module["emb"]["numel"] == model.emb.weight.grad.coalesce()._values().numel() == STORED
+    assert report.by_module["emb"]["nan"] == 1
+    assert "sparse gradients (numel counts their stored values): emb" in str(report)
+    scaler.step(opt)
+    skipped = sum(v.item() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
+    assert skipped == 1  # GradScaler skipped it: the report agrees
+    scaler.update()
+    assert insp.summary().skipped == 1
+    assert insp.history[-1].offenders == ["emb"]
+
+
+def test_sparse_gradient_after_unscale_is_judged_at_the_scale() -> None:
+    torch.manual_seed(0)
+    model = SparseNet()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler)
+    sparse_backward(model, scaler, poison=False)
+    before = insp.check()
+    before_amax = before.by_module["emb"]["amax"]
+    scaler.unscale_(opt)
+    insp.step -= 1  # the same step, looked at again after unscale_
+    after = insp.check()
+    assert not after.found_inf
+    assert after.by_module["emb"]["amax"] == pytest.approx(before_amax, rel=1e-6)
+    assert after.by_module["emb"]["numel"] == STORED
+
+
+@pytest.mark.parametrize("inspecting", [False, True])
+def test_sparse_gradient_norms_count_a_repeated_index_once_as_torch_does(inspecting: bool) -> None:
+    torch.manual_seed(0)
+    model, twin = SparseNet(), SparseNet()
+    twin.load_state_dict(model.state_dict())
+    scaler = amp_inspect.InspectingGradScaler("cpu") if inspecting else torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler, activations="off")
+    sparse_backward(model, scaler, poison=False)
+    twin(TOKENS).backward()
+    scaler.unscale_(opt)
+    report = insp.check()
+    emb_norm = twin.emb.weight.grad.coalesce()._values().norm().item()
+    assert emb_norm != pytest.approx(twin.emb.weight.grad._values().norm().item())  # the repeat matters here
+    expected = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5)  # torch coalesces: the true gradient's norm
+    assert report.total_norm == pytest.approx(float(expected), rel=1e-6)
+    assert report.by_module["emb"]["grad_norm"] == pytest.approx(emb_norm, rel=1e-6)
+    if not inspecting:
+        total = insp.clip_grad_norm_(0.5)
+        assert float(total) == pytest.approx(float(expected), rel=1e-6)
+        for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+            ga = a.grad.coalesce().to_dense() if a.grad.is_sparse else a.grad
+            gb = b.grad.coalesce().to_dense() if b.grad.is_sparse else b.grad
+            torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("scaler", [None, "disabled", "inspecting-disabled"])
+def test_nan_without_an_enabled_scaler_is_a_poisoned_step_not_a_skip(scaler, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = TwoLayer()
+    kinds = {"disabled": torch.amp.GradScaler, "inspecting-disabled": amp_inspect.InspectingGradScaler}
+    gs = kinds[scaler]("cpu", enabled=False) if scaler in kinds else None
+    log = tmp_path / "run.jsonl"
+    insp = amp_inspect.attach(model, gs, log=log, activations="off")
+    for step in range(4):
+        model(torch.randn(2, 4)).sum().backward()
+        if step in (1, 2):
+            model.a.weight.grad[0, 0] = math.inf
+        report = insp.check()
+        if gs is not None:
+            gs.update()  # a disabled scaler: no-op (its step() would only call optimizer.step())
+        model.zero_grad()
+        if step == 1:
+            assert report.poisoned and not report.skipped
+            text = str(report)
+            assert "GradScaler skips" not in text
+            assert "optimizer applies them (step poisoned)" in text
+    summary = insp.summary()
+    assert (summary.skipped, summary.poisoned) == (0, 2)
+    assert summary.poisoned_offenders == {"a": 2}
+    text = str(summary)
+    assert "0 skipped" in text and "2 poisoned" in text
+    assert "backoff_factor" not in text and "init_scale" not in text
+    # An fp32 forward (autocast off) judged against fp16: no "bf16 needs no loss scale" (it is not a bf16 run).
+    assert any("no enabled GradScaler to skip them" in a and "Find the source" in a for a in summary.advice)
+    assert [r.poisoned for r in insp.history] == [False, True, True, False]
+    assert not any(r.skipped for r in insp.history)
+    insp.detach()
+    records = amp_inspect.read_log(log)
+    assert [r["poisoned"] for r in records] == [False, True, True, False]
+    assert not any(r["skipped"] for r in records)
+    from_log = summarize([StepRecord.from_log_record(r) for r in records])
+    assert (from_log.skipped, from_log.poisoned) == (0, 2)
+
+
+def test_a_parameter_added_after_attach_is_inspected_and_named() -> None:
+    torch.manual_seed(0)
+    model = TwoLayer()
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.randn(2, 4)).sum().backward()
+    insp.check()
+    model.extra = nn.Linear(4, 1)  # a new head after attach
+    (model(torch.randn(2, 4)).sum() + model.extra(torch.randn(2, 4)).sum()).backward()
+    model.extra.weight.grad[0, 0] = math.inf
+    with pytest.warns(RuntimeWarning, match=r"parameters changed since attach \(added extra.weight, extra.bias\)"):
+        report = insp.check()
+    assert report.found_inf and report.offenders == ["extra"]
+    del model.a  # model surgery: a layer removed
+    model.zero_grad()
+    with pytest.warns(RuntimeWarning, match=r"removed a.weight, a.bias"):
+        report = insp.check()
+    assert "a" not in report.by_module
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        insp.check()  # unchanged since: no second warning
+
+
+def test_detaching_one_of_two_inspectors_leaves_the_others_patches_and_skip_record() -> None:
+    torch.manual_seed(0)
+    model = TwoLayer()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = amp_inspect.attach(model, scaler, every=2, activations="off")
+    second = amp_inspect.attach(model, scaler, every=2, activations="off")
+    first.detach()
+    for step in range(2):
+        model.zero_grad()
+        scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+        if step == 1:  # a step every=2 does not inspect: the scaler's skip must still reach `second`
+            model.b.weight.grad[0, 0] = math.nan
+        second.check()
+        scaler.unscale_(opt)
+        assert id(opt) in second._scaler_patches.unscaled_params  # second's unscale_ record still runs
+        scaler.step(opt)
+        scaler.update()
+    assert [(r.step, r.skipped) for r in second.history] == [(0, False), (1, True)]
+    assert second.history[-1].offenders == ["b"]
+    second.detach()
+    assert "unscale_" not in vars(scaler) and "_maybe_opt_step" not in vars(scaler)
+
+
+def test_detach_in_attach_order_removes_every_patch() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    first = amp_inspect.attach(TwoLayer(), scaler, every=2, activations="off")
+    second = amp_inspect.attach(TwoLayer(), scaler, every=2, activations="off")
+    second.detach()
+    assert vars(scaler)["unscale_"] is first._scaler_patches._patched[0][2]
+    first.detach()
+    assert "unscale_" not in vars(scaler) and "_maybe_opt_step" not in vars(scaler)
+
+
+def test_a_second_inspector_on_an_inspecting_scaler_is_refused() -> None:
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    first = amp_inspect.attach(TwoLayer(), scaler)
+    with pytest.raises(RuntimeError, match="already has an inspector attached"):
+        amp_inspect.attach(TwoLayer(), scaler)
+    other = amp_inspect.attach(TwoLayer())
+    with pytest.raises(RuntimeError, match="already has an inspector attached"):
+        other.check(scaler)
+    assert scaler.listener is first
+    first.detach()
+    amp_inspect.attach(TwoLayer(), scaler)  # free again
+
+
+def test_check_from_a_second_thread_at_once_is_refused_and_records_nothing_twice() -> None:
+    model = TwoLayer()
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.randn(2, 4)).sum().backward()
+    inside, release = threading.Event(), threading.Event()
+    refresh = insp._refresh_params
+
+    def slow_refresh() -> None:  # holds the first check() inside, deterministically
+        inside.set()
+        release.wait(timeout=30)
+        refresh()
+
+    insp._refresh_params = slow_refresh
+    results: list[object] = []
+    worker = threading.Thread(target=lambda: results.append(insp.check()))
+    worker.start()
+    assert inside.wait(timeout=30)
+    try:
+        with pytest.raises(RuntimeError, match="check\\(\\) is already running in another thread"):
+            insp.check()
+    finally:
+        release.set()
+        worker.join(timeout=30)
+    assert len(results) == 1 and results[0] is not None
+    assert [r.step for r in insp.history] == [0]
+    assert insp.step == 1
+
+
+def test_history_read_from_another_thread_while_checking_finalizes_each_report_once() -> None:
+    model = TwoLayer()
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.randn(2, 4)).sum().backward()
+    stop = threading.Event()
+    reader = threading.Thread(target=lambda: [insp.history for _ in iter(stop.is_set, True)])
+    reader.start()
+    try:
+        for _ in range(200):
+            insp.check()
+    finally:
+        stop.set()
+        reader.join(timeout=30)
+    assert [r.step for r in insp.history] == list(range(200))
+
+
+def test_check_from_a_second_thread_one_after_the_other_is_refused_too() -> None:
+    model = TwoLayer()
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.randn(2, 4)).sum().backward()
+    errors: list[BaseException] = []
+    go, done = threading.Event(), threading.Event()
+
+    def loop() -> None:  # the training loop's thread: checks, then waits while the main thread tries
+        insp.check()
+        go.set()
+        done.wait(timeout=30)
+        insp.check()
+
+    trainer = threading.Thread(target=loop, name="trainer")
+    trainer.start()
+    assert go.wait(timeout=30)
+    try:
+        insp.check()  # a monitor thread's call in between would count the same step twice
+    except RuntimeError as error:
+        errors.append(error)
+    done.set()
+    trainer.join(timeout=30)
+    assert len(errors) == 1 and "thread 'trainer' calls it" in str(errors[0])
+    assert [r.step for r in insp.history] == [0, 1]
+    insp.check()  # the trainer thread has ended: another thread may take over
+    assert [r.step for r in insp.history] == [0, 1, 2]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compiled_run(model: nn.Module, insp, steps: int, bad: set[int], call=None) -> list:
+    reports = []
+    call = model if call is None else call
+    for step in range(steps):
+        x = torch.randn(2, 4)
+        if step in bad:
+            x[0, 0] = math.inf
+        call(x).sum().backward()
+        reports.append(insp.check())
+        for p in model.parameters():
+            p.grad = None
+    return reports
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])  # inductor: the default, a real compile (seconds)
+def test_producer_search_works_on_a_compiled_model(fresh_dynamo, backend: str) -> None:
+    torch.manual_seed(0)
+    compiled = torch.compile(TwoLayer(), backend=backend)
+    insp = amp_inspect.attach(compiled, torch.amp.GradScaler("cpu"))
+    reports = _compiled_run(compiled, insp, 5, bad={1, 2, 3})
+    assert reports[1].found_inf and reports[2].found_inf
+    # Armed after step 1's skip: step 2 ran eagerly with the hooks.
+    assert reports[2].first_nonfinite is not None and reports[2].first_nonfinite.startswith("a: forward output")
+    insp.detach()
+    assert torch._dynamo.eval_frame._stance.stance == "default"  # the stance is restored
+
+
+def test_activations_always_on_a_compiled_model_does_not_recompile_to_the_limit(fresh_dynamo) -> None:
+    torch.manual_seed(0)
+    compiled = torch.compile(TwoLayer(), backend="eager")
+    with pytest.warns(RuntimeWarning, match="runs every step eagerly"):
+        insp = amp_inspect.attach(compiled, activations="always")
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        reports = _compiled_run(compiled, insp, 12, bad={3, 7})
+    assert [r.first_nonfinite is not None for r in reports] == [s in (3, 7) for s in range(12)]
+    insp.detach()
+    assert torch._dynamo.eval_frame._stance.stance == "default"
+
+
+def test_hooks_bypassed_by_a_compiled_wrapper_are_reported_not_silent(fresh_dynamo) -> None:
+    torch.manual_seed(0)
+    model = TwoLayer()
+    compiled = torch.compile(model, backend="eager")
+    insp = amp_inspect.attach(model)  # the plain model, while the loop calls the compiled wrapper
+    with pytest.warns(RuntimeWarning, match="saw no forward pass"):
+        reports = _compiled_run(model, insp, 4, bad={1, 2}, call=compiled)
+    assert reports[2].found_inf
+    assert reports[2].first_nonfinite is not None and "not searched" in reports[2].first_nonfinite
+    assert "torch.compile" in str(reports[2])
+
+
+def test_meta_gradients_in_check_name_the_parameter() -> None:
+    model = nn.Linear(2, 2, device="meta")
+    model.weight.grad = torch.zeros(2, 2, device="meta")
+    insp = amp_inspect.attach(model, activations="off")
+    with pytest.raises(TypeError, match="parameter 'weight' is on the meta device"):
+        insp.check()
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1024.0])
+@pytest.mark.parametrize("unscaled", [False, True])
+def test_a_broken_loss_scale_is_named_not_a_math_error(bad: float, unscaled: bool) -> None:
+    torch.manual_seed(0)
+    model = TwoLayer()
+    scaler = torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler, activations="off")
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    scaler._scale.fill_(bad)
+    if unscaled:
+        scaler.unscale_(opt)
+    with pytest.warns(RuntimeWarning, match="not a finite positive number: the scaler's state is broken"):
+        report = insp.check()  # said at once, also to a loop that never prints its reports
+    assert report.scale_problem is not None and "not a finite positive number" in report.scale_problem
+    assert report.recommended_scale is None
+    assert "WARNING: the loss scale is" in str(report)
+    assert report.to_record()["scale_problem"] == report.scale_problem
+    summary = insp.summary()
+    assert any("not a finite positive number" in w for w in summary.warnings), summary.warnings
+
+
+def test_complex_parameters_are_inspected_and_named() -> None:
+    class Complex(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rot = nn.Linear(2, 2).to(torch.complex64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.rot(x.to(torch.complex64)).abs().sum()
+
+    model = Complex()
+    insp = amp_inspect.attach(model, activations="off")
+    model(torch.randn(3, 2)).backward()
+    model.rot.weight.grad[0, 0] = complex(math.nan, 0.0)
+    report = insp.check()
+    assert report.found_inf and report.offenders == ["rot"]
+    assert report.by_module["rot"]["numel"] == 2 * (4 + 2)  # real and imaginary parts
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    scaler.scale(model(torch.randn(3, 2))).backward()
+    with pytest.raises(TypeError, match=r"the gradient of param_groups\[0\]\.params\[0\] is torch.complex64"):
+        scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -16,6 +16,7 @@ import torch
 
 import amp_inspect
 from amp_inspect import _ops
+from amp_inspect._ops import tensor_stats_op, unscale_stats_op
 from amp_inspect.reference import tensor_stats_reference
 from tests import oracles
 from tests.oracles import ALL_FORMATS
@@ -430,3 +431,30 @@ def test_fallback_without_extension(tmp_path):
                 torch.testing.assert_close(value, want, rtol=2e-6, atol=0)
             else:
                 assert torch.equal(value, want), name
+
+
+# ---- meta and mixed devices ----
+
+
+def test_meta_tensor_in_tensor_stats_is_one_clear_error() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "built without it" warning first
+        with pytest.raises(ValueError, match="tensor 1 is on the meta device"):
+            amp_inspect.tensor_stats([torch.ones(3), torch.ones(3, device="meta")])
+        with pytest.raises(ValueError, match="scale tensor is on the meta device"):
+            amp_inspect.tensor_stats([torch.ones(3)], scale=torch.ones((), device="meta"))
+
+
+def test_the_op_refuses_mixed_and_meta_devices_instead_of_running_the_fake_kernel() -> None:
+    grads = [torch.full((4,), 8.0), torch.full((2,), 8.0, device="meta")]
+    found = torch.zeros(())
+    with pytest.raises(ValueError, match="tensor 1 is on the meta device"):
+        unscale_stats_op(grads, torch.full((), 0.5), found, ["fp16"])
+    cpu = [torch.full((4,), 8.0)]
+    with pytest.raises(ValueError, match="inv_scale is on the meta device"):
+        unscale_stats_op(cpu, torch.full((), 0.5, device="meta"), found, ["fp16"])
+    assert torch.equal(cpu[0], torch.full((4,), 8.0))  # not silently left "unscaled" by a fake kernel
+    with pytest.raises(ValueError, match="scale is on the meta device"):
+        tensor_stats_op(cpu, torch.ones((), device="meta"), None, ["fp16"])
+    outputs = unscale_stats_op(cpu, torch.full((), 0.5), found, ["fp16"])
+    assert torch.equal(cpu[0], torch.full((4,), 4.0)) and int(outputs[0][0, 0]) == 4

@@ -10,8 +10,10 @@ import warnings
 import pytest
 import torch
 
+import amp_inspect
 from amp_inspect.scale_policy import HeadroomPolicy
 from amp_inspect.scaler import InspectingGradScaler
+from tests.models import TwoLayer
 
 
 @pytest.mark.parametrize("init_scale", [math.nan, math.inf, -1.0, 0.0, "big", True])
@@ -124,3 +126,29 @@ def test_a_headroom_state_loaded_into_a_torch_policy_scaler_says_so() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         target.load_state_dict(plain.state_dict())  # a torch-policy state: nothing to say
+
+
+# ---- attach options checked at attach ----
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"hist_every": "x"}, ValueError, "hist_every must be an int"),
+        ({"hist_every": 2.5}, ValueError, "hist_every must be an int"),
+        ({"watch_clipping": "yes", "scaler": torch.amp.GradScaler("cpu")}, TypeError, "watch_clipping must be True"),
+        ({"ddp_hook": 1}, TypeError, "ddp_hook must be True or False"),
+        ({"log_all_ranks": None}, TypeError, "log_all_ranks must be True or False"),
+        ({"log": 3}, TypeError, "log must be a path"),
+    ],
+)
+def test_attach_options_are_checked_at_attach(kwargs, error, match, tmp_path) -> None:
+    scaler = kwargs.pop("scaler", None)
+    with pytest.raises(error, match=match):
+        amp_inspect.attach(TwoLayer(), scaler, **kwargs)
+
+
+@pytest.mark.parametrize(("name", "value"), [("arm_steps", 0), ("collapse_skips", "5")])
+def test_inspector_only_options_are_checked_too(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+        amp_inspect.Inspector(TwoLayer(), **{name: value})

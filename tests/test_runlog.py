@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import signal
@@ -13,9 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+import amp_inspect
 from amp_inspect import runlog
 from amp_inspect.runlog import SCHEMA_VERSION, RunLog, dense_hist, read_log, sparse_hist
+from tests.run_logs import log_record, write_log
 
 
 def _strict_loads(line: str) -> object:
@@ -321,3 +325,94 @@ def test_a_log_write_that_fails_costs_that_line_only(tmp_path, monkeypatch) -> N
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         assert [r["step"] for r in amp_inspect.read_log(tmp_path / "run.jsonl")] == [0, 3]
+
+
+# ---- log= at a file that is not a run log, and torn or bad lines ----
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "text", "text_no_newline", "jsonl_of_another_tool"])
+def test_log_at_a_foreign_file_is_refused_and_left_untouched(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "target"
+    if kind == "checkpoint":
+        torch.save({"w": torch.arange(100.0)}, path)
+    elif kind == "text":
+        path.write_text("notes\nmore notes\n", encoding="utf-8")
+    elif kind == "text_no_newline":
+        path.write_text("line one\nthe last line has no newline", encoding="utf-8")
+    else:
+        path.write_text('{"loss": 1.0}\n{"loss": 0.5', encoding="utf-8")
+    before = path.read_bytes()
+    model = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"exists and is not an amp_inspect run log"):
+        insp = amp_inspect.attach(model, log=path)
+        insp.detach()  # before the fix: attach, then detach with no step, cut the "torn last line"
+    assert path.read_bytes() == before
+    if kind == "checkpoint":
+        assert torch.equal(torch.load(path)["w"], torch.arange(100.0))
+
+
+def test_log_at_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is a directory"):
+        RunLog(tmp_path)
+
+
+def test_our_torn_log_and_empty_files_are_still_appended_to(tmp_path: Path) -> None:
+    ours = write_log(tmp_path / "run.jsonl", [log_record(0)])
+    with open(ours, "ab") as f:
+        f.write(b'{"schema":1,"time":1.0,"st')  # a killed run's torn tail
+    with pytest.warns(RuntimeWarning, match="torn last line"), RunLog(ours) as log:
+        log.write(log_record(1))
+    assert [r["step"] for r in read_log(ours)] == [0, 1]
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    with RunLog(empty) as log:
+        log.write(log_record(0))
+    assert [r["step"] for r in read_log(empty)] == [0]
+
+
+class _DiskFull:
+    """A file whose next write stores half the line, then fails as a full disk does."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+        self.fail = True
+
+    def write(self, data) -> int:
+        if self.fail:
+            self.fail = False
+            self.file.write(bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def test_disk_full_mid_line_then_the_loop_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+    log = RunLog(path)
+    log.write(log_record(0))
+    log.write(log_record(1))
+    real = log._file
+    log._file = _DiskFull(real)
+    with pytest.raises(OSError, match="No space"):
+        log.write(log_record(2))
+    log._file = real
+    log.write(log_record(3))
+    log.write(log_record(4, skipped=True))
+    log.close()
+    with pytest.warns(RuntimeWarning, match=r"run\.jsonl: skipped 1 invalid line of 5, read 4 records: line 3 ") as w:
+        records = read_log(path)
+    assert len(w) == 1
+    assert [r["step"] for r in records] == [0, 1, 3, 4]
+    assert records[-1]["skipped"] is True
+
+
+def test_glued_record_after_a_torn_one_is_recovered(tmp_path: Path) -> None:
+    # What an older writer left after a failed write: the next record glued onto the torn line.
+    path = write_log(tmp_path / "run.jsonl", [log_record(0)])
+    line = json.dumps({"schema": 1, "step": 2}, separators=(",", ":")).encode()
+    with open(path, "ab") as f:
+        f.write(b'{"schema":1,"time":1.0,"step":1,"sca' + line + b"\n")
+    with pytest.warns(RuntimeWarning, match=r"line 2 \(torn, followed by a whole record\)"):
+        assert [r["step"] for r in read_log(path)] == [0, 2]

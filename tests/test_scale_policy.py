@@ -21,7 +21,10 @@ from amp_inspect.scale_policy import (
     SKIP_OVERFLOW,
     START,
     HeadroomPolicy,
+    RunFacts,
+    ScaleDecision,
     StepStats,
+    register_policy,
 )
 from tests import models
 from tests.test_distributed import run_scenario
@@ -321,3 +324,109 @@ def test_explicit_torch_policy_is_gradscaler_bit_for_bit() -> None:
     assert ours.last_decision is None
     for p, q in zip(model_t.parameters(), model_i.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+# ---- a policy of one's own: the ScalePolicy protocol ----------------------------------------------------
+
+
+@register_policy
+class HalveOnNonfinite:
+    """The smallest policy: hold the scale on clean steps, halve it after a non-finite one."""
+
+    name = "halve_on_nonfinite"
+    reason_words = {"hold": "hold: clean step", "halve": "halved after NaN/Inf"}
+    skip_words = {"nonfinite": "NaN/Inf in the gradients"}
+    routine = ("hold",)
+
+    def __init__(self) -> None:
+        self.halvings = 0
+
+    def first_scale(self, init_scale: float) -> float:
+        return 2.0**8
+
+    def decide(self, s: StepStats, growth_factor: float, backoff_factor: float, growth_interval: int):
+        if s.nan or s.inf:
+            self.halvings += 1
+            return ScaleDecision(s.scale / 2, s.scale, "halve", "nonfinite", offenders=s.offenders)
+        return ScaleDecision(s.scale, s.scale, "hold", None)
+
+    def state_dict(self) -> dict:
+        return {"halvings": self.halvings}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.halvings = int(state["halvings"])
+
+    @staticmethod
+    def advice(facts: RunFacts) -> list[str]:
+        halved = [step for step, d in facts.decisions if d.reason == "halve"]
+        return [f"halved {len(halved)} times (first after step {halved[0]})"] if halved else []
+
+
+def test_a_custom_policy_runs_the_scaler_and_names_its_decisions_in_the_log_summary_and_cli(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from amp_inspect import cli
+    from amp_inspect.runlog import read_log
+
+    model, opt, scaler = make(HalveOnNonfinite())
+    assert scaler.policy == "halve_on_nonfinite" and scaler.get_scale() == 2.0**8  # its first scale
+    insp = amp_inspect.attach(model, scaler, log=tmp_path / "run.jsonl")
+    run = train(model, opt, scaler, range(8), nan_steps=(4,))
+    summary = insp.summary()
+    insp.close()
+    assert [scale for scale, _, _ in run] == [2.0**8] * 5 + [2.0**7] * 3  # halved after step 4 alone
+    assert [skipped for _, skipped, _ in run] == [step == 4 for step in range(8)]
+    assert scaler.state_dict()["halve_on_nonfinite_policy"] == {"halvings": 1}
+    decisions = [r["scale_decision"] for r in read_log(tmp_path / "run.jsonl") if "step" in r]
+    assert {d["policy"] for d in decisions} == {"halve_on_nonfinite"} and len(decisions) == 8
+    assert summary.policy == "halve_on_nonfinite"
+    assert [(c.step, c.reason_text, c.skip_text) for c in summary.decisions] == [
+        (4, "halved after NaN/Inf", "NaN/Inf in the gradients")
+    ]
+    assert "halved 1 times (first after step 4)" in summary.advice
+    assert not [a for a in summary.advice if "backoff_factor" in a or "HeadroomPolicy" in a]  # not others' advice
+    assert cli.main(["summary", str(tmp_path / "run.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "halve_on_nonfinite" in out and "halved after NaN/Inf" in out and "halved 1 times" in out
+
+    restored = amp_inspect.InspectingGradScaler("cpu", policy="halve_on_nonfinite")  # by its registered name
+    restored.load_state_dict(scaler.state_dict())
+    assert restored.get_scale() == 2.0**7 and restored._policy.halvings == 1
+
+
+def test_a_policy_without_a_required_method_is_refused_in_one_sentence() -> None:
+    class NoDecide:
+        name = "no_decide"
+
+        def first_scale(self, init_scale: float) -> float:
+            return init_scale
+
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, state: dict) -> None:
+            pass
+
+    with pytest.raises(TypeError) as refused:
+        amp_inspect.InspectingGradScaler("cpu", policy=NoDecide())
+    text = str(refused.value)
+    assert text == (
+        "InspectingGradScaler: policy NoDecide is not a ScalePolicy: it lacks decide (a ScalePolicy has name, "
+        "first_scale, decide, state_dict, load_state_dict: amp_inspect/scale_policy.py)"
+    )
+    with pytest.raises(TypeError, match="lacks name"):
+        amp_inspect.InspectingGradScaler("cpu", policy=object())
+    with pytest.raises(TypeError, match="got the class HalveOnNonfinite"):
+        amp_inspect.InspectingGradScaler("cpu", policy=HalveOnNonfinite)
+    amp_inspect.InspectingGradScaler("cpu", policy=HalveOnNonfinite())  # the complete one is taken
+
+
+def test_a_log_of_a_policy_unknown_here_shows_its_reasons_as_recorded_and_old_logs_read_as_headroom() -> None:
+    from amp_inspect.scale_timeline import decision_from_record, policy_of, scale_changes
+
+    old = decision_from_record({"scale": 2.0, "previous": 4.0, "reason": OVERFLOW, "skip": SKIP_OVERFLOW})
+    assert old.policy == "headroom" and policy_of([None, old]) == "headroom"
+    assert scale_changes([3], [old])[0].reason_text == "overflow caused by the scale"
+    unknown = decision_from_record({"scale": 2.0, "previous": 4.0, "reason": "zap", "skip": "z", "policy": "elsewhere"})
+    change = scale_changes([3], [unknown])[0]
+    assert policy_of([unknown]) == "elsewhere" and (change.reason_text, change.skip_text) == ("zap", "z")

@@ -11,7 +11,18 @@ from torch import nn
 
 import amp_inspect
 from tests import models
-from tests.models import COUNT_FIELDS, GPT_PARAM_MODULES, found_inf_of, fp16_oracle, grads_by_module, poison_
+from tests.models import (
+    COUNT_FIELDS,
+    DEVICES,
+    GPT_PARAM_MODULES,
+    STORED,
+    SparseNet,
+    found_inf_of,
+    fp16_oracle,
+    grads_by_module,
+    poison_,
+    sparse_backward,
+)
 
 STEPS = 50
 POISON = {3: math.inf, 4: math.nan, 17: -math.inf, 30: math.inf}  # step -> value written into one gradient
@@ -385,3 +396,33 @@ def test_inspecting_scaler_pickles_like_gradscaler() -> None:
     scaler.update()
     copy = pickle.loads(pickle.dumps(scaler))
     assert copy.state_dict() == scaler.state_dict() and copy.last_report is None
+
+
+# ---- sparse gradients in the unscale pass ----
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("poison", [False, True])
+def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poison: bool, device: str) -> None:
+    torch.manual_seed(0)
+    mine, theirs = SparseNet().to(device), SparseNet().to(device)
+    theirs.load_state_dict(mine.state_dict())
+    scalers = (
+        amp_inspect.InspectingGradScaler(device, init_scale=2.0**8),
+        torch.amp.GradScaler(device, init_scale=2.0**8),
+    )
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, theirs)]
+    insp = amp_inspect.attach(mine, scalers[0])
+    for model, scaler, opt in zip((mine, theirs), scalers, opts, strict=True):
+        sparse_backward(model, scaler, poison)
+        scaler.step(opt)
+        scaler.update()
+    report = scalers[0].last_report
+    assert report.found_inf is poison
+    assert report.sparse_modules == ["emb"]
+    assert report.by_module["emb"]["numel"] == STORED
+    assert report.offenders == (["emb"] if poison else [])
+    assert insp.summary().skipped == int(poison)
+    for a, b in zip(mine.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(a, b) or (poison and torch.equal(a.isnan(), b.isnan()))
+    assert scalers[0].get_scale() == scalers[1].get_scale()

@@ -12,7 +12,7 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect.attribution import FROM_BACKWARD_ORDER, FROM_EVERY_MODULE, LOSS_OR_FORWARD
-from amp_inspect.doctor import doctor
+from amp_inspect.checks import doctor
 from amp_inspect.headroom import Headroom
 from amp_inspect.history import StepRecord, summarize
 from amp_inspect.setup_checks import split_advice

@@ -1,5 +1,5 @@
-"""The AMP doctor: checks a mixed-precision setup, a run's history and the environment, and says how to fix
-what it finds.
+"""The AMP doctor (``amp_inspect.doctor``, defined here): checks a mixed-precision setup, a run's history and
+the environment, and says how to fix what it finds.
 
     report = doctor(model, optimizer, scaler, autocast_dtype=torch.float16, history=insp.history)
     print(report)              # errors first, each with its fix
@@ -17,10 +17,12 @@ reports what it saw.
 Adding a check: a function that takes a ``Setup`` and yields ``Finding``s, decorated with ``@check`` (model,
 optimizer, scaler, history) or ``@environment_check`` (the machine and the build).
 
-Where the pieces live (all importable from here): the findings, the report and the registry in
-amp_inspect/findings.py; the setup checks in amp_inspect/setup_checks.py; the environment checks and a run
-log's hardware findings in amp_inspect/environment_checks.py; the clipping watch in amp_inspect/clipping.py;
-``amp-inspect doctor`` in amp_inspect/cli.py (``python -m amp_inspect.doctor`` runs it too).
+Where the pieces live (all importable from here, ``from amp_inspect.checks import Finding, check``): the
+findings, the report and the registry in amp_inspect/findings.py; the setup checks in
+amp_inspect/setup_checks.py; the environment checks and a run log's hardware findings in
+amp_inspect/environment_checks.py; the clipping watch in amp_inspect/clipping.py; ``amp-inspect doctor`` (also
+``python -m amp_inspect doctor``) in amp_inspect/cli.py. This module is not named ``doctor``: the package's
+``amp_inspect.doctor`` is the function, and a submodule of that name would replace it when imported.
 
 Cost: the setup checks walk parameters and modules once, reading no tensor data (no sync). Reading a
 ClipWatch's findings reads the loss scales it recorded (one host sync on CUDA). The environment checks
@@ -29,8 +31,6 @@ initialise CUDA and NVML: they are for ``amp-inspect doctor``, not for the train
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,14 +44,13 @@ from .findings import (
     CHECKS,
     ENVIRONMENT_CHECKS,
     SEVERITIES,
-    CheckFn,
     DoctorReport,
     Finding,
     check,
     environment_check,
 )
 from .history import COLLAPSE_SKIPS, StepRecord
-from .setup_checks import IMAGE_CHANNELS_MAX, MAX_HEADROOM, TENSOR_CORE_MULTIPLE, Setup
+from .setup_checks import IMAGE_CHANNELS_MAX, MAX_HEADROOM, TENSOR_CORE_MULTIPLE, CheckFn, Setup
 
 DEFAULT_COLLAPSE_SKIPS = COLLAPSE_SKIPS  # the name this module has always exported
 
@@ -75,7 +74,6 @@ __all__ = [
     "doctor",
     "environment_check",
     "log_hardware_findings",
-    "main",
     "watch_clipping",
 ]
 
@@ -130,18 +128,3 @@ def doctor(
     if environment:
         found += check_environment()
     return DoctorReport(found)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``amp-inspect doctor [--log run.jsonl] [--strict]``: environment checks, and the run's history with --log.
-
-    Prints the findings; returns 0 when there is no error (1 otherwise; with --strict, warnings count too),
-    2 when the log cannot be read. Initialises CUDA and NVML."""
-    from .cli import add_doctor_arguments
-
-    args = add_doctor_arguments(argparse.ArgumentParser(prog="amp-inspect doctor")).parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
