@@ -1067,7 +1067,12 @@ def test_complex_parameters_are_inspected_and_named() -> None:
     report = insp.check()
     assert report.found_inf and report.offenders == ["rot"]
     assert report.by_module["rot"]["numel"] == 2 * (4 + 2)  # real and imaginary parts
-    scaler = amp_inspect.InspectingGradScaler("cpu")
+    # The scaler takes complex gradients too (as their real and imaginary parts; torch's GradScaler cannot unscale
+    # them): the same values check() judges, unscaled in place.
+    model.zero_grad()
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=4.0)
     scaler.scale(model(torch.randn(3, 2))).backward()
-    with pytest.raises(TypeError, match=r"the gradient of param_groups\[0\]\.params\[0\] is torch.complex64"):
-        scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.1))
+    scaled = model.rot.weight.grad.clone()
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert scaler.last_report is not None and scaler.last_report.stats.numel.sum() == 2 * (4 + 2)
+    assert torch.equal(model.rot.weight.grad, scaled / 4.0)
