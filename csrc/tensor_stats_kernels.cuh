@@ -40,7 +40,8 @@ inline namespace AMPI_KERNELS_NAMESPACE {
 constexpr int kThreads = 256;
 constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
-// 4 blocks of 256 per SM: caps registers at 64 per thread, so enough loads are in flight to cover latency.
+// 3 blocks of 256 per SM: caps registers at 80 per thread (65536 / 768, rounded down to ptxas's granule), so
+// 24 warps per SM keep enough loads in flight to cover latency (bench/README.md has the numbers).
 constexpr int kMinBlocksPerSm = 3;
 constexpr int kVectorBytes = 16;
 // 16-byte loads each thread issues before using any of them (memory-level parallelism): 4 of 4- and 8-byte
@@ -90,7 +91,9 @@ struct FinalizeParams {
 // ---- per-thread counting ----
 
 // One thread's counts since the last flush. Word order matches workspace columns 1..: nan, posinf, neginf,
-// zero, over[F], below[F], at_zero[F].
+// zero, over[F], below[F], at_zero[F]. Words kZero.. each count |bits| below one threshold (Judge::below); the
+// over[F] words thus hold |bits| < overflow_from, and flush turns them into at_or_above_overflow (the count of
+// the piece less them).
 template <int kFormats>
 struct Tally {
   static constexpr int kWords = 4 + 3 * kFormats;
@@ -128,27 +131,36 @@ __shared__ uint32_t warp_histograms[kWarps][kHistBins];
 // pointer, they were reloaded for every element: the loop's stores and atomics might alias them).
 template <int kFormats>
 struct Judge {
-  FormatBounds bounds[kFormats];
+  static constexpr int kThresholds = 1 + 3 * kFormats;
+  // Per Tally word kZero + i, the |bits| threshold it counts below: 1 (zero), then overflow_from[F],
+  // normal_from[F], zero_upto[F] + 1 (so "at or below zero_upto" is "below zero_upto + 1").
+  uint32_t below[kThresholds];
+  FormatBounds bounds[kFormats];  // the float64 path's thresholds
   int warp;  // this thread's warp: its row of warp_histograms
   float scale;
   float inv_scale;
 };
 
-// Threshold tests and the histogram of one element given as float32 bits of v; returns |bits|.
-template <int kFormats>
-__device__ __forceinline__ uint32_t count_common32(Tally<kFormats>& t, uint32_t bits, const Judge<kFormats>& j) {
-  using T = Tally<kFormats>;
-  const uint32_t a = bits & kAbsMask32;
-  t.n[T::kZero] += a == 0;
+// Whether `p` holds in any lane of the warp that runs this line with the caller. Every use below is exact
+// whatever the other lanes answer (it picks between two exact ways of counting), as long as the answer is true
+// where the caller's own `p` is; so the mask is whichever lanes are active, and loops need not be warp-uniform.
+__device__ __forceinline__ bool any_in_warp(bool p) { return __any_sync(__activemask(), p); }
+
+// Adds to `counter` how many of a[0..kCount) lie below `threshold`, given lo and hi, their smallest and
+// largest value. Where no lane's batch straddles the threshold (lo < threshold <= hi), the whole batch is on
+// one side of it: kCount if hi is below, else none. Otherwise every element is tested (the branch is uniform
+// over the warp, so a straddling lane does not make the others pay twice).
+template <int kCount>
+__device__ __forceinline__ void count_below(uint32_t& counter, const uint32_t (&a)[kCount], uint32_t lo, uint32_t hi,
+                                            uint32_t threshold) {
+  if constexpr (kCount == 1) {
+    counter += below32(a[0], threshold);
+  } else if (any_in_warp(lo < threshold && threshold <= hi)) {
 #pragma unroll
-  for (int f = 0; f < kFormats; ++f) {
-    t.n[T::kOver + f] += a >= j.bounds[f].overflow_from;
-    t.n[T::kBelow + f] += a < j.bounds[f].normal_from;
-    t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto;
+    for (int k = 0; k < kCount; ++k) counter += below32(a[k], threshold);
+  } else {
+    counter += hi < threshold ? static_cast<uint32_t>(kCount) : 0u;
   }
-  t.min_abs_minus_one = min(t.min_abs_minus_one, a - 1u);
-  atomicAdd(&warp_histograms[j.warp][hist_bin(bits)], 1u);
-  return a;
 }
 
 // NaN / +Inf / -Inf of float32 bits, for the rare batch that holds any.
@@ -186,7 +198,7 @@ __device__ __forceinline__ uint32_t stored_as_f32_bits(typename Storage<kDtype>:
   if constexpr (kDtype == kFloat32) {
     return raw;
   } else if constexpr (kDtype == kFloat16) {
-    return fp16_to_f32_bits(raw);
+    return __float_as_uint(__half2float(__ushort_as_half(raw)));  // HADD2.F32: exact, subnormals included
   } else if constexpr (kDtype == kBFloat16) {
     return bf16_to_f32_bits(raw);
   } else {
@@ -205,7 +217,7 @@ __device__ __forceinline__ typename Storage<kDtype>::type unscaled(typename Stor
     const double x = __longlong_as_double(static_cast<long long>(raw));
     return static_cast<uint64_t>(__double_as_longlong(__dmul_rn(x, static_cast<double>(inv_scale))));
   } else if constexpr (kDtype == kFloat16) {
-    return __half_as_ushort(__float2half_rn(__fmul_rn(__uint_as_float(fp16_to_f32_bits(raw)), inv_scale)));
+    return __half_as_ushort(__float2half_rn(__fmul_rn(__half2float(__ushort_as_half(raw)), inv_scale)));
   } else {
     return __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(__uint_as_float(bf16_to_f32_bits(raw)), inv_scale)));
   }
@@ -224,8 +236,24 @@ __device__ __forceinline__ uint32_t judged_bits(typename Storage<kDtype>::type r
 }
 
 // Counts kCount stored values held in registers, then unscales them in place when the launch unscales.
-// Squares: float32 over the batch, float64 across batches. The rare paths (a batch holding NaN/Inf, or
-// values near float32's limits) convert the values again rather than keep a second copy in registers.
+//
+// Why per batch, and why it is exact. Each thread holds its batch (16 values of a full batch) in registers.
+// Their |bits| a[k] give the batch's smallest (lo) and largest (hi) |bits|, NaN and Inf included. Every
+// statistic but the histogram is then decided once per batch where the batch lies on one side of what it
+// tests, and per element only where it does not:
+//   - each threshold count (count_below): if hi < t all kCount are below t, if lo >= t none is; only when
+//     lo < t <= hi (the batch straddles t, in any lane of the warp) is every a[k] tested. Both ways give the
+//     same count for every batch; the per-batch way is taken only where it is right.
+//   - zeros are the threshold 1; the smallest nonzero |bits| is lo when lo != 0, else found per element in
+//     the same straddling branch (a batch of only zeros has none);
+//   - the largest finite |bits| and the float32 sum of squares are hi and the batch sum when hi lies in
+//     [kFloatSquaresFrom, kFloatSquaresBelow) (then nothing in the batch is NaN or Inf); any other batch takes
+//     the rare path, which redoes the extremes and squares per element and tells NaN / +Inf / -Inf apart.
+// So the common path (no threshold straddled in the warp, no NaN/Inf, no value near float32's limits) costs
+// per element a load share, the conversion, an abs, a min, a max, a fused square-add and the histogram atomic,
+// and per batch a few instructions per threshold. The other way the issue offered (counts from the exponent
+// histogram, corrections for the thresholds inside a binade) needs a per-element test for every threshold
+// that is not on a binade edge, which is all of them (65520, 2^-14 - 2^-25, ...): it saves nothing here.
 template <int kDtype, int kMode, int kFormats, class Words>
 __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, const Judge<kFormats>& j) {
   using T = Tally<kFormats>;
@@ -239,12 +267,12 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       const uint64_t a = raw.get(k) & kAbsMask64;
       const bool finite = is_finite64(a);
       any_nonfinite |= !finite;
-      t.n[T::kZero] += a == 0;
+      t.n[T::kZero] += static_cast<uint32_t>(below64(a, uint64_t{1}));
 #pragma unroll
       for (int f = 0; f < kFormats; ++f) {
-        t.n[T::kOver + f] += a >= j.bounds[f].overflow_from64;
-        t.n[T::kBelow + f] += a < j.bounds[f].normal_from64;
-        t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto64;
+        t.n[T::kOver + f] += static_cast<uint32_t>(below64(a, j.bounds[f].overflow_from64));
+        t.n[T::kBelow + f] += static_cast<uint32_t>(below64(a, j.bounds[f].normal_from64));
+        t.n[T::kAtZero + f] += static_cast<uint32_t>(below64(a, j.bounds[f].zero_upto64 + 1u));
       }
       const double x = __longlong_as_double(static_cast<long long>(raw.get(k)));
       const uint32_t bits32 = __float_as_uint(__double2float_rn(x));
@@ -268,33 +296,51 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       }
     }
   } else {
-    bool any_nonfinite = false;
-    uint32_t batch_max = 0;
+    uint32_t a[kCount];
+    uint32_t lo = 0xFFFFFFFFu;
+    uint32_t hi = 0;
     float squares = 0.0f;
 #pragma unroll
     for (int k = 0; k < kCount; ++k) {
-      const uint32_t a = count_common32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale), j);
-      const bool nonfinite = a >= kInfBits32;
-      any_nonfinite |= nonfinite;
-      const uint32_t finite_a = nonfinite ? 0u : a;
-      batch_max = max(batch_max, finite_a);
-      const float v = __uint_as_float(finite_a);
+      a[k] = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
+      lo = min(lo, a[k]);
+      hi = max(hi, a[k]);
+      atomicAdd(&warp_histograms[j.warp][a[k] >> kExponentShift32], 1u);  // the exponent field of |bits|
+      const float v = __uint_as_float(a[k]);
       squares += v * v;
     }
-    t.max_abs = max(t.max_abs, batch_max);
-    if (batch_max - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
-      t.sumsq += static_cast<double>(squares);
-    } else if (batch_max != 0) {  // near float32's limits: the batch again, in float64
+    // Zeros, and the smallest nonzero |bits| (lo - 1 wraps to all ones when lo is 0: no change).
+    t.min_abs_minus_one = min(t.min_abs_minus_one, lo - 1u);
+    if constexpr (kCount == 1) {
+      t.n[T::kZero] += below32(a[0], 1u);
+    } else if (any_in_warp(lo == 0 && hi != 0)) {
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
-        const uint32_t a = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
-        const double v = static_cast<double>(__uint_as_float(a < kInfBits32 ? a : 0u));
+        t.n[T::kZero] += below32(a[k], 1u);
+        t.min_abs_minus_one = min(t.min_abs_minus_one, a[k] - 1u);
+      }
+    } else {
+      t.n[T::kZero] += hi == 0 ? static_cast<uint32_t>(kCount) : 0u;
+    }
+#pragma unroll
+    for (int i = 1; i < Judge<kFormats>::kThresholds; ++i) count_below(t.n[T::kZero + i], a, lo, hi, j.below[i]);
+    if (hi - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
+      t.max_abs = max(t.max_abs, hi);
+      t.sumsq += static_cast<double>(squares);
+    } else if (hi != 0) {  // NaN/Inf in the batch, or values near float32's limits: per element, in float64
+      uint32_t finite_max = 0;
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        const uint32_t finite_a = a[k] < kInfBits32 ? a[k] : 0u;
+        finite_max = max(finite_max, finite_a);
+        const double v = static_cast<double>(__uint_as_float(finite_a));
         t.sumsq += v * v;
       }
-    }
-    if (any_nonfinite) {
+      t.max_abs = max(t.max_abs, finite_max);
+      if (hi >= kInfBits32) {
 #pragma unroll
-      for (int k = 0; k < kCount; ++k) split_nonfinite32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale));
+        for (int k = 0; k < kCount; ++k) split_nonfinite32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale));
+      }
     }
   }
   if constexpr (kMode == kUnscale) {
@@ -341,6 +387,17 @@ struct VectorWords {
   }
 };
 
+// A 16-byte vector of the input, read in the global space (LDG, no generic-address conversion): through the
+// read-only path when nothing is written, else a streaming load (read once, written back by this thread).
+template <int kMode>
+__device__ __forceinline__ uint4 load_vector(const uint4* at) {
+  if constexpr (kMode == kUnscale) {
+    return __ldcs(at);
+  } else {
+    return __ldg(at);
+  }
+}
+
 // One storage word, for the scalar paths.
 template <typename W>
 struct OneWord {
@@ -381,18 +438,18 @@ __device__ __forceinline__ void count_dense(Tally<kFormats>& t, const TensorView
   for (; v + (kLoads - 1) * kThreads < vectors; v += kStride) {
     VectorWords<W, kLoads> batch;
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) batch.vectors[l] = in[v + l * kThreads];
+    for (int l = 0; l < kLoads; ++l) batch.vectors[l] = load_vector<kMode>(in + v + l * kThreads);
     count_batch<kDtype, kMode, kFormats>(t, batch, j);
     if constexpr (kMode == kUnscale) {
 #pragma unroll
-      for (int l = 0; l < kLoads; ++l) out[v + l * kThreads] = batch.vectors[l];
+      for (int l = 0; l < kLoads; ++l) __stcs(out + v + l * kThreads, batch.vectors[l]);
     }
   }
   for (; v < vectors; v += kThreads) {  // the last, partial batch: one vector at a time
     VectorWords<W, 1> one;
-    one.vectors[0] = in[v];
+    one.vectors[0] = load_vector<kMode>(in + v);
     count_batch<kDtype, kMode, kFormats>(t, one, j);
-    if constexpr (kMode == kUnscale) out[v] = one.vectors[0];
+    if constexpr (kMode == kUnscale) __stcs(out + v, one.vectors[0]);
   }
   for (int64_t i = tail_from + threadIdx.x; i < count; i += kThreads) count_one(p + i);
 }
@@ -489,7 +546,9 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
   if (tid < kWords) {
     uint64_t total = 0;
     for (int w = 0; w < kWarps; ++w) total += scratch.words[w][tid];
-    add_count(row + 1 + tid, total);
+    // The over[F] words counted |bits| below overflow_from: the rest of the piece is at or above it.
+    const bool over = tid >= Tally<kFormats>::kOver && tid < Tally<kFormats>::kBelow;
+    add_count(row + 1 + tid, over ? static_cast<uint64_t>(counted) - total : total);
   } else if (tid < kWords + 2) {
     uint32_t extreme = 0;
     for (int w = 0; w < kWarps; ++w) extreme = max(extreme, scratch.words[w][tid]);
@@ -569,8 +628,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
   __syncthreads();
 
   Judge<kFormats> judge;
+  judge.below[0] = 1u;
 #pragma unroll
-  for (int f = 0; f < kFormats; ++f) judge.bounds[f] = p.bounds[f];
+  for (int f = 0; f < kFormats; ++f) {
+    judge.bounds[f] = p.bounds[f];
+    judge.below[1 + f] = p.bounds[f].overflow_from;
+    judge.below[1 + kFormats + f] = p.bounds[f].normal_from;
+    judge.below[1 + 2 * kFormats + f] = p.bounds[f].zero_upto + 1u;  // zero_upto < the largest |bits|
+  }
   judge.warp = warp;
   judge.scale = 1.0f;
   if constexpr (kMode == kScaled) judge.scale = p.scale_ptr != nullptr ? *p.scale_ptr : p.scale_value;

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import amp_inspect._native  # noqa: F401  (loads _C, which registers the emulated ops: the file runs alone)
 from tests import oracles
 from tests.oracles import ALL_FORMATS
 from tests.test_random_bits import DTYPES, random_tensor, strided_layouts
