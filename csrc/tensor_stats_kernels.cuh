@@ -42,12 +42,17 @@ constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
 // 3 blocks of 256 per SM: caps registers at 80 per thread (65536 / 768, rounded down to ptxas's granule), so
 // 24 warps per SM keep enough loads in flight to cover latency (bench/README.md has the numbers).
-constexpr int kMinBlocksPerSm = 3;
+constexpr int kMinBlocksPerSm = 2;
 constexpr int kVectorBytes = 16;
 // 16-byte loads each thread issues before using any of them (memory-level parallelism): 4 of 4- and 8-byte
 // words, 2 of 2-byte words (16 elements either way; more made ptxas spill the 16-bit paths at 80 registers).
 template <typename W>
-constexpr int kLoadsInFlight = sizeof(W) >= 4 ? 4 : 2;
+constexpr int kLoadsInFlight = 4;
+// 16-byte vectors per counted batch (16 elements: 4 of 4-byte words, 2 of 2-byte words; fp64: 8 elements).
+// The 16-bit dtypes count the four vectors of one load round as two batches: 32 elements at once held 128
+// registers and spilled.
+template <typename W>
+constexpr int kVectorsPerBatch = sizeof(W) == 4 ? 4 : 2;
 // A block flushes its counts at least this often, so per-thread uint32 counters never wrap.
 constexpr int64_t kMaxFlushElems = int64_t{1} << 30;
 constexpr int kFinalizeThreads = 256;
@@ -68,6 +73,10 @@ struct StatsParams {
   int64_t num_chunks;
   int64_t chunk_elems;
   FormatBounds bounds[kMaxFormats];
+  // Per Tally word kZero + i (the launch's format count F), the |bits| threshold it counts below: 1 (zero),
+  // then overflow_from[F], normal_from[F], zero_upto[F] + 1 ("at or below zero_upto" is "below zero_upto + 1",
+  // and zero_upto < the largest |bits|). Read in the hot loop straight from the constant bank: no registers.
+  uint32_t below[1 + 3 * kMaxFormats];
   int32_t num_formats;
   float scale_value;
   const float* scale_ptr;  // device memory, or null to use scale_value (kScaled only)
@@ -127,15 +136,12 @@ struct Tally {
 __shared__ uint32_t warp_histograms[kWarps][kHistBins];
 
 // What the counting functions need besides the tally, fixed for a launch.
-// Held by value and copied into each counting function, so the bounds live in registers (read through a
-// pointer, they were reloaded for every element: the loop's stores and atomics might alias them).
 template <int kFormats>
 struct Judge {
   static constexpr int kThresholds = 1 + 3 * kFormats;
-  // Per Tally word kZero + i, the |bits| threshold it counts below: 1 (zero), then overflow_from[F],
-  // normal_from[F], zero_upto[F] + 1 (so "at or below zero_upto" is "below zero_upto + 1").
-  uint32_t below[kThresholds];
-  FormatBounds bounds[kFormats];  // the float64 path's thresholds
+  // The launch's parameters (__grid_constant__: the thresholds are instruction operands from the constant
+  // bank, which nothing can alias, so they take no registers and are never reloaded).
+  const StatsParams& p;
   int warp;  // this thread's warp: its row of warp_histograms
   float scale;
   float inv_scale;
@@ -150,14 +156,15 @@ __device__ __forceinline__ bool any_in_warp(bool p) { return __any_sync(__active
 // largest value. Where no lane's batch straddles the threshold (lo < threshold <= hi), the whole batch is on
 // one side of it: kCount if hi is below, else none. Otherwise every element is tested (the branch is uniform
 // over the warp, so a straddling lane does not make the others pay twice).
-template <int kCount>
-__device__ __forceinline__ void count_below(uint32_t& counter, const uint32_t (&a)[kCount], uint32_t lo, uint32_t hi,
+// abs_of(k) gives a[k] (recomputed from the stored words: cheaper than holding kCount more registers).
+template <int kCount, class AbsOf>
+__device__ __forceinline__ void count_below(uint32_t& counter, AbsOf&& abs_of, uint32_t lo, uint32_t hi,
                                             uint32_t threshold) {
   if constexpr (kCount == 1) {
-    counter += below32(a[0], threshold);
+    counter += below32(abs_of(0), threshold);
   } else if (any_in_warp(lo < threshold && threshold <= hi)) {
 #pragma unroll
-    for (int k = 0; k < kCount; ++k) counter += below32(a[k], threshold);
+    for (int k = 0; k < kCount; ++k) counter += below32(abs_of(k), threshold);
   } else {
     counter += hi < threshold ? static_cast<uint32_t>(kCount) : 0u;
   }
@@ -270,9 +277,9 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       t.n[T::kZero] += static_cast<uint32_t>(below64(a, uint64_t{1}));
 #pragma unroll
       for (int f = 0; f < kFormats; ++f) {
-        t.n[T::kOver + f] += static_cast<uint32_t>(below64(a, j.bounds[f].overflow_from64));
-        t.n[T::kBelow + f] += static_cast<uint32_t>(below64(a, j.bounds[f].normal_from64));
-        t.n[T::kAtZero + f] += static_cast<uint32_t>(below64(a, j.bounds[f].zero_upto64 + 1u));
+        t.n[T::kOver + f] += static_cast<uint32_t>(below64(a, j.p.bounds[f].overflow_from64));
+        t.n[T::kBelow + f] += static_cast<uint32_t>(below64(a, j.p.bounds[f].normal_from64));
+        t.n[T::kAtZero + f] += static_cast<uint32_t>(below64(a, j.p.bounds[f].zero_upto64 + 1u));
       }
       const double x = __longlong_as_double(static_cast<long long>(raw.get(k)));
       const uint32_t bits32 = __float_as_uint(__double2float_rn(x));
@@ -296,34 +303,39 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       }
     }
   } else {
-    uint32_t a[kCount];
     uint32_t lo = 0xFFFFFFFFu;
     uint32_t hi = 0;
     float squares = 0.0f;
 #pragma unroll
     for (int k = 0; k < kCount; ++k) {
-      a[k] = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
-      lo = min(lo, a[k]);
-      hi = max(hi, a[k]);
-      atomicAdd(&warp_histograms[j.warp][a[k] >> kExponentShift32], 1u);  // the exponent field of |bits|
-      const float v = __uint_as_float(a[k]);
+      const uint32_t a = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
+      lo = min(lo, a);
+      hi = max(hi, a);
+      atomicAdd(&warp_histograms[j.warp][a >> kExponentShift32], 1u);  // the exponent field of |bits|
+      const float v = __uint_as_float(a);
       squares += v * v;
     }
+    // From here on |bits| is recomputed from the stored words where needed (the rare branches), rather than
+    // kept: kCount registers fewer, which is what keeps every variant free of spills. The empty asm tells the
+    // compiler the words may have changed, so it cannot keep the values above alive instead.
+    raw.hide();
+    auto a = [&](int k) { return judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32; };
     // Zeros, and the smallest nonzero |bits| (lo - 1 wraps to all ones when lo is 0: no change).
     t.min_abs_minus_one = min(t.min_abs_minus_one, lo - 1u);
     if constexpr (kCount == 1) {
-      t.n[T::kZero] += below32(a[0], 1u);
+      t.n[T::kZero] += below32(a(0), 1u);
     } else if (any_in_warp(lo == 0 && hi != 0)) {
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
-        t.n[T::kZero] += below32(a[k], 1u);
-        t.min_abs_minus_one = min(t.min_abs_minus_one, a[k] - 1u);
+        const uint32_t a_k = a(k);
+        t.n[T::kZero] += below32(a_k, 1u);
+        t.min_abs_minus_one = min(t.min_abs_minus_one, a_k - 1u);
       }
     } else {
       t.n[T::kZero] += hi == 0 ? static_cast<uint32_t>(kCount) : 0u;
     }
 #pragma unroll
-    for (int i = 1; i < Judge<kFormats>::kThresholds; ++i) count_below(t.n[T::kZero + i], a, lo, hi, j.below[i]);
+    for (int i = 1; i < Judge<kFormats>::kThresholds; ++i) count_below<kCount>(t.n[T::kZero + i], a, lo, hi, j.p.below[i]);
     if (hi - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
       t.max_abs = max(t.max_abs, hi);
       t.sumsq += static_cast<double>(squares);
@@ -331,7 +343,8 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       uint32_t finite_max = 0;
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
-        const uint32_t finite_a = a[k] < kInfBits32 ? a[k] : 0u;
+        const uint32_t a_k = a(k);
+        const uint32_t finite_a = a_k < kInfBits32 ? a_k : 0u;
         finite_max = max(finite_max, finite_a);
         const double v = static_cast<double>(__uint_as_float(finite_a));
         t.sumsq += v * v;
@@ -356,6 +369,14 @@ struct VectorWords {
   static constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(W));
   static constexpr int kCount = kVectors * kPerVector;
   uint4 vectors[kVectors];
+
+  // An empty asm that may have changed every word: values computed from them before are not reused after.
+  __device__ __forceinline__ void hide() {
+#pragma unroll
+    for (int l = 0; l < kVectors; ++l) {
+      asm volatile("" : "+r"(vectors[l].x), "+r"(vectors[l].y), "+r"(vectors[l].z), "+r"(vectors[l].w));
+    }
+  }
 
   __device__ __forceinline__ static uint32_t& component(uint4& v, int c) {
     return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
@@ -403,6 +424,7 @@ template <typename W>
 struct OneWord {
   static constexpr int kCount = 1;
   W word;
+  __device__ __forceinline__ void hide() {}
   __device__ __forceinline__ W get(int) const { return word; }
   __device__ __forceinline__ void set(int, W w) { word = w; }
 };
@@ -439,10 +461,17 @@ __device__ __forceinline__ void count_dense(Tally<kFormats>& t, const TensorView
     VectorWords<W, kLoads> batch;
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) batch.vectors[l] = load_vector<kMode>(in + v + l * kThreads);
-    count_batch<kDtype, kMode, kFormats>(t, batch, j);
-    if constexpr (kMode == kUnscale) {
+    constexpr int kPart = kVectorsPerBatch<W>;
 #pragma unroll
-      for (int l = 0; l < kLoads; ++l) __stcs(out + v + l * kThreads, batch.vectors[l]);
+    for (int first = 0; first < kLoads; first += kPart) {
+      VectorWords<W, kPart> part;
+#pragma unroll
+      for (int l = 0; l < kPart; ++l) part.vectors[l] = batch.vectors[first + l];
+      count_batch<kDtype, kMode, kFormats>(t, part, j);
+      if constexpr (kMode == kUnscale) {  // stored at once: the part's registers are free for the next
+#pragma unroll
+        for (int l = 0; l < kPart; ++l) __stcs(out + v + (first + l) * kThreads, part.vectors[l]);
+      }
     }
   }
   for (; v < vectors; v += kThreads) {  // the last, partial batch: one vector at a time
@@ -575,17 +604,16 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
   __syncthreads();  // scratch read and histograms cleared before anyone counts again
 }
 
-// Counts elements [start, start + count) of one view and merges them into its workspace row. One function
-// per dtype and layout, not inlined: each is register-allocated on its own, so the rare paths (strided
-// views, float64) cannot push the common one into spilling. Every thread of the block must call it.
-template <int kDtype, bool kDense, int kMode, int kFormats>
-__device__ __noinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                         MergeScratch<kFormats>& scratch, const Judge<kFormats>& judge,
-                                         int num_formats) {
-  const Judge<kFormats> j = judge;  // into registers, once
+// Counts elements [start, start + count) of one view and merges them into its workspace row. Inlined: a kernel
+// holds one input dtype, so its two layouts share one register allocation without calls (a call's saved
+// registers were the spills of the earlier one-kernel-for-all-dtypes design). Every thread must call it.
+template <int kDtype, int kMode, int kFormats>
+__device__ __forceinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
+                                            MergeScratch<kFormats>& scratch, const Judge<kFormats>& j,
+                                            int num_formats) {
   Tally<kFormats> tally;
   tally.clear();
-  if constexpr (kDense) {
+  if (is_contiguous_view(view)) {
     count_dense<kDtype, kMode>(tally, view, start, count, j);
   } else {
     count_strided<kDtype, kMode>(tally, view, start, count, j);
@@ -593,29 +621,9 @@ __device__ __noinline__ void count_piece(const TensorView& view, int64_t start, 
   flush(tally, count, row, scratch, num_formats);
 }
 
-template <int kMode, int kFormats>
-__device__ __forceinline__ void count_piece_of(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                               MergeScratch<kFormats>& scratch, const Judge<kFormats>& j,
-                                               int num_formats) {
-  const bool dense = is_contiguous_view(view);
-  switch (view.dtype) {
-    case kFloat32:
-      return dense ? count_piece<kFloat32, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kFloat32, false, kMode>(view, start, count, row, scratch, j, num_formats);
-    case kFloat16:
-      return dense ? count_piece<kFloat16, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kFloat16, false, kMode>(view, start, count, row, scratch, j, num_formats);
-    case kBFloat16:
-      return dense ? count_piece<kBFloat16, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kBFloat16, false, kMode>(view, start, count, row, scratch, j, num_formats);
-    default:
-      return dense ? count_piece<kFloat64, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kFloat64, false, kMode>(view, start, count, row, scratch, j, num_formats);
-  }
-}
-
-// The statistics pass. Block b takes chunks [first_chunk + b * n / grid, first_chunk + (b + 1) * n / grid).
-template <int kMode, int kFormats>
+// The statistics pass over views of one input dtype. Block b takes chunks [first_chunk + b * n / grid,
+// first_chunk + (b + 1) * n / grid).
+template <int kMode, int kFormats, int kDtype>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const __grid_constant__ StatsParams p) {
   static_assert(kThreads <= kHistBins, "each thread clears at most one bin per warp below");
   static_assert(Tally<kFormats>::kWords + 4 <= kThreads, "one thread per merged counter");
@@ -627,19 +635,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
   }
   __syncthreads();
 
-  Judge<kFormats> judge;
-  judge.below[0] = 1u;
-#pragma unroll
-  for (int f = 0; f < kFormats; ++f) {
-    judge.bounds[f] = p.bounds[f];
-    judge.below[1 + f] = p.bounds[f].overflow_from;
-    judge.below[1 + kFormats + f] = p.bounds[f].normal_from;
-    judge.below[1 + 2 * kFormats + f] = p.bounds[f].zero_upto + 1u;  // zero_upto < the largest |bits|
-  }
-  judge.warp = warp;
-  judge.scale = 1.0f;
+  Judge<kFormats> judge{p, warp, 1.0f, 1.0f};
   if constexpr (kMode == kScaled) judge.scale = p.scale_ptr != nullptr ? *p.scale_ptr : p.scale_value;
-  judge.inv_scale = 1.0f;
   if constexpr (kMode == kUnscale) judge.inv_scale = *p.inv_scale;
 
   const int64_t grid = gridDim.x;
@@ -664,7 +661,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
     int64_t* row = p.workspace + view.out_row * columns;
     for (int64_t piece = begin; piece < end; piece += kMaxFlushElems) {
       const int64_t n = end - piece < kMaxFlushElems ? end - piece : kMaxFlushElems;
-      count_piece_of<kMode>(view, piece, n, row, scratch, judge, p.num_formats);
+      count_piece<kDtype, kMode>(view, piece, n, row, scratch, judge, p.num_formats);
     }
     chunk = last;
     ++v;
@@ -713,25 +710,34 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Finali
 //   int64_t finalize_blocks(int64_t rows);
 //   void launch_finalize(int64_t blocks, const FinalizeParams& params);
 
-// Calls fn(stats_kernel<mode, formats>) for the variant a call needs.
-template <class Fn>
-void with_stats_kernel(int mode, int num_formats, Fn&& fn) {
-  switch (mode * kMaxFormats + num_formats - 1) {
-    case 0: return fn(stats_kernel<kPlain, 1>);
-    case 1: return fn(stats_kernel<kPlain, 2>);
-    case 2: return fn(stats_kernel<kPlain, 3>);
-    case 3: return fn(stats_kernel<kPlain, 4>);
-    case 4: return fn(stats_kernel<kScaled, 1>);
-    case 5: return fn(stats_kernel<kScaled, 2>);
-    case 6: return fn(stats_kernel<kScaled, 3>);
-    case 7: return fn(stats_kernel<kScaled, 4>);
-    case 8: return fn(stats_kernel<kUnscale, 1>);
-    case 9: return fn(stats_kernel<kUnscale, 2>);
-    case 10: return fn(stats_kernel<kUnscale, 3>);
-    default: return fn(stats_kernel<kUnscale, 4>);
+// Calls fn(stats_kernel<mode, formats, dtype>) for the variant a launch needs.
+template <int kMode, int kFormats, class Fn>
+void with_dtype_kernel(int dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: return fn(stats_kernel<kMode, kFormats, kFloat32>);
+    case kFloat16: return fn(stats_kernel<kMode, kFormats, kFloat16>);
+    case kBFloat16: return fn(stats_kernel<kMode, kFormats, kBFloat16>);
+    default: return fn(stats_kernel<kMode, kFormats, kFloat64>);
   }
 }
-static_assert(kMaxFormats == 4, "with_stats_kernel lists one variant per format count");
+template <int kMode, class Fn>
+void with_formats_kernel(int num_formats, int dtype, Fn&& fn) {
+  switch (num_formats) {
+    case 1: return with_dtype_kernel<kMode, 1>(dtype, fn);
+    case 2: return with_dtype_kernel<kMode, 2>(dtype, fn);
+    case 3: return with_dtype_kernel<kMode, 3>(dtype, fn);
+    default: return with_dtype_kernel<kMode, 4>(dtype, fn);
+  }
+}
+template <class Fn>
+void with_stats_kernel(int mode, int num_formats, int dtype, Fn&& fn) {
+  switch (mode) {
+    case kPlain: return with_formats_kernel<kPlain>(num_formats, dtype, fn);
+    case kScaled: return with_formats_kernel<kScaled>(num_formats, dtype, fn);
+    default: return with_formats_kernel<kUnscale>(num_formats, dtype, fn);
+  }
+}
+static_assert(kMaxFormats == 4, "with_formats_kernel lists one variant per format count");
 
 // Zeroes the workspace, launches the statistics pass (once with a device table, or once per group of
 // kInlineViews views without one) and the finalize pass. Asynchronous on a GPU backend.
@@ -740,37 +746,46 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
   backend.zero(plan.workspace, plan.workspace_words);
   StatsParams params{};
   params.chunk_elems = plan.chunk_elems;
-  for (int f = 0; f < plan.num_formats; ++f) params.bounds[f] = plan.bounds[f];
-  params.num_formats = plan.num_formats;
+  const int formats = plan.num_formats;
+  params.below[0] = 1u;
+  for (int f = 0; f < formats; ++f) {
+    params.bounds[f] = plan.bounds[f];
+    params.below[1 + f] = plan.bounds[f].overflow_from;
+    params.below[1 + formats + f] = plan.bounds[f].normal_from;
+    params.below[1 + 2 * formats + f] = plan.bounds[f].zero_upto + 1u;
+  }
+  params.num_formats = formats;
   params.scale_value = plan.scale_value;
   params.scale_ptr = plan.scale_ptr;
   params.inv_scale = plan.inv_scale;
   params.workspace = plan.workspace;
-  with_stats_kernel(plan.mode, plan.num_formats, [&](auto kernel) {
-    if (plan.num_views == 0) return;
-    if (plan.device_views != nullptr || plan.num_views <= kInlineViews) {
-      params.views = plan.device_views;
-      if (plan.device_views == nullptr) {
-        for (int64_t v = 0; v < plan.num_views; ++v) params.inline_views[v] = plan.host_views[v];
+  // One launch per run of views of one dtype (group_views_by_dtype makes it one run per dtype): with the
+  // device table, the run's slice of it; without, up to kInlineViews views per launch in the parameters.
+  auto chunks_of = [&](int64_t first, int64_t n) {
+    const TensorView& last = plan.host_views[first + n - 1];
+    return last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
+           plan.host_views[first].first_chunk;
+  };
+  for (int64_t run = 0; run < plan.num_views;) {
+    const int32_t dtype = plan.host_views[run].dtype;
+    int64_t run_end = run + 1;
+    while (run_end < plan.num_views && plan.host_views[run_end].dtype == dtype) ++run_end;
+    with_stats_kernel(plan.mode, plan.num_formats, dtype, [&](auto kernel) {
+      const int64_t per_launch = plan.device_views != nullptr ? run_end - run : kInlineViews;
+      for (int64_t first = run; first < run_end; first += per_launch) {
+        const int64_t n = run_end - first < per_launch ? run_end - first : per_launch;
+        params.views = plan.device_views != nullptr ? plan.device_views + first : nullptr;
+        if (plan.device_views == nullptr) {
+          for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
+        }
+        params.num_views = n;
+        params.first_chunk = plan.host_views[first].first_chunk;
+        params.num_chunks = chunks_of(first, n);
+        backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
       }
-      params.num_views = plan.num_views;
-      params.first_chunk = 0;
-      params.num_chunks = plan.total_chunks;
-      backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
-      return;
-    }
-    params.views = nullptr;
-    for (int64_t first = 0; first < plan.num_views; first += kInlineViews) {
-      const int64_t n = plan.num_views - first < kInlineViews ? plan.num_views - first : kInlineViews;
-      for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
-      const TensorView& last = plan.host_views[first + n - 1];
-      params.num_views = n;
-      params.first_chunk = plan.host_views[first].first_chunk;
-      params.num_chunks = last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
-                          params.first_chunk;
-      backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
-    }
-  });
+    });
+    run = run_end;
+  }
   if (plan.num_tensors == 0) return;
   FinalizeParams fin{};
   fin.workspace = plan.workspace;

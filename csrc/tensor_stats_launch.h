@@ -49,6 +49,23 @@ struct LaunchPlan {
   double* sumsq;
 };
 
+// Orders a call's views by input dtype (stably) and renumbers their chunks, so that the views of each dtype
+// form one run of consecutive chunks: the kernels are compiled per dtype, and a run is one launch. The outputs
+// do not depend on the order (each view names its row). One pass per dtype: views are few (one per tensor).
+inline void group_views_by_dtype(const TensorView* views, int64_t count, int64_t chunk_elems, TensorView* grouped) {
+  int64_t next = 0;
+  int64_t chunk = 0;
+  for (int32_t dtype = kFloat32; dtype <= kFloat64; ++dtype) {
+    for (int64_t v = 0; v < count; ++v) {
+      if (views[v].dtype != dtype) continue;
+      grouped[next] = views[v];
+      grouped[next].first_chunk = chunk;
+      chunk += (views[v].numel + chunk_elems - 1) / chunk_elems;
+      ++next;
+    }
+  }
+}
+
 // Workspace row of one tensor (int64 words), zeroed before the statistics kernel:
 //   [0]            numel
 //   [1, 5 + 3F)    nan, posinf, neginf, zero, over[F], below[F], at_zero[F]  (raw threshold counts)
