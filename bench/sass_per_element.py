@@ -39,6 +39,67 @@ LOAD = re.compile(r"\bLDG\.E(\.\w+)*\.128\b")
 BRANCH = re.compile(r"^(@!?U?P\w+\s+)?BRA(\.\w+)*\s+(0x[0-9a-f]+)")
 ENDS = re.compile(r"^(EXIT|RET|BRX|JMX)\b")
 REPO = Path(__file__).resolve().parent.parent
+# The pipe an opcode issues to (sm_90), for the common path's breakdown: integer ALU (half rate for most),
+# float (FMA pipe: float32 at full rate, conversions), memory (loads, stores, atomics) and the rest
+# (branches, votes, convergence barriers, uniform-datapath instructions).
+PIPES = {
+    "mem": ("LDG", "STG", "ATOMS", "ATOMG", "ATOM", "RED", "LDS", "STS", "LDL", "STL", "LD", "ST", "LDC"),
+    "fp": (
+        "FFMA",
+        "FMUL",
+        "FADD",
+        "FMNMX",
+        "FSETP",
+        "FSEL",
+        "HADD2",
+        "HFMA2",
+        "HMUL2",
+        "F2F",
+        "F2FP",
+        "DADD",
+        "DFMA",
+        "DMUL",
+        "DSETP",
+        "F2I",
+        "I2F",
+        "MUFU",
+    ),
+    "int": (
+        "IMAD",
+        "IADD3",
+        "IADD",
+        "LOP3",
+        "ISETP",
+        "SHF",
+        "LEA",
+        "SEL",
+        "PRMT",
+        "IMNMX",
+        "VIADD",
+        "VIMNMX",
+        "MOV",
+        "IABS",
+        "POPC",
+        "FLO",
+        "P2R",
+        "R2P",
+        "PLOP3",
+        "CS2R",
+        "SGXT",
+        "BMSK",
+        "SHL",
+        "SHR",
+        "LOP",
+    ),
+}
+
+
+def pipe(text: str) -> str:
+    opcode = re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0].split(".")[0]
+    for name, opcodes in PIPES.items():
+        if opcode in opcodes:
+            return name
+    return "other"
 
 
 def target(dtype: str, mode: str, formats: int) -> float | None:
@@ -59,6 +120,7 @@ class LoopCount:
     common: int
     one_bound: float | None
     worst: int
+    pipes: dict[str, int]
 
 
 def parse(function_sass: str) -> list[tuple[int, str]]:
@@ -154,7 +216,10 @@ def count_loop(instrs: list[tuple[int, str]], head: int) -> LoopCount:
 
     worst = walk(head, set())
     one = statistics.median(detours) / elements if detours and elements else None
-    return LoopCount(elements, loads, len(path), one, worst)
+    pipes = {name: 0 for name in (*PIPES, "other")}
+    for a in path:
+        pipes[pipe(text[a])] += 1
+    return LoopCount(elements, loads, len(path), one, worst, pipes)
 
 
 def spills(log: str) -> dict[tuple[str, int, str], tuple[int, int, int]]:
@@ -237,7 +302,7 @@ def main() -> int:
     rows.sort(key=lambda r: (order[r[0]], order[r[1]], r[2]))
     print(
         f"{'dtype':5} {'mode':8} {'F':>1} {'E':>3} {'regs':>4} {'spill B':>7} {'common':>6} {'target':>6} "
-        f"{'':4} {'+1 bound':>8} {'worst':>6}"
+        f"{'':4} {'+1 bound':>8} {'worst':>6}  common by pipe: mem/fp/int/other"
     )
     missed = 0
     for dtype, mode, formats, c in rows:
@@ -250,7 +315,7 @@ def main() -> int:
         print(
             f"{dtype:5} {mode:8} {formats:1} {c.elements:3} {regs if regs is not None else '-':>4} "
             f"{stores + loads:7} {per:6.1f} {goal if goal is not None else '-':>6} {verdict:4} {one} "
-            f"{c.worst / c.elements:6.1f}"
+            f"{c.worst / c.elements:6.1f}  " + "/".join(f"{n / c.elements:.1f}" for n in c.pipes.values())
         )
     if registers:
         total = sum(stores + loads for _, stores, loads in registers.values())
