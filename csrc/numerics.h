@@ -159,8 +159,10 @@ AMPI_HD U below64(U a, U t) {
 }
 
 // The threshold tests of one element, added to any counter struct with the fields of RawCounts but numel
-// (the CPU's int64 RawCounts, the CUDA kernel's per-thread uint32 counts). The format loop runs to the
-// compile-time bound so that, on the GPU, the counter arrays stay in registers.
+// (the CPU's int64 RawCounts). The CUDA kernel does not call these: it counts with below32 / below64 once per
+// 16-element batch where the batch lies on one side of a threshold, per element only where it straddles one
+// (tensor_stats_kernels.cuh, count_batch). The format loop runs to the compile-time bound so that, on a GPU,
+// the counter arrays would stay in registers.
 #if defined(__CUDA_ARCH__)
 #define AMPI_UNROLL _Pragma("unroll")
 #else

@@ -16,11 +16,16 @@
 // workspace rows into the user's outputs (overflow / subnormal / underflow from the raw threshold counts,
 // extremes as floats) and, for unscale_stats_, sets found_inf.
 //
-// Per element, fp32 storage: one non-finite test (NaN/+Inf/-Inf are told apart only in batches that hold
-// any), one zero test, three threshold compares per format, max and min of |bits|, a float32 square, and a
-// shared-memory atomic for the histogram bin. Squares are summed in float32 over a batch of loads and added to
-// a float64 total per batch; a batch whose largest |v| lies outside [2^-50, 2^60) is summed in float64 instead
-// (see kFloatSquaresFrom), so the relative error stays below 2^-18 whatever the values.
+// One kernel per mode, format count and input dtype (48), so each is register-allocated for its own dtype with
+// no calls; run_stats launches one per run of views of a dtype (the ops group the views by dtype first).
+//
+// Per element, on the common path (count_batch says why it is exact): the conversion to float32 bits and an
+// abs, a min and a max of |bits|, a float32 square-add, and a shared-memory atomic for the histogram bin. The
+// threshold counts, zeros, NaN/Inf, the extremes and the squares' range are decided once per 16-element batch
+// from its smallest and largest |bits|, per element only in a batch that straddles (warp vote). Squares are
+// summed in float32 over a batch and added to a float64 total per batch; a batch whose largest |v| lies outside
+// [2^-50, 2^60) is summed in float64 instead (see kFloatSquaresFrom), so the relative error stays below 2^-18
+// whatever the values. bench/sass_per_element.py counts the SASS of every variant's hot loop.
 #pragma once
 
 #include <cstdint>
@@ -40,17 +45,17 @@ inline namespace AMPI_KERNELS_NAMESPACE {
 constexpr int kThreads = 256;
 constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
-// 3 blocks of 256 per SM: caps registers at 80 per thread (65536 / 768, rounded down to ptxas's granule), so
-// 24 warps per SM keep enough loads in flight to cover latency (bench/README.md has the numbers).
+// 2 blocks of 256 per SM: up to 128 registers per thread. At 3 blocks (80 registers) every 4-format and
+// 16-bit variant spilled; at 2, none does, and 16 warps x 32 threads x 4 loads x 16 B = 32 KB per SM are in
+// flight after each load round (Little's law at ~4 TB/s and ~0.8 us wants 21-27 KB; bench/README.md).
 constexpr int kMinBlocksPerSm = 2;
 constexpr int kVectorBytes = 16;
-// 16-byte loads each thread issues before using any of them (memory-level parallelism): 4 of 4- and 8-byte
-// words, 2 of 2-byte words (16 elements either way; more made ptxas spill the 16-bit paths at 80 registers).
+// 16-byte loads each thread issues before using any of them (memory-level parallelism), every dtype: a load
+// round is 16 fp32, 32 fp16/bf16 or 8 fp64 elements per thread.
 template <typename W>
 constexpr int kLoadsInFlight = 4;
-// 16-byte vectors per counted batch (16 elements: 4 of 4-byte words, 2 of 2-byte words; fp64: 8 elements).
-// The 16-bit dtypes count the four vectors of one load round as two batches: 32 elements at once held 128
-// registers and spilled.
+// 16-byte vectors per counted batch: 16 elements of 4-byte words, 16 of 2-byte words (a round is two
+// batches: 32 elements at once held 128 registers and spilled), 4 of 8-byte words (likewise).
 template <typename W>
 constexpr int kVectorsPerBatch = sizeof(W) == 4 ? 4 : 2;
 // A block flushes its counts at least this often, so per-thread uint32 counters never wrap.
