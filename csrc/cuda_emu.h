@@ -11,7 +11,7 @@
 //   - __shfl_down_sync as an exchange through a warp barrier and two buffers used in turn (full masks only);
 //   - the atomics the kernels use, on std::atomic_ref;
 //   - exact host equivalents of the intrinsics (__fmul_rn, __float2half_rn, __half2float, __float2bfloat16_rn,
-//     bit casts, the cached loads __ldg / __ldcs / __stcs);
+//     bit casts, the cached loads __ldg / __ldcs / __ldcg / __stcs, __threadfence);
 //   - __any_sync as a vote the kernels must be exact under whatever the other lanes say (see below).
 //     NaN results of the half/bfloat16 conversions are the canonical 0x7FFF, as the GPU's cvt gives.
 // Blocks of a launch run one after another, so __shared__ variables can be function statics; launches are
@@ -355,6 +355,16 @@ T __ldg(const T* at) {
 template <typename T>
 T __ldcs(const T* at) {
   return *at;
+}
+template <typename T>
+T __ldcg(const T* at) {
+  return *at;
+}
+// A read-modify-write of one process-wide word: it orders the caller's memory accesses like a fence, and,
+// unlike std::atomic_thread_fence, ThreadSanitizer understands it (blocks also run one after another here).
+inline void __threadfence() {
+  static std::atomic<unsigned> fence_word{0};
+  fence_word.fetch_add(0u, std::memory_order_acq_rel);
 }
 template <typename T>
 void __stcs(T* at, T value) {

@@ -12,9 +12,10 @@
 // each block takes one contiguous run of chunks. A block walks its run tensor by tensor: every thread counts
 // its elements in registers, the exponent histogram goes to one shared-memory histogram per warp, and when the
 // block leaves a tensor (or has counted kMaxFlushElems of it) one packed block reduction merges everything into
-// that tensor's row of a zeroed workspace with one global atomic per counter. A second small kernel turns the
-// workspace rows into the user's outputs (overflow / subnormal / underflow from the raw threshold counts,
-// extremes as floats) and, for unscale_stats_, sets found_inf.
+// that tensor's row of a zeroed workspace with one global atomic per counter. The finalize turns the workspace
+// rows into the user's outputs (overflow / subnormal / underflow from the raw threshold counts, extremes as
+// floats) and, for unscale_stats_, sets found_inf: in a call of at most kFinalizeInBlockRows rows the last
+// stats block to finish does it (a counter in the workspace), else a second small kernel.
 //
 // One kernel per mode, format count and input dtype (48), so each is register-allocated for its own dtype with
 // no calls; run_stats launches one per run of views of a dtype (the ops group the views by dtype first).
@@ -61,6 +62,9 @@ constexpr int kVectorsPerBatch = sizeof(W) == 4 ? 4 : 2;
 // A block flushes its counts at least this often, so per-thread uint32 counters never wrap.
 constexpr int64_t kMaxFlushElems = int64_t{1} << 30;
 constexpr int kFinalizeThreads = 256;
+// Calls of at most this many rows finalize in their last stats block (one block copies 256 histogram bins per
+// row; beyond this a separate finalize kernel, many blocks, is faster than one block).
+constexpr int64_t kFinalizeInBlockRows = 16;
 // Batches whose largest |v| lies in [2^-50, 2^60) sum squares in float32: no square or batch sum overflows
 // (2^120 * 16 < float32 max), and squares lost to float32's subnormal range (< 2^-149 each, at most 16)
 // are below 2^-40 of the batch's sum (>= 2^-100). Other batches sum in float64.
@@ -69,6 +73,19 @@ constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
 
 // What a launch does besides counting.
 enum Mode : int { kPlain = kLaunchPlain, kScaled = kLaunchScaled, kUnscale = kLaunchUnscale };
+
+// Where the finalize writes the op's outputs.
+struct FinalizeParams {
+  const int64_t* workspace;
+  int64_t num_tensors;
+  int32_t num_formats;
+  float* found_inf;  // unscale_stats_ only, else null
+  int64_t* counts;
+  int64_t* hist;
+  float* amax;
+  float* amin_nonzero;
+  double* sumsq;
+};
 
 // Everything a launch reads, passed by value (the CUDA driver copies it into constant memory).
 struct StatsParams {
@@ -87,19 +104,12 @@ struct StatsParams {
   const float* scale_ptr;  // device memory, or null to use scale_value (kScaled only)
   const float* inv_scale;  // kUnscale only
   int64_t* workspace;      // [num_tensors, workspace_columns]
+  // A small call (at most kFinalizeInBlockRows rows) finalizes in the last of its stats blocks to finish:
+  // total_blocks is the grid of all its stats launches together, counted in workspace row 0's done column.
+  int32_t finalize_in_block;
+  int64_t total_blocks;
+  FinalizeParams fin;
   TensorView inline_views[kInlineViews];
-};
-
-struct FinalizeParams {
-  const int64_t* workspace;
-  int64_t num_tensors;
-  int32_t num_formats;
-  float* found_inf;  // unscale_stats_ only, else null
-  int64_t* counts;
-  int64_t* hist;
-  float* amax;
-  float* amin_nonzero;
-  double* sumsq;
 };
 
 // ---- per-thread counting ----
@@ -340,7 +350,9 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       t.n[T::kZero] += hi == 0 ? static_cast<uint32_t>(kCount) : 0u;
     }
 #pragma unroll
-    for (int i = 1; i < Judge<kFormats>::kThresholds; ++i) count_below<kCount>(t.n[T::kZero + i], a, lo, hi, j.p.below[i]);
+    for (int i = 1; i < Judge<kFormats>::kThresholds; ++i) {
+      count_below<kCount>(t.n[T::kZero + i], a, lo, hi, j.p.below[i]);
+    }
     if (hi - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
       t.max_abs = max(t.max_abs, hi);
       t.sumsq += static_cast<double>(squares);
@@ -626,6 +638,69 @@ __device__ __forceinline__ void count_piece(const TensorView& view, int64_t star
   flush(tally, count, row, scratch, num_formats);
 }
 
+// The op's counts, extremes and sumsq of output row r from workspace row r, and found_inf. One thread.
+__device__ __forceinline__ void finalize_row(const FinalizeParams& p, int64_t r) {
+  // Read at L2 (__ldcg), where the stats blocks' atomics landed: never a stale line of this SM's L1.
+  const int64_t* row = p.workspace + r * workspace_columns(p.num_formats);
+  auto word = [&](int column) {
+    return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(row) + column));
+  };
+  RawCounts raw;
+  clear_counts(raw);
+  raw.numel = word(0);
+  raw.nan = word(1);
+  raw.posinf = word(2);
+  raw.neginf = word(3);
+  raw.zero = word(4);
+  for (int f = 0; f < p.num_formats; ++f) {
+    raw.at_or_above_overflow[f] = word(kFixedCountColumns + f);
+    raw.below_normal[f] = word(kFixedCountColumns + p.num_formats + f);
+    raw.at_or_below_zero[f] = word(kFixedCountColumns + 2 * p.num_formats + f);
+  }
+  finalize_counts(raw, p.num_formats, p.counts + r * count_columns(p.num_formats));
+  const uint64_t extremes = static_cast<uint64_t>(word(extremes_column(p.num_formats)));
+  p.amax[r] = __uint_as_float(static_cast<uint32_t>(extremes));
+  p.amin_nonzero[r] = __uint_as_float(kInfBits32 - static_cast<uint32_t>(extremes >> 32));
+  p.sumsq[r] = __longlong_as_double(word(sumsq_column(p.num_formats)));
+  // Every writer stores the same value, so the race is benign (as in torch's own unscale kernel).
+  if (p.found_inf != nullptr && raw.nan + raw.posinf + raw.neginf > 0) *p.found_inf = 1.0f;
+}
+
+// Turns workspace rows into the op's outputs and sets found_inf. Block b handles rows b, b + grid, ...
+__global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const FinalizeParams p) {
+  for (int64_t r = blockIdx.x; r < p.num_tensors; r += gridDim.x) {
+    const int64_t* row = p.workspace + r * workspace_columns(p.num_formats);
+    for (int b = threadIdx.x; b < kHistBins; b += kFinalizeThreads) {
+      p.hist[r * kHistBins + b] = row[hist_column(p.num_formats) + b];
+    }
+    if (threadIdx.x == 0) finalize_row(p, r);
+  }
+}
+
+// The finalize of a small call, run by whichever of its stats blocks finishes last: each block, once its
+// flushes are done, makes its workspace atomics visible device-wide (fence) and then counts itself done; the
+// block that counts the last one fences again (so it sees every other block's atomics) and writes the outputs.
+__device__ __forceinline__ void finalize_if_last(const FinalizeParams& p, int64_t* done, int64_t total_blocks) {
+  __shared__ bool last_block;
+  __syncthreads();  // every thread's flush is complete
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long before = atomicAdd(reinterpret_cast<unsigned long long*>(done), 1ull);
+    last_block = static_cast<int64_t>(before) == total_blocks - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  static_assert(kThreads == kHistBins, "one thread per histogram bin");
+  const int b = threadIdx.x;
+#pragma unroll 4
+  for (int64_t r = 0; r < p.num_tensors; ++r) {
+    const int64_t* bin = p.workspace + r * workspace_columns(p.num_formats) + hist_column(p.num_formats) + b;
+    p.hist[r * kHistBins + b] = static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(bin)));
+  }
+  if (b < p.num_tensors) finalize_row(p, b);
+}
+
 // The statistics pass over views of one input dtype. Block b takes chunks [first_chunk + b * n / grid,
 // first_chunk + (b + 1) * n / grid).
 template <int kMode, int kFormats, int kDtype>
@@ -648,13 +723,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
   const int64_t block = blockIdx.x;
   const int64_t chunk_begin = p.first_chunk + block * p.num_chunks / grid;
   const int64_t chunk_end = p.first_chunk + (block + 1) * p.num_chunks / grid;
-  if (chunk_begin >= chunk_end) return;  // uniform over the block: no barrier is skipped by part of it
   const TensorView* views = p.views != nullptr ? p.views : p.inline_views;
   const int columns = workspace_columns(p.num_formats);
 
-  int64_t v = tensor_of_chunk(views, p.num_views, chunk_begin);
+  // A block without chunks counts nothing but still takes part in the finalize hand-over below.
+  int64_t v = chunk_begin < chunk_end ? tensor_of_chunk(views, p.num_views, chunk_begin) : 0;
   int64_t chunk = chunk_begin;
-  while (chunk < chunk_end) {
+  while (chunk < chunk_end) {  // uniform over the block: every barrier inside is reached by all of it
     const TensorView& view = views[v];
     const int64_t view_chunks = (view.numel + p.chunk_elems - 1) / p.chunk_elems;
     const int64_t view_end = view.first_chunk + view_chunks;
@@ -671,39 +746,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
     chunk = last;
     ++v;
   }
-}
-
-// Turns workspace rows into the op's outputs and sets found_inf. Block b handles rows b, b + grid, ...
-__global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const FinalizeParams p) {
-  const int columns = workspace_columns(p.num_formats);
-  const int count_cols = count_columns(p.num_formats);
-  for (int64_t r = blockIdx.x; r < p.num_tensors; r += gridDim.x) {
-    const int64_t* row = p.workspace + r * columns;
-    for (int b = threadIdx.x; b < kHistBins; b += kFinalizeThreads) {
-      p.hist[r * kHistBins + b] = row[hist_column(p.num_formats) + b];
-    }
-    if (threadIdx.x == 0) {
-      RawCounts raw;
-      clear_counts(raw);
-      raw.numel = row[0];
-      raw.nan = row[1];
-      raw.posinf = row[2];
-      raw.neginf = row[3];
-      raw.zero = row[4];
-      for (int f = 0; f < p.num_formats; ++f) {
-        raw.at_or_above_overflow[f] = row[kFixedCountColumns + f];
-        raw.below_normal[f] = row[kFixedCountColumns + p.num_formats + f];
-        raw.at_or_below_zero[f] = row[kFixedCountColumns + 2 * p.num_formats + f];
-      }
-      finalize_counts(raw, p.num_formats, p.counts + r * count_cols);
-      const uint64_t extremes = static_cast<uint64_t>(row[extremes_column(p.num_formats)]);
-      p.amax[r] = __uint_as_float(static_cast<uint32_t>(extremes));
-      p.amin_nonzero[r] = __uint_as_float(kInfBits32 - static_cast<uint32_t>(extremes >> 32));
-      p.sumsq[r] = __longlong_as_double(row[sumsq_column(p.num_formats)]);
-      // Every writer stores the same value, so the race is benign (as in torch's own unscale kernel).
-      if (p.found_inf != nullptr && raw.nan + raw.posinf + raw.neginf > 0) *p.found_inf = 1.0f;
-    }
-  }
+  if (p.finalize_in_block) finalize_if_last(p.fin, p.workspace + done_column(p.num_formats), p.total_blocks);
 }
 
 // ---- host side: the launch sequence, for any backend ----
@@ -764,34 +807,6 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
   params.scale_ptr = plan.scale_ptr;
   params.inv_scale = plan.inv_scale;
   params.workspace = plan.workspace;
-  // One launch per run of views of one dtype (group_views_by_dtype makes it one run per dtype): with the
-  // device table, the run's slice of it; without, up to kInlineViews views per launch in the parameters.
-  auto chunks_of = [&](int64_t first, int64_t n) {
-    const TensorView& last = plan.host_views[first + n - 1];
-    return last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
-           plan.host_views[first].first_chunk;
-  };
-  for (int64_t run = 0; run < plan.num_views;) {
-    const int32_t dtype = plan.host_views[run].dtype;
-    int64_t run_end = run + 1;
-    while (run_end < plan.num_views && plan.host_views[run_end].dtype == dtype) ++run_end;
-    with_stats_kernel(plan.mode, plan.num_formats, dtype, [&](auto kernel) {
-      const int64_t per_launch = plan.device_views != nullptr ? run_end - run : kInlineViews;
-      for (int64_t first = run; first < run_end; first += per_launch) {
-        const int64_t n = run_end - first < per_launch ? run_end - first : per_launch;
-        params.views = plan.device_views != nullptr ? plan.device_views + first : nullptr;
-        if (plan.device_views == nullptr) {
-          for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
-        }
-        params.num_views = n;
-        params.first_chunk = plan.host_views[first].first_chunk;
-        params.num_chunks = chunks_of(first, n);
-        backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
-      }
-    });
-    run = run_end;
-  }
-  if (plan.num_tensors == 0) return;
   FinalizeParams fin{};
   fin.workspace = plan.workspace;
   fin.num_tensors = plan.num_tensors;
@@ -802,6 +817,47 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
   fin.amax = plan.amax;
   fin.amin_nonzero = plan.amin_nonzero;
   fin.sumsq = plan.sumsq;
+  params.fin = fin;
+  // One launch per run of views of one dtype (group_views_by_dtype makes it one run per dtype): with the
+  // device table, the run's slice of it; without, up to kInlineViews views per launch in the parameters.
+  // Walked twice: once to add up the grids (the last block of them all finalizes a small call), once to launch.
+  auto chunks_of = [&](int64_t first, int64_t n) {
+    const TensorView& last = plan.host_views[first + n - 1];
+    return last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
+           plan.host_views[first].first_chunk;
+  };
+  auto each_launch = [&](bool launch) {
+    int64_t blocks = 0;
+    for (int64_t run = 0; run < plan.num_views;) {
+      const int32_t dtype = plan.host_views[run].dtype;
+      int64_t run_end = run + 1;
+      while (run_end < plan.num_views && plan.host_views[run_end].dtype == dtype) ++run_end;
+      with_stats_kernel(plan.mode, plan.num_formats, dtype, [&](auto kernel) {
+        const int64_t per_launch = plan.device_views != nullptr ? run_end - run : kInlineViews;
+        for (int64_t first = run; first < run_end; first += per_launch) {
+          const int64_t n = run_end - first < per_launch ? run_end - first : per_launch;
+          const int64_t grid = backend.stats_blocks(kernel, chunks_of(first, n));
+          blocks += grid;
+          if (!launch) continue;
+          params.views = plan.device_views != nullptr ? plan.device_views + first : nullptr;
+          if (plan.device_views == nullptr) {
+            for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
+          }
+          params.num_views = n;
+          params.first_chunk = plan.host_views[first].first_chunk;
+          params.num_chunks = chunks_of(first, n);
+          backend.launch_stats(kernel, grid, params);
+        }
+      });
+      run = run_end;
+    }
+    return blocks;
+  };
+  params.total_blocks = each_launch(false);
+  // A call of few rows with any stats launch at all finalizes in its last block: no finalize launch.
+  params.finalize_in_block = params.total_blocks > 0 && plan.num_tensors <= kFinalizeInBlockRows;
+  each_launch(true);
+  if (plan.num_tensors == 0 || params.finalize_in_block) return;
   backend.launch_finalize(backend.finalize_blocks(plan.num_tensors), fin);
 }
 

@@ -297,3 +297,12 @@ def test_one_value_on_each_bound_at_every_batch_position(dtype, rng):
     got = check([t], None, chunk=t.numel(), blocks=1)
     assert int(got[0][0, 0]) == t.numel()
     check([t], 2.0**-3, chunk=t.numel(), blocks=1)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17], ids=lambda n: f"{n}rows")
+def test_finalize_in_the_last_block_or_its_own_kernel(rows, rng):
+    """Up to 16 rows (kFinalizeInBlockRows) the last stats block to finish writes the outputs, over all the
+    call's launches (one per dtype here, some blocks without chunks); from 17 a finalize kernel does."""
+    tensors = [random_tensor(rng, 50 + 37 * i, DTYPES[i % 4]) for i in range(rows)]
+    check(tensors, None, blocks=7)
+    check(tensors, 2.0**-4, blocks=1, inline=True)
