@@ -65,11 +65,8 @@ constexpr int kFinalizeThreads = 256;
 // Calls of at most this many rows finalize in their last stats block (one block copies 256 histogram bins per
 // row; beyond this a separate finalize kernel, many blocks, is faster than one block).
 constexpr int64_t kFinalizeInBlockRows = 16;
-// Batches whose largest |v| lies in [2^-50, 2^60) sum squares in float32: no square or batch sum overflows
-// (2^120 * 16 < float32 max), and squares lost to float32's subnormal range (< 2^-149 each, at most 16)
-// are below 2^-40 of the batch's sum (>= 2^-100). Other batches sum in float64.
-constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
-constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
+// Batches (16 values) sum their squares in float32 where numerics.h's kFloatSquaresFrom / kFloatSquaresBelow
+// allow it, else in float64.
 
 // What a launch does besides counting.
 enum Mode : int { kPlain = kLaunchPlain, kScaled = kLaunchScaled, kUnscale = kLaunchUnscale };
