@@ -1,28 +1,255 @@
-"""SASS instructions per element of the CUDA statistics kernel's vector loops, read from a compiled object
-without a GPU (bench/README.md, "The CUDA kernel: registers and instructions").
+"""SASS instructions per element of the CUDA statistics kernels' hot loops, read from the compiled sm_90 image
+without a GPU, against the targets of issue 19 (bench/README.md, "The CUDA kernel: registers and instructions").
 
-For every statistics-kernel variant (mode x number of formats) and every loop that holds 16-byte global
-loads, prints the loop body's instruction count (static), and the count less the blocks that forward
-branches inside the loop skip (the common path: no NaN/Inf to split, squares summed in float32), each
-divided by the elements the loop handles (its shared-memory histogram atomics, one per element).
+One kernel is compiled per mode (plain / scaled / unscale), format count (1-4) and input dtype. In each, the hot
+loop is the loop over full batches (the backward branch whose body holds the most 16-byte global loads). Its
+instructions are counted on paths through one iteration, following every branch, out-of-line blocks included:
 
-    nvcc -O3 -gencode arch=compute_90,code=sm_90 -c csrc/tensor_stats_cuda.cu -o /tmp/k.o <torch includes>
-    python bench/sass_per_element.py /tmp/k.o [--cuobjdump PATH]
+  common   the shortest iteration: no threshold straddled in the warp, no NaN/Inf, no value near float32's
+           limits (every per-batch decision takes its cheap side); this is what the targets are about;
+  +1 bound what one straddled threshold adds (the median detour of the per-element branches);
+  worst    the longest iteration: every threshold straddled, NaN/Inf and the float64 squares path taken.
 
-cuobjdump: CUDA's own, or the one in triton's wheel (triton/backends/nvidia/bin/cuobjdump).
+Each is divided by the elements of a batch (the loop's histogram atomics, one per element). With a ptxas log
+(`-Xptxas -v`, given by --ptxas-log or made by --compile), the spill bytes of every kernel are added up too.
+
+    python bench/sass_per_element.py --compile            # nvcc -O3 for sm_90 into a temporary folder
+    python bench/sass_per_element.py OBJECT --ptxas-log LOG [--check]
+
+--check exits 1 when a variant misses its target or any kernel spills. cuobjdump: CUDA's own, or the one in
+triton's wheel (triton/backends/nvidia/bin/cuobjdump).
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import re
+import statistics
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 MODES = ("plain", "scaled", "unscale")
-LOAD = re.compile(r"\bLDG?\.E\.128")
-BRANCH = re.compile(r"\bBRA\b\s+(0x[0-9a-f]+)")
+DTYPES = ("fp32", "fp16", "bf16", "fp64")  # csrc/numerics.h InputDtype order
+KERNEL = re.compile(r"stats_kernelILi(\d)ELi(\d)ELi(\d)E")
+LOAD = re.compile(r"\bLDG\.E(\.\w+)*\.128\b")
+BRANCH = re.compile(r"^(@!?U?P\w+\s+)?BRA(\.\w+)*\s+(0x[0-9a-f]+)")
+ENDS = re.compile(r"^(EXIT|RET|BRX|JMX)\b")
+REPO = Path(__file__).resolve().parent.parent
+# The pipe an opcode issues to (sm_90), for the common path's breakdown: integer ALU (half rate for most),
+# float (FMA pipe: float32 at full rate, conversions), memory (loads, stores, atomics) and the rest
+# (branches, votes, convergence barriers, uniform-datapath instructions).
+PIPES = {
+    "mem": ("LDG", "STG", "ATOMS", "ATOMG", "ATOM", "RED", "LDS", "STS", "LDL", "STL", "LD", "ST", "LDC"),
+    "fp": (
+        "FFMA",
+        "FMUL",
+        "FADD",
+        "FMNMX",
+        "FSETP",
+        "FSEL",
+        "HADD2",
+        "HFMA2",
+        "HMUL2",
+        "F2F",
+        "F2FP",
+        "DADD",
+        "DFMA",
+        "DMUL",
+        "DSETP",
+        "F2I",
+        "I2F",
+        "MUFU",
+    ),
+    "int": (
+        "IMAD",
+        "IADD3",
+        "IADD",
+        "LOP3",
+        "ISETP",
+        "SHF",
+        "LEA",
+        "SEL",
+        "PRMT",
+        "IMNMX",
+        "VIADD",
+        "VIMNMX",
+        "MOV",
+        "IABS",
+        "POPC",
+        "FLO",
+        "P2R",
+        "R2P",
+        "PLOP3",
+        "CS2R",
+        "SGXT",
+        "BMSK",
+        "SHL",
+        "SHR",
+        "LOP",
+    ),
+}
+
+
+def pipe(text: str) -> str:
+    opcode = re.sub(r"^@!?U?P\w+\s+", "", text).split(" ")[0].split(".")[0]
+    for name, opcodes in PIPES.items():
+        if opcode in opcodes:
+            return name
+    return "other"
+
+
+def target(dtype: str, mode: str, formats: int) -> float | None:
+    """Issue 19's table: fp32 16 + 4 per extra format, 16-bit 14 + 2; scaled as plain; unscale plus 2."""
+    if dtype == "fp32":
+        base = 16 + 4 * (formats - 1)
+    elif dtype in ("fp16", "bf16"):
+        base = 14 + 2 * (formats - 1)
+    else:
+        return None  # float64 has no target: it is judged on the exact 64-bit value
+    return base + (2 if mode == "unscale" else 0)
+
+
+@dataclass
+class LoopCount:
+    elements: int
+    loads: int
+    common: int
+    one_bound: float | None
+    worst: int
+    pipes: dict[str, int]
+
+
+def parse(function_sass: str) -> list[tuple[int, str]]:
+    return [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", function_sass)]
+
+
+def successors(instrs: list[tuple[int, str]]) -> dict[int, list[int]]:
+    """Control-flow successors of every instruction (fall-through and branch target)."""
+    succ: dict[int, list[int]] = {}
+    for i, (addr, text) in enumerate(instrs):
+        nxt = [instrs[i + 1][0]] if i + 1 < len(instrs) else []
+        match = BRANCH.match(text)
+        predicated = text.startswith("@") and not text.startswith("@PT ")
+        if match:
+            succ[addr] = [int(match.group(3), 16)] + (nxt if predicated else [])
+        elif ENDS.match(text):
+            succ[addr] = nxt if predicated else []
+        else:
+            succ[addr] = nxt
+    return succ
+
+
+def hot_loop(instrs: list[tuple[int, str]]) -> int | None:
+    """The head of the innermost loop whose body (by address) holds the most 16-byte global loads."""
+    back = []
+    for addr, text in instrs:
+        match = BRANCH.match(text)
+        if match and int(match.group(3), 16) <= addr:
+            back.append((int(match.group(3), 16), addr))
+    best, best_loads = None, 0
+    for head, tail in back:
+        if any((h, t) != (head, tail) and head <= h and t <= tail for h, t in back):
+            continue  # holds another loop: not innermost
+        loads = sum(bool(LOAD.search(t)) for a, t in instrs if head <= a <= tail)
+        atomics = sum("ATOMS" in t for a, t in instrs if head <= a <= tail)
+        if atomics and loads > best_loads:
+            best, best_loads = head, loads
+    return best
+
+
+def count_loop(instrs: list[tuple[int, str]], head: int) -> LoopCount:
+    """Shortest and longest paths through one iteration starting at `head` and ending at an edge back into it.
+    Code before the head (the outer loop's) is not part of an iteration."""
+    text = dict(instrs)
+    succ = successors(instrs)
+    end = -1
+    graph = {a: [end if s == head else s for s in succ[a] if s >= head] for a in text if a >= head}
+    # Shortest distance from each node to the end (node weight 1): Dijkstra on the reversed graph.
+    preds: dict[int, list[int]] = {}
+    for a, ss in graph.items():
+        for s in ss:
+            preds.setdefault(s, []).append(a)
+    to_end = {end: 0}
+    heap = [(0, end)]
+    while heap:
+        d, n = heapq.heappop(heap)
+        if d > to_end.get(n, 1 << 60):
+            continue
+        for p in preds.get(n, []):
+            if d + 1 < to_end.get(p, 1 << 60):
+                to_end[p] = d + 1
+                heapq.heappush(heap, (d + 1, p))
+    # The shortest iteration, its elements and loads, and the detours of its conditional branches.
+    path, node = [], head
+    while node != end:
+        path.append(node)
+        node = min(graph[node], key=lambda s: to_end.get(s, 1 << 60))
+    elements = sum("ATOMS" in text[a] for a in path)
+    loads = sum(bool(LOAD.search(text[a])) for a in path)
+    detours = []
+    for a in path:
+        options = [to_end[s] for s in graph[a] if s in to_end]
+        if len(options) == 2 and BRANCH.match(text[a]):
+            detour = max(options) - min(options)
+            if detour >= max(elements, 1):  # a per-element branch (rarer, shorter branches are bookkeeping)
+                detours.append(detour)
+    # The longest iteration: memoised depth-first search, edges into nodes on the stack (inner loops) dropped.
+    longest: dict[int, int] = {end: 0}
+    sys.setrecursionlimit(100000)
+
+    def walk(n: int, stack: set[int]) -> int:
+        if n in longest:
+            return longest[n]
+        stack.add(n)
+        best = -(1 << 60)
+        for s in graph.get(n, []):
+            if s in stack or (s != end and s not in to_end):
+                continue
+            best = max(best, walk(s, stack))
+        stack.discard(n)
+        longest[n] = best + 1
+        return longest[n]
+
+    worst = walk(head, set())
+    one = statistics.median(detours) / elements if detours and elements else None
+    pipes = {name: 0 for name in (*PIPES, "other")}
+    for a in path:
+        pipes[pipe(text[a])] += 1
+    return LoopCount(elements, loads, len(path), one, worst, pipes)
+
+
+def spills(log: str) -> dict[tuple[str, int, str], tuple[int, int, int]]:
+    """(mode, formats, dtype) -> (registers, spill store bytes, spill load bytes), from ptxas -v output."""
+    found = {}
+    name = None
+    stores = loads = 0
+    for line in log.splitlines():
+        if "Function properties for" in line:
+            name = KERNEL.search(line)
+        elif name and "spill stores" in line:
+            numbers = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            stores, loads = int(numbers.group(1)), int(numbers.group(2))
+        elif name and "Used" in line and "registers" in line:
+            registers = int(re.search(r"Used (\d+) registers", line).group(1))
+            mode, formats, dtype = (int(g) for g in name.groups())
+            found[(MODES[mode], formats, DTYPES[dtype])] = (registers, stores, loads)
+            name = None
+    return found
+
+
+def compile_object(folder: Path) -> tuple[Path, str]:
+    from torch.utils.cpp_extension import include_paths
+
+    obj = folder / "tensor_stats_cuda.o"
+    command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
+    command += ["-Xptxas", "-v", "-c", str(REPO / "csrc" / "tensor_stats_cuda.cu"), "-o", str(obj)]
+    command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return obj, done.stdout + done.stderr
 
 
 def default_cuobjdump() -> str:
@@ -37,53 +264,66 @@ def default_cuobjdump() -> str:
     return "cuobjdump"
 
 
-def loops(function_sass: str) -> set[tuple[int, int, int, int]]:
-    """(elements, loads, static instructions, common-path instructions) of each backward-branch loop."""
-    instrs = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", function_sass)]
-    found = set()
-    for addr, text in instrs:
-        match = BRANCH.search(text)
-        if not match or int(match.group(1), 16) >= addr:
-            continue
-        start = int(match.group(1), 16)
-        body = [(a, x) for a, x in instrs if start <= a <= addr]
-        loads = sum(bool(LOAD.search(x)) for _, x in body)
-        elements = sum("ATOMS" in x for _, x in body)
-        if not loads or not elements:
-            continue
-        skipped: set[int] = set()
-        for a, x in body:
-            inner = BRANCH.search(x)
-            if inner and a < int(inner.group(1), 16) <= addr:
-                skipped |= {c for c, _ in body if a < c < int(inner.group(1), 16)}
-        found.add((elements, loads, len(body), len(body) - len(skipped)))
-    return found
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("object", help="a cubin-holding object or library (e.g. the nvcc output of the .cu)")
+    parser.add_argument("object", nargs="?", help="the nvcc output of csrc/tensor_stats_cuda.cu (or --compile)")
+    parser.add_argument("--ptxas-log", help="the -Xptxas -v output of that compile, for registers and spills")
+    parser.add_argument("--compile", action="store_true", help="compile the kernels for sm_90 first")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed or a kernel spills")
     parser.add_argument("--cuobjdump", default=default_cuobjdump())
     args = parser.parse_args()
-    try:
-        done = subprocess.run([args.cuobjdump, "-sass", args.object], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as error:
-        said = getattr(error, "stderr", None) or error
-        print(f"error: {args.cuobjdump} -sass {args.object} failed: {str(said).strip()}")
-        return 2
-    sass = done.stdout
-    for function in re.split(r"\n\s*Function : ", sass)[1:]:
-        name = function.split("\n", 1)[0].strip()
-        variant = re.search(r"stats_kernelILi(\d)ELi(\d)E", name)
+    log = Path(args.ptxas_log).read_text() if args.ptxas_log else None
+    with tempfile.TemporaryDirectory() as folder:
+        if args.compile:
+            obj, log = compile_object(Path(folder))
+        elif args.object:
+            obj = Path(args.object)
+        else:
+            parser.error("give an object file or --compile")
+        try:
+            done = subprocess.run([args.cuobjdump, "-sass", str(obj)], capture_output=True, text=True, check=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            said = getattr(error, "stderr", None) or error
+            print(f"error: {args.cuobjdump} -sass {obj} failed: {str(said).strip()}")
+            return 2
+    registers = spills(log) if log else {}
+    rows = []
+    for function in re.split(r"\n\s*Function : ", done.stdout)[1:]:
+        variant = KERNEL.search(function.split("\n", 1)[0])
         if not variant:
             continue
-        mode, formats = MODES[int(variant.group(1))], variant.group(2)
-        for elements, loads, static, common in sorted(loops(function)):
-            print(
-                f"{mode:8} formats={formats} loads={loads} elements={elements:2}: "
-                f"static {static / elements:5.1f}/element, common path {common / elements:5.1f}/element"
-            )
-    return 0
+        mode, formats, dtype = MODES[int(variant.group(1))], int(variant.group(2)), DTYPES[int(variant.group(3))]
+        instrs = parse(function)
+        head = hot_loop(instrs)
+        if head is None:
+            continue
+        rows.append((dtype, mode, formats, count_loop(instrs, head)))
+    order = {name: i for i, name in enumerate(DTYPES + MODES)}
+    rows.sort(key=lambda r: (order[r[0]], order[r[1]], r[2]))
+    print(
+        f"{'dtype':5} {'mode':8} {'F':>1} {'E':>3} {'regs':>4} {'spill B':>7} {'common':>6} {'target':>6} "
+        f"{'':4} {'+1 bound':>8} {'worst':>6}  common by pipe: mem/fp/int/other"
+    )
+    missed = 0
+    for dtype, mode, formats, c in rows:
+        per = c.common / c.elements
+        goal = target(dtype, mode, formats)
+        verdict = "" if goal is None else ("PASS" if per <= goal else "FAIL")
+        missed += verdict == "FAIL"
+        regs, stores, loads = registers.get((mode, formats, dtype), (None, 0, 0))
+        one = f"{c.one_bound:+8.1f}" if c.one_bound is not None else f"{'-':>8}"
+        print(
+            f"{dtype:5} {mode:8} {formats:1} {c.elements:3} {regs if regs is not None else '-':>4} "
+            f"{stores + loads:7} {per:6.1f} {goal if goal is not None else '-':>6} {verdict:4} {one} "
+            f"{c.worst / c.elements:6.1f}  " + "/".join(f"{n / c.elements:.1f}" for n in c.pipes.values())
+        )
+    if registers:
+        total = sum(stores + loads for _, stores, loads in registers.values())
+        print(f"ptxas spill bytes (stores + loads), all {len(registers)} stats kernels: {total}")
+        missed += total > 0
+    else:
+        print("no ptxas log given (--ptxas-log or --compile): spills not checked")
+    return 1 if args.check and missed else 0
 
 
 if __name__ == "__main__":

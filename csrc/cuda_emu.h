@@ -10,7 +10,9 @@
 //     instead of hanging;
 //   - __shfl_down_sync as an exchange through a warp barrier and two buffers used in turn (full masks only);
 //   - the atomics the kernels use, on std::atomic_ref;
-//   - exact host equivalents of the intrinsics (__fmul_rn, __float2half_rn, __float2bfloat16_rn, bit casts).
+//   - exact host equivalents of the intrinsics (__fmul_rn, __float2half_rn, __half2float, __float2bfloat16_rn,
+//     bit casts, the cached loads __ldg / __ldcs / __ldcg / __stcs, __threadfence);
+//   - __any_sync as a vote the kernels must be exact under whatever the other lanes say (see below).
 //     NaN results of the half/bfloat16 conversions are the canonical 0x7FFF, as the GPU's cvt gives.
 // Blocks of a launch run one after another, so __shared__ variables can be function statics; launches are
 // serialised by a process-wide mutex. Build without -ffast-math and without FMA contraction (the .cpp that
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include <climits>
+#include <cmath>
 #include <ctime>
 
 #include <linux/futex.h>
@@ -331,6 +334,49 @@ inline __half __float2half_rn(float f) { return __half{cuda_emu::float_to_half_b
 inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{cuda_emu::float_to_bfloat16_bits(f)}; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
+
+// binary16 bits to float32, exactly (a subnormal half is its mantissa times 2^-24); NaN stays NaN.
+inline float half_bits_to_float(uint16_t h) {
+  const float sign = (h & 0x8000u) != 0 ? -1.0f : 1.0f;
+  const int exponent = (h >> 10) & 0x1F;
+  const int mantissa = h & 0x3FF;
+  if (exponent == 0x1F) return mantissa == 0 ? sign * INFINITY : NAN;
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
+  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+}
+inline __half __ushort_as_half(unsigned short bits) { return __half{bits}; }
+inline float __half2float(__half h) { return half_bits_to_float(h.bits); }
+
+// Global-space loads and stores with cache hints: plain memory accesses here.
+template <typename T>
+T __ldg(const T* at) {
+  return *at;
+}
+template <typename T>
+T __ldcs(const T* at) {
+  return *at;
+}
+template <typename T>
+T __ldcg(const T* at) {
+  return *at;
+}
+// A read-modify-write of one process-wide word: it orders the caller's memory accesses like a fence, and,
+// unlike std::atomic_thread_fence, ThreadSanitizer understands it (blocks also run one after another here).
+inline void __threadfence() {
+  static std::atomic<unsigned> fence_word{0};
+  fence_word.fetch_add(0u, std::memory_order_acq_rel);
+}
+template <typename T>
+void __stcs(T* at, T value) {
+  *at = value;
+}
+
+// Warp votes. The emulation does not know which lanes a GPU would run together, and the kernels must be
+// exact whatever the other lanes vote (they only pick between exact ways of counting). So the vote answers the
+// caller's own predicate on even lanes and true on odd ones: both of a kernel's ways run in every test, and no
+// lane waits on another (divergent loops stay legal, as __activemask makes them on the GPU).
+inline unsigned __activemask() { return 0xFFFFFFFFu; }
+inline bool __any_sync(unsigned, bool predicate) { return predicate || (threadIdx.x % 2) == 1; }
 
 inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }

@@ -44,6 +44,14 @@ constexpr uint32_t kNegInfBits32 = 0xFF800000u;
 constexpr int kExponentShift32 = 23;
 constexpr uint32_t kExponentMask32 = 0xFFu;
 
+// Where a float32 sum of squares is as good as a float64 one: a group of values whose largest |v| lies in
+// [2^-50, 2^60) may sum its squares in float32. No square reaches 2^120, so float32 sums of up to 2^7 of them
+// cannot overflow; a square lost below float32's subnormal range (< 2^-149) is under 2^-49 of the group's
+// largest square (>= 2^-100), so n lost squares cost a relative error below n * 2^-49. Other groups sum in
+// float64. Used by the CUDA kernel (16 squares per float32 sum); the CPU kernel keeps its own copy for now.
+constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
+constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
+
 // float64 bit-pattern constants.
 constexpr uint64_t kAbsMask64 = 0x7FFFFFFFFFFFFFFFull;
 constexpr uint64_t kInfBits64 = 0x7FF0000000000000ull;
@@ -159,8 +167,10 @@ AMPI_HD U below64(U a, U t) {
 }
 
 // The threshold tests of one element, added to any counter struct with the fields of RawCounts but numel
-// (the CPU's int64 RawCounts, the CUDA kernel's per-thread uint32 counts). The format loop runs to the
-// compile-time bound so that, on the GPU, the counter arrays stay in registers.
+// (the CPU's int64 RawCounts). The CUDA kernel does not call these: it counts with below32 / below64 once per
+// 16-element batch where the batch lies on one side of a threshold, per element only where it straddles one
+// (tensor_stats_kernels.cuh, count_batch). The format loop runs to the compile-time bound so that, on a GPU,
+// the counter arrays would stay in registers.
 #if defined(__CUDA_ARCH__)
 #define AMPI_UNROLL _Pragma("unroll")
 #else

@@ -17,6 +17,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <cstring>
+#include <vector>
 
 #include "tensor_stats.h"
 #include "tensor_stats_cuda.h"
@@ -50,13 +51,17 @@ bool capturing(cudaStream_t stream) {
 // Allocates outputs and workspace, places the tensor table and launches; the caller holds the device guard.
 StatsOutputs run_cuda(const StatsCall& call, const Device& device) {
   KernelCall k = prepare_kernel_call(call, device);
+  // The kernels are compiled per input dtype: the views of each dtype go to one launch.
+  std::vector<TensorView> views(call.views.size());
+  group_views_by_dtype(call.views.data(), static_cast<int64_t>(views.size()), call.chunk_elems, views.data());
+  k.plan.host_views = views.data();
   const cudaStream_t stream = current_stream(device.index());
   Tensor device_table = Tensor();
-  if (static_cast<int64_t>(call.views.size()) > kInlineViews && !capturing(stream)) {
+  if (static_cast<int64_t>(views.size()) > kInlineViews && !capturing(stream)) {
     // The caching host allocator keeps the pinned block alive until the copy queued on this stream has run.
-    const int64_t table_bytes = static_cast<int64_t>(call.views.size() * sizeof(TensorView));
+    const int64_t table_bytes = static_cast<int64_t>(views.size() * sizeof(TensorView));
     Tensor host_table = empty_tensor({table_bytes}, ScalarType::Byte, Device(DeviceType::CPU), /*pinned=*/true);
-    std::memcpy(host_table.data_ptr(), call.views.data(), static_cast<size_t>(table_bytes));
+    std::memcpy(host_table.data_ptr(), views.data(), static_cast<size_t>(table_bytes));
     device_table = empty_tensor({table_bytes}, ScalarType::Byte, device);
     torch::stable::copy_(device_table, host_table, /*non_blocking=*/true);
     k.plan.device_views = static_cast<const TensorView*>(device_table.data_ptr());

@@ -9,6 +9,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include <cstring>
+#include <vector>
 
 #include "tensor_stats.h"
 // The emulation shim and the kernels come last: the shim's macros must not meet the torch headers.
@@ -21,7 +22,10 @@ StatsOutputs run_emulated(const StatsCall& call, int64_t blocks, bool inline_vie
   AMPI_CHECK(call.chunk_elems > 0 && call.chunk_elems % 8 == 0,
              "amp_inspect._tensor_stats_emulated: chunk_elems must be a positive multiple of 8, got ", call.chunk_elems);
   KernelCall k = prepare_kernel_call(call, Device(DeviceType::CPU));
-  if (!inline_views) k.plan.device_views = call.views.data();  // host memory is the "device" here
+  std::vector<TensorView> views(call.views.size());  // as the CUDA op does: one run of views per dtype
+  group_views_by_dtype(call.views.data(), static_cast<int64_t>(views.size()), call.chunk_elems, views.data());
+  k.plan.host_views = views.data();
+  if (!inline_views) k.plan.device_views = views.data();  // host memory is the "device" here
   EmulatedBackend backend;
   backend.blocks = blocks;
   try {

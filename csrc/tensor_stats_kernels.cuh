@@ -12,15 +12,21 @@
 // each block takes one contiguous run of chunks. A block walks its run tensor by tensor: every thread counts
 // its elements in registers, the exponent histogram goes to one shared-memory histogram per warp, and when the
 // block leaves a tensor (or has counted kMaxFlushElems of it) one packed block reduction merges everything into
-// that tensor's row of a zeroed workspace with one global atomic per counter. A second small kernel turns the
-// workspace rows into the user's outputs (overflow / subnormal / underflow from the raw threshold counts,
-// extremes as floats) and, for unscale_stats_, sets found_inf.
+// that tensor's row of a zeroed workspace with one global atomic per counter. The finalize turns the workspace
+// rows into the user's outputs (overflow / subnormal / underflow from the raw threshold counts, extremes as
+// floats) and, for unscale_stats_, sets found_inf: in a call of at most kFinalizeInBlockRows rows the last
+// stats block to finish does it (a counter in the workspace), else a second small kernel.
 //
-// Per element, fp32 storage: one non-finite test (NaN/+Inf/-Inf are told apart only in batches that hold
-// any), one zero test, three threshold compares per format, max and min of |bits|, a float32 square, and a
-// shared-memory atomic for the histogram bin. Squares are summed in float32 over a batch of loads and added to
-// a float64 total per batch; a batch whose largest |v| lies outside [2^-50, 2^60) is summed in float64 instead
-// (see kFloatSquaresFrom), so the relative error stays below 2^-18 whatever the values.
+// One kernel per mode, format count and input dtype (48), so each is register-allocated for its own dtype with
+// no calls; run_stats launches one per run of views of a dtype (the ops group the views by dtype first).
+//
+// Per element, on the common path (count_batch says why it is exact): the conversion to float32 bits and an
+// abs, a min and a max of |bits|, a float32 square-add, and a shared-memory atomic for the histogram bin. The
+// threshold counts, zeros, NaN/Inf, the extremes and the squares' range are decided once per 16-element batch
+// from its smallest and largest |bits|, per element only in a batch that straddles (warp vote). Squares are
+// summed in float32 over a batch and added to a float64 total per batch; a batch whose largest |v| lies outside
+// [2^-50, 2^60) is summed in float64 instead (see kFloatSquaresFrom), so the relative error stays below 2^-18
+// whatever the values. bench/sass_per_element.py counts the SASS of every variant's hot loop.
 #pragma once
 
 #include <cstdint>
@@ -40,41 +46,32 @@ inline namespace AMPI_KERNELS_NAMESPACE {
 constexpr int kThreads = 256;
 constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
-// 4 blocks of 256 per SM: caps registers at 64 per thread, so enough loads are in flight to cover latency.
-constexpr int kMinBlocksPerSm = 3;
+// 2 blocks of 256 per SM: up to 128 registers per thread. At 3 blocks (80 registers) every 4-format and
+// 16-bit variant spilled; at 2, none does, and 16 warps x 32 threads x 4 loads x 16 B = 32 KB per SM are in
+// flight after each load round (Little's law at ~4 TB/s and ~0.8 us wants 21-27 KB; bench/README.md).
+constexpr int kMinBlocksPerSm = 2;
 constexpr int kVectorBytes = 16;
-// 16-byte loads each thread issues before using any of them (memory-level parallelism): 4 of 4- and 8-byte
-// words, 2 of 2-byte words (16 elements either way; more made ptxas spill the 16-bit paths at 80 registers).
+// 16-byte loads each thread issues before using any of them (memory-level parallelism), every dtype: a load
+// round is 16 fp32, 32 fp16/bf16 or 8 fp64 elements per thread.
 template <typename W>
-constexpr int kLoadsInFlight = sizeof(W) >= 4 ? 4 : 2;
+constexpr int kLoadsInFlight = 4;
+// 16-byte vectors per counted batch: 16 elements of 4-byte words, 16 of 2-byte words (a round is two
+// batches: 32 elements at once held 128 registers and spilled), 4 of 8-byte words (likewise).
+template <typename W>
+constexpr int kVectorsPerBatch = sizeof(W) == 4 ? 4 : 2;
 // A block flushes its counts at least this often, so per-thread uint32 counters never wrap.
 constexpr int64_t kMaxFlushElems = int64_t{1} << 30;
 constexpr int kFinalizeThreads = 256;
-// Batches whose largest |v| lies in [2^-50, 2^60) sum squares in float32: no square or batch sum overflows
-// (2^120 * 16 < float32 max), and squares lost to float32's subnormal range (< 2^-149 each, at most 16)
-// are below 2^-40 of the batch's sum (>= 2^-100). Other batches sum in float64.
-constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
-constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
+// Calls of at most this many rows finalize in their last stats block (one block copies 256 histogram bins per
+// row; beyond this a separate finalize kernel, many blocks, is faster than one block).
+constexpr int64_t kFinalizeInBlockRows = 16;
+// Batches (16 values) sum their squares in float32 where numerics.h's kFloatSquaresFrom / kFloatSquaresBelow
+// allow it, else in float64.
 
 // What a launch does besides counting.
 enum Mode : int { kPlain = kLaunchPlain, kScaled = kLaunchScaled, kUnscale = kLaunchUnscale };
 
-// Everything a launch reads, passed by value (the CUDA driver copies it into constant memory).
-struct StatsParams {
-  const TensorView* views;  // the device table, or null: the views are in `inline_views`
-  int64_t num_views;
-  int64_t first_chunk;      // the launch covers chunks [first_chunk, first_chunk + num_chunks)
-  int64_t num_chunks;
-  int64_t chunk_elems;
-  FormatBounds bounds[kMaxFormats];
-  int32_t num_formats;
-  float scale_value;
-  const float* scale_ptr;  // device memory, or null to use scale_value (kScaled only)
-  const float* inv_scale;  // kUnscale only
-  int64_t* workspace;      // [num_tensors, workspace_columns]
-  TensorView inline_views[kInlineViews];
-};
-
+// Where the finalize writes the op's outputs.
 struct FinalizeParams {
   const int64_t* workspace;
   int64_t num_tensors;
@@ -87,10 +84,37 @@ struct FinalizeParams {
   double* sumsq;
 };
 
+// Everything a launch reads, passed by value (the CUDA driver copies it into constant memory).
+struct StatsParams {
+  const TensorView* views;  // the device table, or null: the views are in `inline_views`
+  int64_t num_views;
+  int64_t first_chunk;      // the launch covers chunks [first_chunk, first_chunk + num_chunks)
+  int64_t num_chunks;
+  int64_t chunk_elems;
+  FormatBounds bounds[kMaxFormats];
+  // Per Tally word kZero + i (the launch's format count F), the |bits| threshold it counts below: 1 (zero),
+  // then overflow_from[F], normal_from[F], zero_upto[F] + 1 ("at or below zero_upto" is "below zero_upto + 1",
+  // and zero_upto < the largest |bits|). Read in the hot loop straight from the constant bank: no registers.
+  uint32_t below[1 + 3 * kMaxFormats];
+  int32_t num_formats;
+  float scale_value;
+  const float* scale_ptr;  // device memory, or null to use scale_value (kScaled only)
+  const float* inv_scale;  // kUnscale only
+  int64_t* workspace;      // [num_tensors, workspace_columns]
+  // A small call (at most kFinalizeInBlockRows rows) finalizes in the last of its stats blocks to finish:
+  // total_blocks is the grid of all its stats launches together, counted in workspace row 0's done column.
+  int32_t finalize_in_block;
+  int64_t total_blocks;
+  FinalizeParams fin;
+  TensorView inline_views[kInlineViews];
+};
+
 // ---- per-thread counting ----
 
 // One thread's counts since the last flush. Word order matches workspace columns 1..: nan, posinf, neginf,
-// zero, over[F], below[F], at_zero[F].
+// zero, over[F], below[F], at_zero[F]. Words kZero.. each count |bits| below one threshold (Judge::below); the
+// over[F] words thus hold |bits| < overflow_from, and flush turns them into at_or_above_overflow (the count of
+// the piece less them).
 template <int kFormats>
 struct Tally {
   static constexpr int kWords = 4 + 3 * kFormats;
@@ -124,31 +148,38 @@ struct Tally {
 __shared__ uint32_t warp_histograms[kWarps][kHistBins];
 
 // What the counting functions need besides the tally, fixed for a launch.
-// Held by value and copied into each counting function, so the bounds live in registers (read through a
-// pointer, they were reloaded for every element: the loop's stores and atomics might alias them).
 template <int kFormats>
 struct Judge {
-  FormatBounds bounds[kFormats];
+  static constexpr int kThresholds = 1 + 3 * kFormats;
+  // The launch's parameters (__grid_constant__: the thresholds are instruction operands from the constant
+  // bank, which nothing can alias, so they take no registers and are never reloaded).
+  const StatsParams& p;
   int warp;  // this thread's warp: its row of warp_histograms
   float scale;
   float inv_scale;
 };
 
-// Threshold tests and the histogram of one element given as float32 bits of v; returns |bits|.
-template <int kFormats>
-__device__ __forceinline__ uint32_t count_common32(Tally<kFormats>& t, uint32_t bits, const Judge<kFormats>& j) {
-  using T = Tally<kFormats>;
-  const uint32_t a = bits & kAbsMask32;
-  t.n[T::kZero] += a == 0;
+// Whether `p` holds in any lane of the warp that runs this line with the caller. Every use below is exact
+// whatever the other lanes answer (it picks between two exact ways of counting), as long as the answer is true
+// where the caller's own `p` is; so the mask is whichever lanes are active, and loops need not be warp-uniform.
+__device__ __forceinline__ bool any_in_warp(bool p) { return __any_sync(__activemask(), p); }
+
+// Adds to `counter` how many of a[0..kCount) lie below `threshold`, given lo and hi, their smallest and
+// largest value. Where no lane's batch straddles the threshold (lo < threshold <= hi), the whole batch is on
+// one side of it: kCount if hi is below, else none. Otherwise every element is tested (the branch is uniform
+// over the warp, so a straddling lane does not make the others pay twice).
+// abs_of(k) gives a[k] (recomputed from the stored words: cheaper than holding kCount more registers).
+template <int kCount, class AbsOf>
+__device__ __forceinline__ void count_below(uint32_t& counter, AbsOf&& abs_of, uint32_t lo, uint32_t hi,
+                                            uint32_t threshold) {
+  if constexpr (kCount == 1) {
+    counter += below32(abs_of(0), threshold);
+  } else if (any_in_warp(lo < threshold && threshold <= hi)) {
 #pragma unroll
-  for (int f = 0; f < kFormats; ++f) {
-    t.n[T::kOver + f] += a >= j.bounds[f].overflow_from;
-    t.n[T::kBelow + f] += a < j.bounds[f].normal_from;
-    t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto;
+    for (int k = 0; k < kCount; ++k) counter += below32(abs_of(k), threshold);
+  } else {
+    counter += hi < threshold ? static_cast<uint32_t>(kCount) : 0u;
   }
-  t.min_abs_minus_one = min(t.min_abs_minus_one, a - 1u);
-  atomicAdd(&warp_histograms[j.warp][hist_bin(bits)], 1u);
-  return a;
 }
 
 // NaN / +Inf / -Inf of float32 bits, for the rare batch that holds any.
@@ -186,7 +217,7 @@ __device__ __forceinline__ uint32_t stored_as_f32_bits(typename Storage<kDtype>:
   if constexpr (kDtype == kFloat32) {
     return raw;
   } else if constexpr (kDtype == kFloat16) {
-    return fp16_to_f32_bits(raw);
+    return __float_as_uint(__half2float(__ushort_as_half(raw)));  // HADD2.F32: exact, subnormals included
   } else if constexpr (kDtype == kBFloat16) {
     return bf16_to_f32_bits(raw);
   } else {
@@ -205,7 +236,7 @@ __device__ __forceinline__ typename Storage<kDtype>::type unscaled(typename Stor
     const double x = __longlong_as_double(static_cast<long long>(raw));
     return static_cast<uint64_t>(__double_as_longlong(__dmul_rn(x, static_cast<double>(inv_scale))));
   } else if constexpr (kDtype == kFloat16) {
-    return __half_as_ushort(__float2half_rn(__fmul_rn(__uint_as_float(fp16_to_f32_bits(raw)), inv_scale)));
+    return __half_as_ushort(__float2half_rn(__fmul_rn(__half2float(__ushort_as_half(raw)), inv_scale)));
   } else {
     return __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(__uint_as_float(bf16_to_f32_bits(raw)), inv_scale)));
   }
@@ -224,8 +255,24 @@ __device__ __forceinline__ uint32_t judged_bits(typename Storage<kDtype>::type r
 }
 
 // Counts kCount stored values held in registers, then unscales them in place when the launch unscales.
-// Squares: float32 over the batch, float64 across batches. The rare paths (a batch holding NaN/Inf, or
-// values near float32's limits) convert the values again rather than keep a second copy in registers.
+//
+// Why per batch, and why it is exact. Each thread holds its batch (16 values of a full batch) in registers.
+// Their |bits| a[k] give the batch's smallest (lo) and largest (hi) |bits|, NaN and Inf included. Every
+// statistic but the histogram is then decided once per batch where the batch lies on one side of what it
+// tests, and per element only where it does not:
+//   - each threshold count (count_below): if hi < t all kCount are below t, if lo >= t none is; only when
+//     lo < t <= hi (the batch straddles t, in any lane of the warp) is every a[k] tested. Both ways give the
+//     same count for every batch; the per-batch way is taken only where it is right.
+//   - zeros are the threshold 1; the smallest nonzero |bits| is lo when lo != 0, else found per element in
+//     the same straddling branch (a batch of only zeros has none);
+//   - the largest finite |bits| and the float32 sum of squares are hi and the batch sum when hi lies in
+//     [kFloatSquaresFrom, kFloatSquaresBelow) (then nothing in the batch is NaN or Inf); any other batch takes
+//     the rare path, which redoes the extremes and squares per element and tells NaN / +Inf / -Inf apart.
+// So the common path (no threshold straddled in the warp, no NaN/Inf, no value near float32's limits) costs
+// per element a load share, the conversion, an abs, a min, a max, a fused square-add and the histogram atomic,
+// and per batch a few instructions per threshold. The other way the issue offered (counts from the exponent
+// histogram, corrections for the thresholds inside a binade) needs a per-element test for every threshold
+// that is not on a binade edge, which is all of them (65520, 2^-14 - 2^-25, ...): it saves nothing here.
 template <int kDtype, int kMode, int kFormats, class Words>
 __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, const Judge<kFormats>& j) {
   using T = Tally<kFormats>;
@@ -239,12 +286,12 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       const uint64_t a = raw.get(k) & kAbsMask64;
       const bool finite = is_finite64(a);
       any_nonfinite |= !finite;
-      t.n[T::kZero] += a == 0;
+      t.n[T::kZero] += static_cast<uint32_t>(below64(a, uint64_t{1}));
 #pragma unroll
       for (int f = 0; f < kFormats; ++f) {
-        t.n[T::kOver + f] += a >= j.bounds[f].overflow_from64;
-        t.n[T::kBelow + f] += a < j.bounds[f].normal_from64;
-        t.n[T::kAtZero + f] += a <= j.bounds[f].zero_upto64;
+        t.n[T::kOver + f] += static_cast<uint32_t>(below64(a, j.p.bounds[f].overflow_from64));
+        t.n[T::kBelow + f] += static_cast<uint32_t>(below64(a, j.p.bounds[f].normal_from64));
+        t.n[T::kAtZero + f] += static_cast<uint32_t>(below64(a, j.p.bounds[f].zero_upto64 + 1u));
       }
       const double x = __longlong_as_double(static_cast<long long>(raw.get(k)));
       const uint32_t bits32 = __float_as_uint(__double2float_rn(x));
@@ -268,33 +315,59 @@ __device__ __forceinline__ void count_batch(Tally<kFormats>& t, Words& raw, cons
       }
     }
   } else {
-    bool any_nonfinite = false;
-    uint32_t batch_max = 0;
+    uint32_t lo = 0xFFFFFFFFu;
+    uint32_t hi = 0;
     float squares = 0.0f;
 #pragma unroll
     for (int k = 0; k < kCount; ++k) {
-      const uint32_t a = count_common32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale), j);
-      const bool nonfinite = a >= kInfBits32;
-      any_nonfinite |= nonfinite;
-      const uint32_t finite_a = nonfinite ? 0u : a;
-      batch_max = max(batch_max, finite_a);
-      const float v = __uint_as_float(finite_a);
+      const uint32_t a = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
+      lo = min(lo, a);
+      hi = max(hi, a);
+      atomicAdd(&warp_histograms[j.warp][a >> kExponentShift32], 1u);  // the exponent field of |bits|
+      const float v = __uint_as_float(a);
       squares += v * v;
     }
-    t.max_abs = max(t.max_abs, batch_max);
-    if (batch_max - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
-      t.sumsq += static_cast<double>(squares);
-    } else if (batch_max != 0) {  // near float32's limits: the batch again, in float64
+    // From here on |bits| is recomputed from the stored words where needed (the rare branches), rather than
+    // kept: kCount registers fewer, which is what keeps every variant free of spills. The empty asm tells the
+    // compiler the words may have changed, so it cannot keep the values above alive instead.
+    raw.hide();
+    auto a = [&](int k) { return judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32; };
+    // Zeros, and the smallest nonzero |bits| (lo - 1 wraps to all ones when lo is 0: no change).
+    t.min_abs_minus_one = min(t.min_abs_minus_one, lo - 1u);
+    if constexpr (kCount == 1) {
+      t.n[T::kZero] += below32(a(0), 1u);
+    } else if (any_in_warp(lo == 0 && hi != 0)) {
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
-        const uint32_t a = judged_bits<kDtype, kMode>(raw.get(k), j.scale) & kAbsMask32;
-        const double v = static_cast<double>(__uint_as_float(a < kInfBits32 ? a : 0u));
+        const uint32_t a_k = a(k);
+        t.n[T::kZero] += below32(a_k, 1u);
+        t.min_abs_minus_one = min(t.min_abs_minus_one, a_k - 1u);
+      }
+    } else {
+      t.n[T::kZero] += hi == 0 ? static_cast<uint32_t>(kCount) : 0u;
+    }
+#pragma unroll
+    for (int i = 1; i < Judge<kFormats>::kThresholds; ++i) {
+      count_below<kCount>(t.n[T::kZero + i], a, lo, hi, j.p.below[i]);
+    }
+    if (hi - kFloatSquaresFrom < kFloatSquaresBelow - kFloatSquaresFrom) {
+      t.max_abs = max(t.max_abs, hi);
+      t.sumsq += static_cast<double>(squares);
+    } else if (hi != 0) {  // NaN/Inf in the batch, or values near float32's limits: per element, in float64
+      uint32_t finite_max = 0;
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        const uint32_t a_k = a(k);
+        const uint32_t finite_a = a_k < kInfBits32 ? a_k : 0u;
+        finite_max = max(finite_max, finite_a);
+        const double v = static_cast<double>(__uint_as_float(finite_a));
         t.sumsq += v * v;
       }
-    }
-    if (any_nonfinite) {
+      t.max_abs = max(t.max_abs, finite_max);
+      if (hi >= kInfBits32) {
 #pragma unroll
-      for (int k = 0; k < kCount; ++k) split_nonfinite32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale));
+        for (int k = 0; k < kCount; ++k) split_nonfinite32(t, judged_bits<kDtype, kMode>(raw.get(k), j.scale));
+      }
     }
   }
   if constexpr (kMode == kUnscale) {
@@ -310,6 +383,14 @@ struct VectorWords {
   static constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(W));
   static constexpr int kCount = kVectors * kPerVector;
   uint4 vectors[kVectors];
+
+  // An empty asm that may have changed every word: values computed from them before are not reused after.
+  __device__ __forceinline__ void hide() {
+#pragma unroll
+    for (int l = 0; l < kVectors; ++l) {
+      asm volatile("" : "+r"(vectors[l].x), "+r"(vectors[l].y), "+r"(vectors[l].z), "+r"(vectors[l].w));
+    }
+  }
 
   __device__ __forceinline__ static uint32_t& component(uint4& v, int c) {
     return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
@@ -341,11 +422,23 @@ struct VectorWords {
   }
 };
 
+// A 16-byte vector of the input, read in the global space (LDG, no generic-address conversion): through the
+// read-only path when nothing is written, else a streaming load (read once, written back by this thread).
+template <int kMode>
+__device__ __forceinline__ uint4 load_vector(const uint4* at) {
+  if constexpr (kMode == kUnscale) {
+    return __ldcs(at);
+  } else {
+    return __ldg(at);
+  }
+}
+
 // One storage word, for the scalar paths.
 template <typename W>
 struct OneWord {
   static constexpr int kCount = 1;
   W word;
+  __device__ __forceinline__ void hide() {}
   __device__ __forceinline__ W get(int) const { return word; }
   __device__ __forceinline__ void set(int, W w) { word = w; }
 };
@@ -381,18 +474,25 @@ __device__ __forceinline__ void count_dense(Tally<kFormats>& t, const TensorView
   for (; v + (kLoads - 1) * kThreads < vectors; v += kStride) {
     VectorWords<W, kLoads> batch;
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) batch.vectors[l] = in[v + l * kThreads];
-    count_batch<kDtype, kMode, kFormats>(t, batch, j);
-    if constexpr (kMode == kUnscale) {
+    for (int l = 0; l < kLoads; ++l) batch.vectors[l] = load_vector<kMode>(in + v + l * kThreads);
+    constexpr int kPart = kVectorsPerBatch<W>;
 #pragma unroll
-      for (int l = 0; l < kLoads; ++l) out[v + l * kThreads] = batch.vectors[l];
+    for (int first = 0; first < kLoads; first += kPart) {
+      VectorWords<W, kPart> part;
+#pragma unroll
+      for (int l = 0; l < kPart; ++l) part.vectors[l] = batch.vectors[first + l];
+      count_batch<kDtype, kMode, kFormats>(t, part, j);
+      if constexpr (kMode == kUnscale) {  // stored at once: the part's registers are free for the next
+#pragma unroll
+        for (int l = 0; l < kPart; ++l) __stcs(out + v + (first + l) * kThreads, part.vectors[l]);
+      }
     }
   }
   for (; v < vectors; v += kThreads) {  // the last, partial batch: one vector at a time
     VectorWords<W, 1> one;
-    one.vectors[0] = in[v];
+    one.vectors[0] = load_vector<kMode>(in + v);
     count_batch<kDtype, kMode, kFormats>(t, one, j);
-    if constexpr (kMode == kUnscale) out[v] = one.vectors[0];
+    if constexpr (kMode == kUnscale) __stcs(out + v, one.vectors[0]);
   }
   for (int64_t i = tail_from + threadIdx.x; i < count; i += kThreads) count_one(p + i);
 }
@@ -489,7 +589,9 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
   if (tid < kWords) {
     uint64_t total = 0;
     for (int w = 0; w < kWarps; ++w) total += scratch.words[w][tid];
-    add_count(row + 1 + tid, total);
+    // The over[F] words counted |bits| below overflow_from: the rest of the piece is at or above it.
+    const bool over = tid >= Tally<kFormats>::kOver && tid < Tally<kFormats>::kBelow;
+    add_count(row + 1 + tid, over ? static_cast<uint64_t>(counted) - total : total);
   } else if (tid < kWords + 2) {
     uint32_t extreme = 0;
     for (int w = 0; w < kWarps; ++w) extreme = max(extreme, scratch.words[w][tid]);
@@ -516,17 +618,16 @@ __device__ __forceinline__ void flush(const Tally<kFormats>& t, int64_t counted,
   __syncthreads();  // scratch read and histograms cleared before anyone counts again
 }
 
-// Counts elements [start, start + count) of one view and merges them into its workspace row. One function
-// per dtype and layout, not inlined: each is register-allocated on its own, so the rare paths (strided
-// views, float64) cannot push the common one into spilling. Every thread of the block must call it.
-template <int kDtype, bool kDense, int kMode, int kFormats>
-__device__ __noinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                         MergeScratch<kFormats>& scratch, const Judge<kFormats>& judge,
-                                         int num_formats) {
-  const Judge<kFormats> j = judge;  // into registers, once
+// Counts elements [start, start + count) of one view and merges them into its workspace row. Inlined: a kernel
+// holds one input dtype, so its two layouts share one register allocation without calls (a call's saved
+// registers were the spills of the earlier one-kernel-for-all-dtypes design). Every thread must call it.
+template <int kDtype, int kMode, int kFormats>
+__device__ __forceinline__ void count_piece(const TensorView& view, int64_t start, int64_t count, int64_t* row,
+                                            MergeScratch<kFormats>& scratch, const Judge<kFormats>& j,
+                                            int num_formats) {
   Tally<kFormats> tally;
   tally.clear();
-  if constexpr (kDense) {
+  if (is_contiguous_view(view)) {
     count_dense<kDtype, kMode>(tally, view, start, count, j);
   } else {
     count_strided<kDtype, kMode>(tally, view, start, count, j);
@@ -534,29 +635,72 @@ __device__ __noinline__ void count_piece(const TensorView& view, int64_t start, 
   flush(tally, count, row, scratch, num_formats);
 }
 
-template <int kMode, int kFormats>
-__device__ __forceinline__ void count_piece_of(const TensorView& view, int64_t start, int64_t count, int64_t* row,
-                                               MergeScratch<kFormats>& scratch, const Judge<kFormats>& j,
-                                               int num_formats) {
-  const bool dense = is_contiguous_view(view);
-  switch (view.dtype) {
-    case kFloat32:
-      return dense ? count_piece<kFloat32, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kFloat32, false, kMode>(view, start, count, row, scratch, j, num_formats);
-    case kFloat16:
-      return dense ? count_piece<kFloat16, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kFloat16, false, kMode>(view, start, count, row, scratch, j, num_formats);
-    case kBFloat16:
-      return dense ? count_piece<kBFloat16, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kBFloat16, false, kMode>(view, start, count, row, scratch, j, num_formats);
-    default:
-      return dense ? count_piece<kFloat64, true, kMode>(view, start, count, row, scratch, j, num_formats)
-                   : count_piece<kFloat64, false, kMode>(view, start, count, row, scratch, j, num_formats);
+// The op's counts, extremes and sumsq of output row r from workspace row r, and found_inf. One thread.
+__device__ __forceinline__ void finalize_row(const FinalizeParams& p, int64_t r) {
+  // Read at L2 (__ldcg), where the stats blocks' atomics landed: never a stale line of this SM's L1.
+  const int64_t* row = p.workspace + r * workspace_columns(p.num_formats);
+  auto word = [&](int column) {
+    return static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(row) + column));
+  };
+  RawCounts raw;
+  clear_counts(raw);
+  raw.numel = word(0);
+  raw.nan = word(1);
+  raw.posinf = word(2);
+  raw.neginf = word(3);
+  raw.zero = word(4);
+  for (int f = 0; f < p.num_formats; ++f) {
+    raw.at_or_above_overflow[f] = word(kFixedCountColumns + f);
+    raw.below_normal[f] = word(kFixedCountColumns + p.num_formats + f);
+    raw.at_or_below_zero[f] = word(kFixedCountColumns + 2 * p.num_formats + f);
+  }
+  finalize_counts(raw, p.num_formats, p.counts + r * count_columns(p.num_formats));
+  const uint64_t extremes = static_cast<uint64_t>(word(extremes_column(p.num_formats)));
+  p.amax[r] = __uint_as_float(static_cast<uint32_t>(extremes));
+  p.amin_nonzero[r] = __uint_as_float(kInfBits32 - static_cast<uint32_t>(extremes >> 32));
+  p.sumsq[r] = __longlong_as_double(word(sumsq_column(p.num_formats)));
+  // Every writer stores the same value, so the race is benign (as in torch's own unscale kernel).
+  if (p.found_inf != nullptr && raw.nan + raw.posinf + raw.neginf > 0) *p.found_inf = 1.0f;
+}
+
+// Turns workspace rows into the op's outputs and sets found_inf. Block b handles rows b, b + grid, ...
+__global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const FinalizeParams p) {
+  for (int64_t r = blockIdx.x; r < p.num_tensors; r += gridDim.x) {
+    const int64_t* row = p.workspace + r * workspace_columns(p.num_formats);
+    for (int b = threadIdx.x; b < kHistBins; b += kFinalizeThreads) {
+      p.hist[r * kHistBins + b] = row[hist_column(p.num_formats) + b];
+    }
+    if (threadIdx.x == 0) finalize_row(p, r);
   }
 }
 
-// The statistics pass. Block b takes chunks [first_chunk + b * n / grid, first_chunk + (b + 1) * n / grid).
-template <int kMode, int kFormats>
+// The finalize of a small call, run by whichever of its stats blocks finishes last: each block, once its
+// flushes are done, makes its workspace atomics visible device-wide (fence) and then counts itself done; the
+// block that counts the last one fences again (so it sees every other block's atomics) and writes the outputs.
+__device__ __forceinline__ void finalize_if_last(const FinalizeParams& p, int64_t* done, int64_t total_blocks) {
+  __shared__ bool last_block;
+  __syncthreads();  // every thread's flush is complete
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long before = atomicAdd(reinterpret_cast<unsigned long long*>(done), 1ull);
+    last_block = static_cast<int64_t>(before) == total_blocks - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  static_assert(kThreads == kHistBins, "one thread per histogram bin");
+  const int b = threadIdx.x;
+#pragma unroll 4
+  for (int64_t r = 0; r < p.num_tensors; ++r) {
+    const int64_t* bin = p.workspace + r * workspace_columns(p.num_formats) + hist_column(p.num_formats) + b;
+    p.hist[r * kHistBins + b] = static_cast<int64_t>(__ldcg(reinterpret_cast<const long long*>(bin)));
+  }
+  if (b < p.num_tensors) finalize_row(p, b);
+}
+
+// The statistics pass over views of one input dtype. Block b takes chunks [first_chunk + b * n / grid,
+// first_chunk + (b + 1) * n / grid).
+template <int kMode, int kFormats, int kDtype>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const __grid_constant__ StatsParams p) {
   static_assert(kThreads <= kHistBins, "each thread clears at most one bin per warp below");
   static_assert(Tally<kFormats>::kWords + 4 <= kThreads, "one thread per merged counter");
@@ -568,26 +712,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
   }
   __syncthreads();
 
-  Judge<kFormats> judge;
-#pragma unroll
-  for (int f = 0; f < kFormats; ++f) judge.bounds[f] = p.bounds[f];
-  judge.warp = warp;
-  judge.scale = 1.0f;
+  Judge<kFormats> judge{p, warp, 1.0f, 1.0f};
   if constexpr (kMode == kScaled) judge.scale = p.scale_ptr != nullptr ? *p.scale_ptr : p.scale_value;
-  judge.inv_scale = 1.0f;
   if constexpr (kMode == kUnscale) judge.inv_scale = *p.inv_scale;
 
   const int64_t grid = gridDim.x;
   const int64_t block = blockIdx.x;
   const int64_t chunk_begin = p.first_chunk + block * p.num_chunks / grid;
   const int64_t chunk_end = p.first_chunk + (block + 1) * p.num_chunks / grid;
-  if (chunk_begin >= chunk_end) return;  // uniform over the block: no barrier is skipped by part of it
   const TensorView* views = p.views != nullptr ? p.views : p.inline_views;
   const int columns = workspace_columns(p.num_formats);
 
-  int64_t v = tensor_of_chunk(views, p.num_views, chunk_begin);
+  // A block without chunks counts nothing but still takes part in the finalize hand-over below.
+  int64_t v = chunk_begin < chunk_end ? tensor_of_chunk(views, p.num_views, chunk_begin) : 0;
   int64_t chunk = chunk_begin;
-  while (chunk < chunk_end) {
+  while (chunk < chunk_end) {  // uniform over the block: every barrier inside is reached by all of it
     const TensorView& view = views[v];
     const int64_t view_chunks = (view.numel + p.chunk_elems - 1) / p.chunk_elems;
     const int64_t view_end = view.first_chunk + view_chunks;
@@ -599,44 +738,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
     int64_t* row = p.workspace + view.out_row * columns;
     for (int64_t piece = begin; piece < end; piece += kMaxFlushElems) {
       const int64_t n = end - piece < kMaxFlushElems ? end - piece : kMaxFlushElems;
-      count_piece_of<kMode>(view, piece, n, row, scratch, judge, p.num_formats);
+      count_piece<kDtype, kMode>(view, piece, n, row, scratch, judge, p.num_formats);
     }
     chunk = last;
     ++v;
   }
-}
-
-// Turns workspace rows into the op's outputs and sets found_inf. Block b handles rows b, b + grid, ...
-__global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const FinalizeParams p) {
-  const int columns = workspace_columns(p.num_formats);
-  const int count_cols = count_columns(p.num_formats);
-  for (int64_t r = blockIdx.x; r < p.num_tensors; r += gridDim.x) {
-    const int64_t* row = p.workspace + r * columns;
-    for (int b = threadIdx.x; b < kHistBins; b += kFinalizeThreads) {
-      p.hist[r * kHistBins + b] = row[hist_column(p.num_formats) + b];
-    }
-    if (threadIdx.x == 0) {
-      RawCounts raw;
-      clear_counts(raw);
-      raw.numel = row[0];
-      raw.nan = row[1];
-      raw.posinf = row[2];
-      raw.neginf = row[3];
-      raw.zero = row[4];
-      for (int f = 0; f < p.num_formats; ++f) {
-        raw.at_or_above_overflow[f] = row[kFixedCountColumns + f];
-        raw.below_normal[f] = row[kFixedCountColumns + p.num_formats + f];
-        raw.at_or_below_zero[f] = row[kFixedCountColumns + 2 * p.num_formats + f];
-      }
-      finalize_counts(raw, p.num_formats, p.counts + r * count_cols);
-      const uint64_t extremes = static_cast<uint64_t>(row[extremes_column(p.num_formats)]);
-      p.amax[r] = __uint_as_float(static_cast<uint32_t>(extremes));
-      p.amin_nonzero[r] = __uint_as_float(kInfBits32 - static_cast<uint32_t>(extremes >> 32));
-      p.sumsq[r] = __longlong_as_double(row[sumsq_column(p.num_formats)]);
-      // Every writer stores the same value, so the race is benign (as in torch's own unscale kernel).
-      if (p.found_inf != nullptr && raw.nan + raw.posinf + raw.neginf > 0) *p.found_inf = 1.0f;
-    }
-  }
+  if (p.finalize_in_block) finalize_if_last(p.fin, p.workspace + done_column(p.num_formats), p.total_blocks);
 }
 
 // ---- host side: the launch sequence, for any backend ----
@@ -648,25 +755,34 @@ __global__ void __launch_bounds__(kFinalizeThreads) finalize_kernel(const Finali
 //   int64_t finalize_blocks(int64_t rows);
 //   void launch_finalize(int64_t blocks, const FinalizeParams& params);
 
-// Calls fn(stats_kernel<mode, formats>) for the variant a call needs.
-template <class Fn>
-void with_stats_kernel(int mode, int num_formats, Fn&& fn) {
-  switch (mode * kMaxFormats + num_formats - 1) {
-    case 0: return fn(stats_kernel<kPlain, 1>);
-    case 1: return fn(stats_kernel<kPlain, 2>);
-    case 2: return fn(stats_kernel<kPlain, 3>);
-    case 3: return fn(stats_kernel<kPlain, 4>);
-    case 4: return fn(stats_kernel<kScaled, 1>);
-    case 5: return fn(stats_kernel<kScaled, 2>);
-    case 6: return fn(stats_kernel<kScaled, 3>);
-    case 7: return fn(stats_kernel<kScaled, 4>);
-    case 8: return fn(stats_kernel<kUnscale, 1>);
-    case 9: return fn(stats_kernel<kUnscale, 2>);
-    case 10: return fn(stats_kernel<kUnscale, 3>);
-    default: return fn(stats_kernel<kUnscale, 4>);
+// Calls fn(stats_kernel<mode, formats, dtype>) for the variant a launch needs.
+template <int kMode, int kFormats, class Fn>
+void with_dtype_kernel(int dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: return fn(stats_kernel<kMode, kFormats, kFloat32>);
+    case kFloat16: return fn(stats_kernel<kMode, kFormats, kFloat16>);
+    case kBFloat16: return fn(stats_kernel<kMode, kFormats, kBFloat16>);
+    default: return fn(stats_kernel<kMode, kFormats, kFloat64>);
   }
 }
-static_assert(kMaxFormats == 4, "with_stats_kernel lists one variant per format count");
+template <int kMode, class Fn>
+void with_formats_kernel(int num_formats, int dtype, Fn&& fn) {
+  switch (num_formats) {
+    case 1: return with_dtype_kernel<kMode, 1>(dtype, fn);
+    case 2: return with_dtype_kernel<kMode, 2>(dtype, fn);
+    case 3: return with_dtype_kernel<kMode, 3>(dtype, fn);
+    default: return with_dtype_kernel<kMode, 4>(dtype, fn);
+  }
+}
+template <class Fn>
+void with_stats_kernel(int mode, int num_formats, int dtype, Fn&& fn) {
+  switch (mode) {
+    case kPlain: return with_formats_kernel<kPlain>(num_formats, dtype, fn);
+    case kScaled: return with_formats_kernel<kScaled>(num_formats, dtype, fn);
+    default: return with_formats_kernel<kUnscale>(num_formats, dtype, fn);
+  }
+}
+static_assert(kMaxFormats == 4, "with_formats_kernel lists one variant per format count");
 
 // Zeroes the workspace, launches the statistics pass (once with a device table, or once per group of
 // kInlineViews views without one) and the finalize pass. Asynchronous on a GPU backend.
@@ -675,38 +791,19 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
   backend.zero(plan.workspace, plan.workspace_words);
   StatsParams params{};
   params.chunk_elems = plan.chunk_elems;
-  for (int f = 0; f < plan.num_formats; ++f) params.bounds[f] = plan.bounds[f];
-  params.num_formats = plan.num_formats;
+  const int formats = plan.num_formats;
+  params.below[0] = 1u;
+  for (int f = 0; f < formats; ++f) {
+    params.bounds[f] = plan.bounds[f];
+    params.below[1 + f] = plan.bounds[f].overflow_from;
+    params.below[1 + formats + f] = plan.bounds[f].normal_from;
+    params.below[1 + 2 * formats + f] = plan.bounds[f].zero_upto + 1u;
+  }
+  params.num_formats = formats;
   params.scale_value = plan.scale_value;
   params.scale_ptr = plan.scale_ptr;
   params.inv_scale = plan.inv_scale;
   params.workspace = plan.workspace;
-  with_stats_kernel(plan.mode, plan.num_formats, [&](auto kernel) {
-    if (plan.num_views == 0) return;
-    if (plan.device_views != nullptr || plan.num_views <= kInlineViews) {
-      params.views = plan.device_views;
-      if (plan.device_views == nullptr) {
-        for (int64_t v = 0; v < plan.num_views; ++v) params.inline_views[v] = plan.host_views[v];
-      }
-      params.num_views = plan.num_views;
-      params.first_chunk = 0;
-      params.num_chunks = plan.total_chunks;
-      backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
-      return;
-    }
-    params.views = nullptr;
-    for (int64_t first = 0; first < plan.num_views; first += kInlineViews) {
-      const int64_t n = plan.num_views - first < kInlineViews ? plan.num_views - first : kInlineViews;
-      for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
-      const TensorView& last = plan.host_views[first + n - 1];
-      params.num_views = n;
-      params.first_chunk = plan.host_views[first].first_chunk;
-      params.num_chunks = last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
-                          params.first_chunk;
-      backend.launch_stats(kernel, backend.stats_blocks(kernel, params.num_chunks), params);
-    }
-  });
-  if (plan.num_tensors == 0) return;
   FinalizeParams fin{};
   fin.workspace = plan.workspace;
   fin.num_tensors = plan.num_tensors;
@@ -717,6 +814,47 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
   fin.amax = plan.amax;
   fin.amin_nonzero = plan.amin_nonzero;
   fin.sumsq = plan.sumsq;
+  params.fin = fin;
+  // One launch per run of views of one dtype (group_views_by_dtype makes it one run per dtype): with the
+  // device table, the run's slice of it; without, up to kInlineViews views per launch in the parameters.
+  // Walked twice: once to add up the grids (the last block of them all finalizes a small call), once to launch.
+  auto chunks_of = [&](int64_t first, int64_t n) {
+    const TensorView& last = plan.host_views[first + n - 1];
+    return last.first_chunk + (last.numel + plan.chunk_elems - 1) / plan.chunk_elems -
+           plan.host_views[first].first_chunk;
+  };
+  auto each_launch = [&](bool launch) {
+    int64_t blocks = 0;
+    for (int64_t run = 0; run < plan.num_views;) {
+      const int32_t dtype = plan.host_views[run].dtype;
+      int64_t run_end = run + 1;
+      while (run_end < plan.num_views && plan.host_views[run_end].dtype == dtype) ++run_end;
+      with_stats_kernel(plan.mode, plan.num_formats, dtype, [&](auto kernel) {
+        const int64_t per_launch = plan.device_views != nullptr ? run_end - run : kInlineViews;
+        for (int64_t first = run; first < run_end; first += per_launch) {
+          const int64_t n = run_end - first < per_launch ? run_end - first : per_launch;
+          const int64_t grid = backend.stats_blocks(kernel, chunks_of(first, n));
+          blocks += grid;
+          if (!launch) continue;
+          params.views = plan.device_views != nullptr ? plan.device_views + first : nullptr;
+          if (plan.device_views == nullptr) {
+            for (int64_t v = 0; v < n; ++v) params.inline_views[v] = plan.host_views[first + v];
+          }
+          params.num_views = n;
+          params.first_chunk = plan.host_views[first].first_chunk;
+          params.num_chunks = chunks_of(first, n);
+          backend.launch_stats(kernel, grid, params);
+        }
+      });
+      run = run_end;
+    }
+    return blocks;
+  };
+  params.total_blocks = each_launch(false);
+  // A call of few rows with any stats launch at all finalizes in its last block: no finalize launch.
+  params.finalize_in_block = params.total_blocks > 0 && plan.num_tensors <= kFinalizeInBlockRows;
+  each_launch(true);
+  if (plan.num_tensors == 0 || params.finalize_in_block) return;
   backend.launch_finalize(backend.finalize_blocks(plan.num_tensors), fin);
 }
 

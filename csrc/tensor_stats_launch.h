@@ -41,13 +41,30 @@ struct LaunchPlan {
   float* found_inf;         // unscale: device memory, set to 1 where a row holds NaN/Inf
   int64_t* workspace;       // [num_tensors, workspace columns], zeroed by the launch sequence
   int64_t workspace_words;
-  // Outputs, written whole by the finalize kernel (no fill needed).
+  // Outputs, written whole by the finalize (no fill needed).
   int64_t* counts;
   int64_t* hist;
   float* amax;
   float* amin_nonzero;
   double* sumsq;
 };
+
+// Orders a call's views by input dtype (stably) and renumbers their chunks, so that the views of each dtype
+// form one run of consecutive chunks: the kernels are compiled per dtype, and a run is one launch. The outputs
+// do not depend on the order (each view names its row). One pass per dtype: views are few (one per tensor).
+inline void group_views_by_dtype(const TensorView* views, int64_t count, int64_t chunk_elems, TensorView* grouped) {
+  int64_t next = 0;
+  int64_t chunk = 0;
+  for (int32_t dtype = kFloat32; dtype <= kFloat64; ++dtype) {
+    for (int64_t v = 0; v < count; ++v) {
+      if (views[v].dtype != dtype) continue;
+      grouped[next] = views[v];
+      grouped[next].first_chunk = chunk;
+      chunk += (views[v].numel + chunk_elems - 1) / chunk_elems;
+      ++next;
+    }
+  }
+}
 
 // Workspace row of one tensor (int64 words), zeroed before the statistics kernel:
 //   [0]            numel
@@ -56,7 +73,9 @@ struct LaunchPlan {
 //   one word of extremes: low half max |v| (float32 bits); high half kInfBits32 - min nonzero |v| (so that
 //     a zeroed word means "none" and both halves merge with atomicMax)
 //   one word of sumsq (float64 bits)
-AMPI_HD int workspace_columns(int num_formats) { return count_columns(num_formats) + kHistBins + 2; }
+//   one word counting the stats blocks that are done (row 0's only, for the finalize in the last block)
+AMPI_HD int workspace_columns(int num_formats) { return count_columns(num_formats) + kHistBins + 3; }
+AMPI_HD int done_column(int num_formats) { return count_columns(num_formats) + kHistBins + 2; }
 AMPI_HD int hist_column(int num_formats) { return count_columns(num_formats); }
 AMPI_HD int extremes_column(int num_formats) { return count_columns(num_formats) + kHistBins; }
 AMPI_HD int sumsq_column(int num_formats) { return count_columns(num_formats) + kHistBins + 1; }

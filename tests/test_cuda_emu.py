@@ -152,3 +152,125 @@ def test_unscale_leaves_found_inf_alone_when_finite(rng):
 def test_bad_emulation_arguments_are_refused():
     with pytest.raises(RuntimeError, match="chunk_elems must be a positive multiple of 8"):
         emulated([torch.randn(10)], chunk=12)
+
+
+# ---- the per-batch decisions of the full-batch loop (csrc/tensor_stats_kernels.cuh, count_batch) ----
+
+THREADS = 256  # kernels::kThreads
+FORMAT_DTYPES = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def _as_f32(bits: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(bits, dtype=np.uint32).view(np.float32).copy())
+
+
+def _first_bits(holds) -> int:
+    """The smallest float32 |bits| in [0, 0x7F800000] for which holds(value) is true (holds is monotone)."""
+    lo, hi = 0, 0x7F800000
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(_as_f32([mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def cast_thresholds(fmt: str) -> list[int]:
+    """The float32 |bits| each count of `fmt` tests against, found from torch's own casts (not the kernel's
+    table): where the cast stops being finite, where it reaches the normal range, where it stops being zero."""
+    dtype = FORMAT_DTYPES[fmt]
+    tiny = torch.finfo(dtype).tiny
+    return [
+        _first_bits(lambda v: not bool(torch.isfinite(v.to(dtype).float()).all())),
+        _first_bits(lambda v: float(v.to(dtype).float().abs()) >= tiny),
+        _first_bits(lambda v: float(v.to(dtype).float()) != 0.0),
+    ]
+
+
+def _magnitudes(dtype: torch.dtype) -> np.ndarray:
+    """Every finite nonnegative value of a 16-bit dtype as sorted float32 bits; float32: None (all bits are)."""
+    bits = torch.arange(0, 0x8000, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    bits = bits[torch.isfinite(bits)]
+    return np.unique(bits.numpy().view(np.uint32))
+
+
+def _neighbours(t: int, dtype: torch.dtype) -> list[int]:
+    """float32 bits of the input dtype's values just below, at or above, and just after threshold bits t."""
+    if dtype == torch.float32:
+        return [b for b in (t - 1, t, t + 1) if 0 <= b < 0x7F800000]
+    values = _magnitudes(dtype)
+    i = int(np.searchsorted(values, t))
+    return [int(values[k]) for k in (i - 1, i, i + 1) if 0 <= k < len(values)]
+
+
+def _nearest(bits: float, dtype: torch.dtype) -> float:
+    return float(torch.tensor(bits, dtype=torch.float64).to(dtype).float())
+
+
+def batch_cases(dtype: torch.dtype) -> list[tuple[float, float]]:
+    """(value on or beside a bound, the value every other element of its batch takes: far below, far above,
+    or the same, for a batch that lies wholly on the bound)."""
+    cases = []
+    thresholds = sorted({1, *(t for fmt in ALL_FORMATS for t in cast_thresholds(fmt))})
+    finite_max = torch.finfo(dtype).max
+    for t in thresholds:
+        for bits in _neighbours(t, dtype):
+            value = float(_as_f32([bits])[0])
+            low = _nearest(value * 2.0**-12, dtype) if value > 0 else 0.0
+            high = _nearest(min(max(value, 2.0**-100) * 2.0**12, finite_max), dtype)
+            cases += [(value, low), (value, high), (value, value)]
+    return cases
+
+
+def batch_layout(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, vectors per counted batch, vectors per load round), as count_dense."""
+    per_vector = 16 // torch.tensor([], dtype=dtype).element_size()
+    return per_vector, 4 if per_vector == 4 else 2, 4
+
+
+def batches_with_one_value_on_a_bound(dtype: torch.dtype, rng: np.random.Generator) -> torch.Tensor:
+    """A tensor of whole load rounds in which each thread's batch holds one value on or beside a bound, at
+    every one of the 16 positions in turn, its other 15 elements far to one side; each case twice, on an
+    even and an odd lane (the emulated vote answers the lane's own batch on even lanes, true on odd ones, so
+    both the per-batch and the per-element way of counting see every case)."""
+    per_vector, part, loads = batch_layout(dtype)
+    batch = part * per_vector
+    cases = [(value, far, pos) for value, far in batch_cases(dtype) for pos in range(batch)]
+    round_elems = loads * THREADS * per_vector
+    batches_per_round = THREADS * (loads // part)
+    rounds = -(-2 * len(cases) // batches_per_round)
+    values = np.zeros(rounds * round_elems, dtype=np.float32)
+    slots = [(r, b, thread) for r in range(rounds) for b in range(loads // part) for thread in range(THREADS)]
+    for i, (value, far, pos) in enumerate(cases):
+        for r, b, thread in slots[2 * i : 2 * i + 2]:
+            for k in range(batch):
+                vector = thread + (b * part + k // per_vector) * THREADS
+                values[r * round_elems + vector * per_vector + k % per_vector] = value if k == pos else far
+    signs = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), values.size)
+    return torch.from_numpy(values * signs).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:3], ids=str)
+def test_one_value_on_each_bound_at_every_batch_position(dtype, rng):
+    """The full-batch loop decides each threshold, the zeros and the extremes once per batch where the batch
+    lies on one side: a batch with one element on (or just beside) a bound and the rest far away must be
+    counted element by element, wherever in the batch that element sits."""
+    t = batches_with_one_value_on_a_bound(dtype, rng)
+    got = check([t], None, chunk=t.numel(), blocks=1)
+    assert int(got[0][0, 0]) == t.numel()
+    check([t], 2.0**-3, chunk=t.numel(), blocks=1)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17], ids=lambda n: f"{n}rows")
+def test_finalize_in_the_last_block_or_its_own_kernel(rows, rng):
+    """Up to 16 rows (kFinalizeInBlockRows) the last stats block to finish writes the outputs, over all the
+    call's launches (one per dtype here, some blocks without chunks); from 17 a finalize kernel does."""
+    tensors = [random_tensor(rng, 50 + 37 * i, DTYPES[i % 4]) for i in range(rows)]
+    check(tensors, None, blocks=7)
+    check(tensors, 2.0**-4, blocks=1, inline=True)

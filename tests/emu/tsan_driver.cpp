@@ -120,7 +120,7 @@ TensorView dense(const void* data, int64_t numel, int32_t dtype) {
 Case make_case(std::mt19937_64& rng) {
   Case c;
   c.name = "mixed";
-  const int64_t sizes[] = {1, 17, 64, 65, 200, 333};
+  const int64_t sizes[] = {1, 17, 64, 65, 200, 333, 8200};  // 8200: whole load rounds (4096 fp32, 8192 16-bit)
   const int32_t dtypes[] = {kFloat32, kFloat16, kBFloat16, kFloat64};
   std::uniform_int_distribution<uint64_t> bits;
   std::normal_distribution<float> normal;
