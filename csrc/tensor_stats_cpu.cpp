@@ -136,35 +136,41 @@ inline int64_t lane_sum(const V& v) {
 }
 
 // Adds to hist[lo..hi] how many of bins[0, n) equal each bin, n <= kBlockElems. Byte compares over whole
-// vectors: the block is padded with bin 255, which is never inside the window (hi is a finite value's bin).
+// vectors, four bins per read of the block (a compare and a masked add per bin and 64 elements): the block
+// is padded with bin 255, which is never inside the window (hi is a finite value's bin).
 __attribute__((always_inline)) inline void count_bins_in_window(uint8_t* __restrict bins, int64_t n, int lo, int hi,
                                                                uint32_t* hist) {
   constexpr int kBinLanes = 64;
+  constexpr int kBinsPerRead = 4;
   using ByteVec = uint8_t __attribute__((vector_size(kBinLanes)));
   using WordVec = uint64_t __attribute__((vector_size(kBinLanes)));
   static_assert(kBlockElems / kBinLanes <= 255, "byte counters must not wrap within a block");
   const int64_t vectors = (n + kBinLanes - 1) / kBinLanes;
   for (int64_t i = n; i < vectors * kBinLanes; ++i) bins[i] = static_cast<uint8_t>(kHistBins - 1);
-  for (int b = lo; b <= hi; ++b) {
-    ByteVec count = {};
+  for (int first = lo; first <= hi; first += kBinsPerRead) {
+    ByteVec count[kBinsPerRead] = {};
     for (int64_t v = 0; v < vectors; ++v) {
       ByteVec x;
       std::memcpy(&x, bins + v * kBinLanes, sizeof x);
-      count -= (ByteVec)(x == static_cast<uint8_t>(b));  // a match is all-ones, i.e. -1
+      for (int k = 0; k < kBinsPerRead; ++k) {
+        count[k] = x == static_cast<uint8_t>(first + k) ? count[k] + 1 : count[k];
+      }
     }
-    // Sum the 64 byte counters: pairwise within each 64-bit word (bytes -> 16 -> 32 -> 64 bits).
-    WordVec w = (WordVec)count;  // a vector cast reinterprets the bits
-    w = (w & 0x00FF00FF00FF00FFull) + ((w >> 8) & 0x00FF00FF00FF00FFull);
-    w = (w & 0x0000FFFF0000FFFFull) + ((w >> 16) & 0x0000FFFF0000FFFFull);
-    w = (w & 0x00000000FFFFFFFFull) + (w >> 32);
-    uint64_t total = 0;
-    for (int k = 0; k < kBinLanes / 8; ++k) total += w[k];
-    hist[b] += static_cast<uint32_t>(total);
+    for (int k = 0; k < kBinsPerRead && first + k <= hi; ++k) {
+      // Sum the 64 byte counters: pairwise within each 64-bit word (bytes -> 16 -> 32 -> 64 bits).
+      WordVec w = (WordVec)count[k];  // a vector cast reinterprets the bits
+      w = (w & 0x00FF00FF00FF00FFull) + ((w >> 8) & 0x00FF00FF00FF00FFull);
+      w = (w & 0x0000FFFF0000FFFFull) + ((w >> 16) & 0x0000FFFF0000FFFFull);
+      w = (w & 0x00000000FFFFFFFFull) + (w >> 32);
+      uint64_t total = 0;
+      for (int j = 0; j < kBinLanes / 8; ++j) total += w[j];
+      hist[first + k] += static_cast<uint32_t>(total);
+    }
   }
 }
 
 template <int kFormats>
-__attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __restrict bits, int64_t n,
+__attribute__((always_inline)) inline void count_block32_full(const uint32_t* __restrict bits, int64_t n,
                                                              const FormatBounds* bounds, BlockCounts& out,
                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
   constexpr int32_t kInf = static_cast<int32_t>(kInfBits32);
@@ -173,12 +179,12 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
   IntVec nonfinite = {}, zero = {}, max_abs = {};
   UintVec min_abs_minus_one = {};
   min_abs_minus_one += kInfBits32;
-  IntVec over[kFormats] = {}, below[kFormats] = {}, at_zero[kFormats] = {};
-  int32_t overflow_from[kFormats], normal_from[kFormats], zero_upto[kFormats];
+  UintVec over[kFormats] = {}, below[kFormats] = {}, at_zero[kFormats] = {};  // threshold counts: below32
+  uint32_t overflow_from[kFormats], normal_from[kFormats], zero_below[kFormats];
   for (int f = 0; f < kFormats; ++f) {
-    overflow_from[f] = static_cast<int32_t>(bounds[f].overflow_from);
-    normal_from[f] = static_cast<int32_t>(bounds[f].normal_from);
-    zero_upto[f] = static_cast<int32_t>(bounds[f].zero_upto);
+    overflow_from[f] = bounds[f].overflow_from;
+    normal_from[f] = bounds[f].normal_from;
+    zero_below[f] = bounds[f].zero_upto + 1u;  // a <= zero_upto is a < zero_upto + 1
   }
   DoubleVec sumsq = {};
   alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
@@ -197,10 +203,11 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
       const IntVec a = b & kAbs;
       nonfinite -= a >= kInf;  // split into NaN / +Inf / -Inf afterwards, only in blocks that have any
       zero -= a == 0;
+      const UintVec ua = (UintVec)a;  // a vector cast reinterprets the bits
       for (int f = 0; f < kFormats; ++f) {
-        over[f] -= a >= overflow_from[f];
-        below[f] -= a < normal_from[f];
-        at_zero[f] -= a <= zero_upto[f];
+        over[f] += below32(ua, UintVec{} + overflow_from[f]);  // counts a < overflow_from; n - it below
+        below[f] += below32(ua, UintVec{} + normal_from[f]);
+        at_zero[f] += below32(ua, UintVec{} + zero_below[f]);
       }
       // Extremes over finite values: non-finite lanes become 0. The minimum is taken over |bits| - 1 as
       // unsigned, which sends zeros to the top, so one select serves both exclusions.
@@ -246,7 +253,7 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
   }
   out.zero = lane_sum(zero) + tail.zero;
   for (int f = 0; f < kFormats; ++f) {
-    out.over[f] = lane_sum(over[f]) + tail.at_or_above_overflow[f];
+    out.over[f] = (full - lane_sum(over[f])) + tail.at_or_above_overflow[f];
     out.below[f] = lane_sum(below[f]) + tail.below_normal[f];
     out.at_zero[f] = lane_sum(at_zero[f]) + tail.at_or_below_zero[f];
   }
@@ -292,6 +299,183 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
   }
 }
 
+// Counts below32(a, t[k]) over |bits| of the block for K thresholds at once (the straddled ones).
+template <int K>
+__attribute__((always_inline)) inline void count_below(const uint32_t* __restrict bits, int64_t n,
+                                                       const uint32_t* t, int64_t* below) {
+  UintVec count[K] = {};
+  const int64_t full = n - n % kVectorWidth;
+  for (int64_t i = 0; i < full; i += kVectorWidth) {
+    UintVec b;
+    std::memcpy(&b, bits + i, sizeof b);
+    const UintVec a = b & kAbsMask32;
+    for (int k = 0; k < K; ++k) count[k] += below32(a, UintVec{} + t[k]);
+  }
+  for (int k = 0; k < K; ++k) {
+    below[k] = lane_sum(count[k]);
+    for (int64_t i = full; i < n; ++i) below[k] += below32(bits[i] & kAbsMask32, t[k]);
+  }
+}
+
+// The common path: a block with no NaN, no Inf and no float32 subnormal. One vector pass takes what every
+// element needs (max and min of |bits|, squares, exponent bins); the threshold counts then come from the
+// block's extremes wherever a threshold lies outside them, and only the thresholds inside [min, max] get a
+// second, per-element pass. Blocks outside the common path return false, counted by count_block32_full.
+//
+// Exactness. Let Z be the block's zeros, m its smallest nonzero |bits| and M its largest (all finite, no
+// float32 subnormal: m >= 2^-126). For a threshold t with 1 <= t (every bound is), count(a < t) is
+//   n      when t > M  (every a <= M < t),
+//   Z      when t <= m (every nonzero a >= m >= t, and every zero is below t),
+// and otherwise is counted element by element. Zeros: every element is zero (bin 0) or lies in the bins of
+// [m, M], so Z = n - (the elements counted in bins bin(m)..bin(M)), and the histogram's bin 0 is Z. The
+// extremes are those of the full path: with no non-finite value and no zero among the candidates of the
+// unsigned min of a - 1 (a zero wraps to the top), max |bits| and min nonzero |bits| are taken directly.
+template <int kFormats>
+__attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __restrict bits, int64_t n,
+                                                              const FormatBounds* bounds, BlockCounts& out,
+                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
+  UintVec max_abs = {}, min_abs_minus_one = {};
+  min_abs_minus_one -= 1u;
+  DoubleVec sumsq = {};
+  alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
+
+  // Four vectors per step: their exponent bins are packed into one 64-byte store (element 16q + l of the step
+  // in byte 4l + q; the histogram does not care about order), two cheap ops per vector instead of a narrowing
+  // store each.
+  constexpr int kStep = 4 * kVectorWidth;
+  static_assert((kSquaresPerFlush * kVectorWidth) % kStep == 0, "a flush group is whole steps");
+  const int64_t full = n - n % kStep;
+  for (int64_t group = 0; group < full; group += kSquaresPerFlush * kVectorWidth) {
+    FloatVec squares = {};  // float32 lanes, flushed to float64 every kSquaresPerFlush vectors
+    const int64_t group_end = std::min(full, group + kSquaresPerFlush * kVectorWidth);
+    for (int64_t i = group; i < group_end; i += kStep) {
+      UintVec packed;
+      for (int q = 0; q < 4; ++q) {
+        UintVec b;
+        std::memcpy(&b, bits + i + q * kVectorWidth, sizeof b);
+        const UintVec a = b & kAbsMask32;
+        max_abs = a > max_abs ? a : max_abs;
+        const UintVec minus_one = a - 1u;
+        min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+        const FloatVec v = (FloatVec)b;  // a vector cast reinterprets the bits; the sign does not matter
+        squares += v * v;
+        // The exponent field (bits 23..30 of a) moved to byte q of each lane.
+        if (q == 0) packed = a >> kExponentShift32;
+        if (q == 1) packed |= (a >> (kExponentShift32 - 8)) & 0x0000FF00u;
+        if (q == 2) packed |= (a >> (kExponentShift32 - 16)) & 0x00FF0000u;
+        if (q == 3) packed |= (a << 1) & 0xFF000000u;
+      }
+      std::memcpy(bins + i, &packed, sizeof packed);
+    }
+    sumsq += __builtin_convertvector(squares, DoubleVec);
+  }
+  uint32_t block_max = 0, block_min_minus_one = ~0u;
+  double block_sumsq = 0.0;
+  for (int l = 0; l < kVectorWidth; ++l) {
+    block_max = std::max(block_max, max_abs[l]);
+    block_min_minus_one = std::min(block_min_minus_one, min_abs_minus_one[l]);
+    block_sumsq += sumsq[l];
+  }
+  for (int64_t i = full; i < n; ++i) {  // the last n % kVectorWidth elements, one by one
+    const uint32_t a = bits[i] & kAbsMask32;
+    block_max = std::max(block_max, a);
+    block_min_minus_one = std::min(block_min_minus_one, a - 1u);
+    const double v = static_cast<double>(bits_to_float(a));
+    block_sumsq += v * v;
+    bins[i] = static_cast<uint8_t>(a >> kExponentShift32);
+  }
+  constexpr uint32_t kSmallestNormal = 0x00800000u;
+  if (block_max >= kInfBits32 || block_min_minus_one < kSmallestNormal - 1u) return false;
+  const bool any_nonzero = block_min_minus_one != ~0u;
+  const uint32_t block_min = block_min_minus_one + 1u;  // meaningful only when any_nonzero
+
+  if (block_max > 0 && (block_max < kFloatSquaresFrom || block_max >= kFloatSquaresBelow)) {
+    block_sumsq = 0.0;  // squares near float32's limits: float64, as count_block32_full does
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(bits_to_float(bits[i] & kAbsMask32));
+      block_sumsq += v * v;
+    }
+  }
+
+  // Histogram over the window of bins [bin(m), bin(M)]; what is not in it is a zero.
+  int64_t zeros = n;
+  if (any_nonzero) {
+    const int lo = static_cast<int>(hist_bin(block_min)), hi = static_cast<int>(hist_bin(block_max));
+    if (hi - lo < kMaxWindowBins) {
+      uint32_t window[kHistBins] = {};
+      count_bins_in_window(bins, n, lo, hi, window);
+      for (int b = lo; b <= hi; ++b) {
+        hist[0][b] += window[b];
+        zeros -= window[b];
+      }
+      hist[0][0] += static_cast<uint32_t>(zeros);
+    } else {
+      const int64_t whole = n - n % kHistCopies;
+      for (int64_t i = 0; i < whole; i += kHistCopies) {
+        for (int k = 0; k < kHistCopies; ++k) hist[k][bins[i + k]] += 1;
+      }
+      for (int64_t i = whole; i < n; ++i) hist[0][bins[i]] += 1;
+      zeros = 0;
+      for (int64_t i = 0; i < n; ++i) zeros += (bits[i] & kAbsMask32) == 0;
+    }
+  } else {
+    hist[0][0] += static_cast<uint32_t>(n);
+  }
+
+  // Thresholds: count(a < t) from the extremes, or per element for the straddled ones (in passes of up to 4).
+  constexpr int kBounds = 3 * kFormats;
+  uint32_t t[kBounds];
+  int64_t below[kBounds];
+  for (int f = 0; f < kFormats; ++f) {
+    t[3 * f] = bounds[f].overflow_from;
+    t[3 * f + 1] = bounds[f].normal_from;
+    t[3 * f + 2] = bounds[f].zero_upto + 1u;  // a <= zero_upto is a < zero_upto + 1
+  }
+  uint32_t straddled[kBounds];
+  int where[kBounds];
+  int num_straddled = 0;
+  for (int k = 0; k < kBounds; ++k) {
+    if (t[k] > block_max) {
+      below[k] = n;
+    } else if (!any_nonzero || t[k] <= block_min) {
+      below[k] = zeros;
+    } else {
+      straddled[num_straddled] = t[k];
+      where[num_straddled++] = k;
+    }
+  }
+  int64_t counted[kBounds];
+  for (int k = 0; k < num_straddled; k += 4) {
+    switch (std::min(4, num_straddled - k)) {
+      case 1:
+        count_below<1>(bits, n, straddled + k, counted + k);
+        break;
+      case 2:
+        count_below<2>(bits, n, straddled + k, counted + k);
+        break;
+      case 3:
+        count_below<3>(bits, n, straddled + k, counted + k);
+        break;
+      default:
+        count_below<4>(bits, n, straddled + k, counted + k);
+        break;
+    }
+  }
+  for (int k = 0; k < num_straddled; ++k) below[where[k]] = counted[k];
+
+  out.nan = out.posinf = out.neginf = 0;
+  out.zero = zeros;
+  for (int f = 0; f < kFormats; ++f) {
+    out.over[f] = n - below[3 * f];
+    out.below[f] = below[3 * f + 1];
+    out.at_zero[f] = below[3 * f + 2];
+  }
+  out.max_abs = static_cast<int32_t>(block_max);
+  out.min_abs_nonzero = static_cast<int32_t>(any_nonzero ? block_min : kInfBits32);
+  out.sumsq = block_sumsq;
+  return true;
+}
+
 // One entry point per format count, so each inner loop is unrolled over its formats, cloned for AVX-512,
 // AVX2 and baseline x86-64; the loader picks the best clone for the machine.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -301,19 +485,19 @@ __attribute__((always_inline)) inline void count_block32_impl(const uint32_t* __
 #endif
 AMPI_CPU_CLONES void count_block32_f1(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_impl<1>(bits, n, bounds, out, hist);
+  if (!count_block32_impl<1>(bits, n, bounds, out, hist)) count_block32_full<1>(bits, n, bounds, out, hist);
 }
 AMPI_CPU_CLONES void count_block32_f2(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_impl<2>(bits, n, bounds, out, hist);
+  if (!count_block32_impl<2>(bits, n, bounds, out, hist)) count_block32_full<2>(bits, n, bounds, out, hist);
 }
 AMPI_CPU_CLONES void count_block32_f3(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_impl<3>(bits, n, bounds, out, hist);
+  if (!count_block32_impl<3>(bits, n, bounds, out, hist)) count_block32_full<3>(bits, n, bounds, out, hist);
 }
 AMPI_CPU_CLONES void count_block32_f4(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_impl<4>(bits, n, bounds, out, hist);
+  if (!count_block32_impl<4>(bits, n, bounds, out, hist)) count_block32_full<4>(bits, n, bounds, out, hist);
 }
 
 void count_block32(const uint32_t* bits, int64_t n, const FormatBounds* bounds, int num_formats,
