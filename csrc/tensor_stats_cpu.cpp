@@ -2,11 +2,15 @@
 //
 // One pass over all tensors: the flat list of work chunks (kCpuChunkElems elements each, never crossing a
 // tensor) is split across threads with torch::stable::parallel_for (at::parallel_for through the stable C
-// shim, so torch's own thread pool). Each chunk is read in blocks of kBlockElems
-// elements that are turned into float32 bits of v in a small stack buffer (L1-resident) and then counted
-// by short branch-free loops the compiler vectorises. A thread keeps the running statistics of the tensor
-// it is on and merges them into the outputs, under a lock, only when it moves to another tensor, so the
-// lock is taken about T + threads times per call. No temporary grows with the number of elements.
+// shim, so torch's own thread pool). Each chunk is read in blocks of kBlockElems elements: float32 and
+// bfloat16 as stored (bfloat16 on its 16-bit bits), the others turned into float32 bits of v in a small
+// stack buffer (L1-resident; float16 by vcvtph2ps where the CPU has it). A block is counted by one vector
+// pass (extremes, squares, exponent bins), then per-element threshold tests only for the bounds between
+// its smallest and largest magnitude ("the common path" below says why that is exact); blocks with NaN,
+// Inf or float32 subnormals take count_block32_full, every test on every element. A thread keeps the
+// running statistics of the tensor it is on and merges them into the outputs, under a lock, only when it
+// moves to another tensor, so the lock is taken about T + threads times per call. No temporary grows with
+// the number of elements.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/BFloat16.h>
