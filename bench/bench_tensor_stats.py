@@ -4,16 +4,23 @@ Every method is timed per call, in this one process, on the same synthetic gradi
 
 - ``gpt2-style``: the 76 gradients of a 6-layer GPT (d_model 384, vocab 8192, context 256), ~14M elements.
 - ``300x75M``: 300 gradients, 75M elements in all, sizes spread log-uniformly from a few elements to ~3.5M.
+- ``gpt2-style-bf16`` (CPU), ``300x75M-bf16``: the same gradients stored as bfloat16 (half the bytes, same
+  work per element); ``--dtype float16`` adds ``-fp16`` sets.
 - ``1000x20M`` (CUDA only): 1000 gradients, used to show the fused op's kernel launches do not grow with T.
-- ``300x75M-bf16`` (CUDA only): the 300 gradients stored as bfloat16 (half the bytes, same work per element).
 - ``1000-tiny`` (CUDA only): 1000 gradients of 1000 elements: the cost of a call that is mostly overhead.
 
 Methods: the fused op (fp16; all four formats; with scale), torch._foreach_norm (one read pass: the roofline
 proxy), GradScaler's non-finite check, the pure-torch reference, and per-tensor checks with one op and one
 .item() per statistic. Timings are medians over repeats after warmup; on CUDA, CUDA events around each call.
+The fast methods are timed in rounds, one call of each per round, so that load from other processes touches
+them alike and their ratios compare calls made side by side; the slow ones follow.
 
 Run:
     python bench/bench_tensor_stats.py [--device cpu|cuda] [--quick] [--out DIR]
+        [--set gpt2-style|300x75M ...] [--dtype float32|bfloat16|float16 ...] [--methods a,b] [--repeats N]
+
+``--set``, ``--dtype`` and ``--methods`` measure a part (``foreach_norm`` is always timed: every ratio is
+to it); a partial run writes JSON only with ``--out``, as a quick run does.
 
 Prints a table and PASS/MISS lines for the targets and writes bench/results/tensor_stats_<device>.json
 (a --quick run writes nothing unless --out is given, and then to tensor_stats_<device>_quick.json).
@@ -69,6 +76,12 @@ CUDA_MAX_X_ROOFLINE = 1.2
 CUDA_MAX_X_ROOFLINE_4FORMATS = 1.5
 CUDA_MAX_X_ROOFLINE_TINY = 2.0
 TINY_SET = "1000-tiny"
+# CPU, issue 19: the fused fp16 check within 1.2x one read, fp32 and bf16, both timed sets.
+CPU_MAX_X_ROOFLINE_ONE_READ = 1.2
+SUMSQ_RTOL = 2e-6  # what the kernel guarantees (docs/tensor_stats.md): float32 lanes, float64 across them
+BASE_SETS = ("gpt2-style", "300x75M")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_SUFFIX = {torch.float32: "", torch.bfloat16: "-bf16", torch.float16: "-fp16"}
 
 # fp16 thresholds on |v| as users write them: casts overflow to Inf from the midpoint 65520 between 65504
 # and 2**16; 2**-25 (half the smallest subnormal) ties to even, i.e. to zero; the midpoint between the
@@ -111,6 +124,10 @@ class BenchConfig:
     repeats: int
     slow_warmup: int
     slow_repeats: int
+    sets: tuple[str, ...] = BASE_SETS
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    methods: tuple[str, ...] = ()  # empty: every method
+    partial: bool = False  # --set, --dtype or --methods: a part of the benchmark
 
 
 @dataclass
@@ -170,16 +187,20 @@ def spread_sizes(count: int, total: int, decades: float, seed: int) -> tuple[tup
     return tuple((s,) for s in sizes)
 
 
-def grad_sets(device: str, quick: bool) -> list[GradSet]:
-    sets = [GradSet("gpt2-style", gpt2_style_shapes())]
-    if not quick:
-        sets.append(GradSet("300x75M", spread_sizes(300, 75_000_000, decades=6.0, seed=SEED + 1)))
-    if device == "cuda":
+def grad_sets(config: BenchConfig) -> list[GradSet]:
+    shapes = {
+        "gpt2-style": gpt2_style_shapes(),
+        "300x75M": spread_sizes(300, 75_000_000, decades=6.0, seed=SEED + 1),
+    }
+    sets = [
+        GradSet(name + DTYPE_SUFFIX[dtype], shapes[name], dtype=dtype)
+        for dtype in config.dtypes
+        for name in config.sets
+    ]
+    if config.device == "cuda" and not config.partial:
         # Many small tensors: the case where per-tensor launches would show; counted, not timed.
         sets.append(GradSet("1000x20M", spread_sizes(1000, 20_000_000, decades=5.0, seed=SEED + 2), timed=False))
-        if not quick:
-            big = spread_sizes(300, 75_000_000, decades=6.0, seed=SEED + 1)
-            sets.append(GradSet("300x75M-bf16", big, dtype=torch.bfloat16))
+        if not config.quick:
             sets.append(GradSet(TINY_SET, ((1000,),) * 1000))
     return sets
 
@@ -259,7 +280,7 @@ def check_agreement(set_name: str, grads: list[torch.Tensor]) -> TargetCheck:
     amax_ok = float(stats.amax.max()) == max(r[7] for r in rows)
     amin_ok = float(stats.amin_nonzero.min()) == min(r[8] for r in rows)
     sumsq = float(stats.sumsq.sum())
-    sumsq_ok = math.isclose(sumsq, sum(r[9] for r in rows), rel_tol=1e-9)
+    sumsq_ok = math.isclose(sumsq, sum(r[9] for r in rows), rel_tol=SUMSQ_RTOL)
     passed = mine == theirs and amax_ok and amin_ok and sumsq_ok
     detail = (
         f"nan, +inf, -inf, zero, fp16 overflow/underflow/subnormal = {mine} (per-tensor checks: {theirs}); "
@@ -275,8 +296,11 @@ def check_targets(device: str, result: BenchResult) -> list[TargetCheck]:
         assert m.x_roofline is not None
         if device == "cpu":
             checks.append(at_most(f"{m.set_name}: fused vs foreach_norm", m.x_roofline, CPU_MAX_X_ROOFLINE))
-            speedup = m.speedup_vs_python or 0.0
-            checks.append(at_least(f"{m.set_name}: speedup vs pure-Python", speedup, CPU_MIN_SPEEDUP_VS_PYTHON))
+            name = f"{m.set_name}: fused vs foreach_norm, one-read target"
+            checks.append(at_most(name, m.x_roofline, CPU_MAX_X_ROOFLINE_ONE_READ))
+            if m.speedup_vs_python is not None:
+                name = f"{m.set_name}: speedup vs pure-Python"
+                checks.append(at_least(name, m.speedup_vs_python, CPU_MIN_SPEEDUP_VS_PYTHON))
         else:
             limit = CUDA_MAX_X_ROOFLINE_TINY if m.set_name == TINY_SET else CUDA_MAX_X_ROOFLINE
             checks.append(at_most(f"{m.set_name}: fused vs foreach_norm", m.x_roofline, limit))
@@ -311,16 +335,29 @@ def measure_set(grad_set: GradSet, config: BenchConfig, result: BenchResult) -> 
         return
 
     result.agreement.append(check_agreement(grad_set.name, grads))
-    rows = []
-    for spec in METHODS:
-        warmup, repeats = (config.slow_warmup, config.slow_repeats) if spec.slow else (config.warmup, config.repeats)
-        times = time_calls(spec.prepare(grads), config.device, warmup, repeats)
-        rows.append(Measurement(grad_set.name, spec.name, len(grads), grad_set.numel, bytes_read, warmup, times))
+    specs = [s for s in METHODS if not config.methods or s.name in config.methods or s.name == ROOFLINE]
+    fast = [s for s in specs if not s.slow]
+    calls = [s.prepare(grads) for s in fast]
+    for call in calls:
+        time_calls(call, config.device, config.warmup, 0)
+    times: list[list[float]] = [[] for _ in fast]
+    for r in range(config.repeats):  # one call of each per round, the first rotating
+        for i in [(r + k) % len(fast) for k in range(len(fast))]:
+            times[i] += time_calls(calls[i], config.device, 0, 1)
+    rows = [
+        Measurement(grad_set.name, s.name, len(grads), grad_set.numel, bytes_read, config.warmup, t)
+        for s, t in zip(fast, times, strict=True)
+    ]
+    for spec in (s for s in specs if s.slow):
+        t = time_calls(spec.prepare(grads), config.device, config.slow_warmup, config.slow_repeats)
+        rows.append(
+            Measurement(grad_set.name, spec.name, len(grads), grad_set.numel, bytes_read, config.slow_warmup, t)
+        )
     by_name = {m.method: m for m in rows}
     for m in rows:
         m.x_roofline = m.median_ms / by_name[ROOFLINE].median_ms
-        m.x_fused = m.median_ms / by_name[FUSED].median_ms
-        m.speedup_vs_python = by_name[PURE_PYTHON].median_ms / m.median_ms
+        m.x_fused = m.median_ms / by_name[FUSED].median_ms if FUSED in by_name else None
+        m.speedup_vs_python = by_name[PURE_PYTHON].median_ms / m.median_ms if PURE_PYTHON in by_name else None
     result.measurements += rows
 
 
@@ -328,7 +365,8 @@ def print_results(result: BenchResult) -> None:
     headers = ["set", "method", "ms (median)", "ms (min)", "GB/s", "x roofline", "x fused", "speedup vs py"]
     rows = [
         [m.set_name, m.method, f"{m.median_ms:.3f}", f"{m.min_ms:.3f}", f"{m.gb_per_s:.2f}", f"{m.x_roofline:.2f}"]
-        + [f"{m.x_fused:.2f}", f"{m.speedup_vs_python:.1f}"]
+        + ["-" if m.x_fused is None else f"{m.x_fused:.2f}"]
+        + ["-" if m.speedup_vs_python is None else f"{m.speedup_vs_python:.1f}"]
         for m in result.measurements
     ]
     print_table(headers, rows)
@@ -343,11 +381,37 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quick", action="store_true", help="smoke test: gpt2-style set only, few repeats")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
+    parser.add_argument("--set", action="append", choices=BASE_SETS, help="only this gradient set (repeatable)")
+    parser.add_argument("--dtype", action="append", choices=tuple(DTYPES), help="only this dtype (repeatable)")
+    parser.add_argument("--methods", default="", help="comma-separated methods to time (foreach_norm always is)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, here 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 20; quick: 5)")
     args = parser.parse_args(argv)
-    out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    methods = tuple(m for m in args.methods.split(",") if m)
+    unknown = sorted(set(methods) - {s.name for s in METHODS})
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {[s.name for s in METHODS]}")
+    partial = bool(args.set or args.dtype or methods or args.threads is not None)
+    sets = tuple(args.set) if args.set else (BASE_SETS[:1] if args.quick else BASE_SETS)
+    if args.dtype:
+        dtypes = tuple(DTYPES[d] for d in args.dtype)
+    elif args.quick:
+        dtypes = (torch.float32,)
+    else:  # fp32 and bf16, the targets' dtypes
+        dtypes = (torch.float32, torch.bfloat16)
+    out_dir = args.out if args.out is not None or args.quick or partial else RESULTS_DIR
+    quick = args.quick or partial
     if args.quick:
-        return BenchConfig(args.device, True, out_dir, warmup=1, repeats=5, slow_warmup=0, slow_repeats=1)
-    return BenchConfig(args.device, False, out_dir, warmup=3, repeats=20, slow_warmup=1, slow_repeats=3)
+        timing = {"warmup": 1, "repeats": 5, "slow_warmup": 0, "slow_repeats": 1}
+    else:
+        timing = {"warmup": 3, "repeats": 20, "slow_warmup": 1, "slow_repeats": 3}
+    if args.repeats is not None:
+        timing["repeats"] = args.repeats
+    return BenchConfig(
+        args.device, quick, out_dir, **timing, sets=sets, dtypes=dtypes, methods=methods, partial=partial
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -357,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(SEED)
 
     result = BenchResult(machine_info(config.device), {k: str(v) for k, v in asdict(config).items()})
-    for grad_set in grad_sets(config.device, config.quick):
+    for grad_set in grad_sets(config):
         measure_set(grad_set, config, result)
     result.targets = check_targets(config.device, result)
     # Load during the run, beside the load before it: high values mean the timings shared the CPUs.

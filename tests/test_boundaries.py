@@ -245,3 +245,56 @@ def test_float32_subnormal_inputs():
     assert_per_element(stats, v, "float32 subnormals")
     assert int(stats.zero.sum()) == 0
     assert int(stats.hist[:, 0].sum()) == v.size
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bounds inside blocks: the CPU kernel decides per 2048-element block which bounds need a per-element test
+# (those between the block's smallest and largest magnitude) and counts the others from those extremes.
+
+BLOCK = 2048
+# Where the probe sits in its block: the first and last lanes of vectors of 16 and of 64, the middle, the end.
+PROBE_POSITIONS = (0, 1, 15, 16, 63, 64, 1000, BLOCK - 1)
+
+
+def _bound_probes(dtype: torch.dtype) -> np.ndarray:
+    """Every boundary and its float32 neighbours as ``dtype`` holds them, and for 16-bit dtypes the two
+    representable neighbours on each side of those: finite, nonzero, both signs."""
+    v = _neighbours32(ALL_BOUNDARIES)
+    held = torch.from_numpy(v.copy()).to(dtype)
+    if dtype != torch.float32:
+        bits = held.view(torch.int16).to(torch.int32)
+        steps = torch.arange(-2, 3, dtype=torch.int32)
+        held = (bits[:, None] + steps[None, :]).reshape(-1).clamp(-(2**15), 2**15 - 1).to(torch.int16).view(dtype)
+    probes = oracles.input_as_numpy(held)
+    return np.unique(probes[np.isfinite(probes) & (probes != 0)])
+
+
+def _blocks_around(probe: float, dtype: torch.dtype, rng: np.random.Generator) -> torch.Tensor:
+    """Blocks of BLOCK elements, each with the probe at one of PROBE_POSITIONS and every other element far
+    from it (64x) on both sides, only above, or only below (so the probe is inside, the smallest or the
+    largest of its block), random signs; then a short last block of 5 with the probe in it."""
+    info = torch.finfo(dtype)
+    mag = abs(probe)
+    below, above = mag / 64, min(mag * 64, info.max)
+    blocks = []
+    for j, position in enumerate(PROBE_POSITIONS):
+        side = j % 3  # 0: both sides, 1: all above, 2: all below
+        others = (
+            np.where(rng.random(BLOCK) < 0.5, below, above) if side == 0 else np.full(BLOCK, (above, below)[side - 1])
+        )
+        block = others * np.where(rng.random(BLOCK) < 0.5, -1.0, 1.0)
+        block[position] = probe
+        blocks.append(block)
+    blocks.append(np.array([above, -below, probe, below, -above]))
+    return torch.from_numpy(np.concatenate(blocks)).to(dtype)
+
+
+@pytest.mark.parametrize("formats", [("fp16",), ("fp8_e5m2", "bf16"), ("bf16", "fp8_e4m3", "fp16"), ALL_FORMATS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_each_bound_inside_outside_and_at_the_edge_of_a_block(dtype, formats):
+    """One element on a bound (or a neighbour of it) per block, the block's other elements far on one or both
+    sides: every count equals the oracle's, whichever way the block's extremes place the bound."""
+    rng = np.random.default_rng(19)
+    tensors = [_blocks_around(float(p), dtype, rng) for p in _bound_probes(dtype)]
+    stats = amp_inspect.tensor_stats(tensors, formats=formats)
+    oracles.assert_stats_match_oracle(stats, tensors, None, exact=False)
