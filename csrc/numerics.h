@@ -48,7 +48,7 @@ constexpr uint32_t kExponentMask32 = 0xFFu;
 // [2^-50, 2^60) may sum its squares in float32. No square reaches 2^120, so float32 sums of up to 2^7 of them
 // cannot overflow; a square lost below float32's subnormal range (< 2^-149) is under 2^-49 of the group's
 // largest square (>= 2^-100), so n lost squares cost a relative error below n * 2^-49. Other groups sum in
-// float64. Used by the CUDA kernel (16 squares per float32 sum); the CPU kernel keeps its own copy for now.
+// float64. Used by the CUDA kernel (16 squares per float32 sum) and the CPU kernel (16 per float32 lane).
 constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
 constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
 

@@ -129,11 +129,9 @@ using BinVec = uint8_t __attribute__((vector_size(kVectorWidth)));
 constexpr int kMaxWindowBins = 40;
 // Sums of squares: float32 lanes for this many vectors, then float64 (see count_block32_impl).
 constexpr int kSquaresPerFlush = 16;
-// Blocks whose largest |v| lies in [2^-50, 2^60) sum their squares in float32 lanes: no square overflows
-// (2^120 < float32 max), and squares lost to float32's subnormal range (< 2^-149 each, at most
-// kBlockElems of them) are below 2^-37 of the sum (>= 2^-100). Other blocks sum in float64.
-constexpr uint32_t kFloatSquaresFrom = 0x26800000u;   // 2^-50
-constexpr uint32_t kFloatSquaresBelow = 0x5D800000u;  // 2^60
+// Blocks whose largest |v| lies in [kFloatSquaresFrom, kFloatSquaresBelow) (numerics.h, with the proof) sum their
+// squares in float32 lanes of at most kSquaresPerFlush terms each; squares lost below float32's subnormal range (at
+// most kBlockElems of them) are below 2^-38 of the block's sum. Other blocks sum in float64.
 
 template <typename V>
 inline int64_t lane_sum(const V& v) {
