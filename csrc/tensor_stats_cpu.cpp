@@ -452,18 +452,19 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
     }
   }
   int64_t counted[kBounds];
-  for (int k = 0; k < num_straddled; k += 4) {  // up to four bounds per pass over the block
+  // up to four bounds per pass over the block (kBounds >= b: no pass of more bounds than a call can straddle)
+  for (int k = 0; k < num_straddled; k += 4) {
     const int batch = std::min(4, num_straddled - k);
     if constexpr (sizeof(Key) == 2) {
       if (batch == 1) count_below16<1>(keys, n, straddled + k, counted + k);
-      if (batch == 2) count_below16<2>(keys, n, straddled + k, counted + k);
-      if (batch == 3) count_below16<3>(keys, n, straddled + k, counted + k);
-      if (batch == 4) count_below16<4>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 2 && batch == 2) count_below16<2>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 3 && batch == 3) count_below16<3>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 4 && batch == 4) count_below16<4>(keys, n, straddled + k, counted + k);
     } else {
       if (batch == 1) count_below32<1>(keys, n, straddled + k, counted + k);
-      if (batch == 2) count_below32<2>(keys, n, straddled + k, counted + k);
-      if (batch == 3) count_below32<3>(keys, n, straddled + k, counted + k);
-      if (batch == 4) count_below32<4>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 2 && batch == 2) count_below32<2>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 3 && batch == 3) count_below32<3>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 4 && batch == 4) count_below32<4>(keys, n, straddled + k, counted + k);
     }
   }
   for (int k = 0; k < num_straddled; ++k) below[where[k]] = counted[k];
