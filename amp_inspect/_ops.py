@@ -9,6 +9,7 @@ import warnings
 
 import torch
 
+from ._torch_compat import non_finite_check_and_unscale_
 from .reference import tensor_stats_reference
 from .statistics import new_outputs
 
@@ -241,5 +242,5 @@ def unscale_stats_op(
         return torch.ops.amp_inspect.unscale_stats_(tensors, inv_scale, found_inf, formats)
     stats = tensor_stats_op(tensors, None, None, formats)  # warns once when it falls back
     if tensors:
-        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
+        non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
     return stats

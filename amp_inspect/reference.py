@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._torch_compat import chunk_cat
 from .formats import FORMAT_BOUNDS, HIST_BINS
 from .statistics import BY_NAME, OUTPUT_NAMES, OUTPUTS, PER_FORMAT, new_outputs
 
@@ -376,7 +377,7 @@ def _stats(
         space = WIDE if chunk.dtype == torch.float64 and judged_wide else NARROW
         if space not in spaces:
             spaces[space] = _accumulators(space, names, rows, device)
-        x = torch._chunk_cat(chunk.parts, 0, 1).view(-1)
+        x = chunk_cat(chunk.parts, 0, 1).view(-1)
         if x.dtype != space.float_dtype:
             x = x.to(space.float_dtype)
         if multiplier is not None:

@@ -394,9 +394,9 @@ def fused_optimizer_device(setup: Setup) -> Iterator[Finding]:
     if optimizer is None or not setup.scaler_enabled:
         return
     try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+        from ._torch_compat import fused_optimizer_devices
 
-        supported = set(_get_fused_kernels_supported_devices())
+        supported = fused_optimizer_devices()
     except ImportError:  # a private helper: when it moves, skip the check rather than guess
         return
     bad = sorted({p.device.type for g in optimizer.param_groups if g.get("fused") for p in g["params"]} - supported)

@@ -48,19 +48,19 @@ class TensorStats:
     (amp_inspect/statistics.py), and one per derived value (computed when read); v is the value judged, x or
     ``float32(x) * scale``:"""
 
-    __slots__ = ("_values", "formats")
+    __slots__ = ("_by_name", "formats")
 
     def __init__(self, formats: Sequence[str], **values: torch.Tensor) -> None:
         missing = [s.name for s in STATISTICS if s.name not in values]
         unknown = [name for name in values if name not in BY_NAME]
         if missing or unknown:
             raise TypeError(f"TensorStats takes every statistic of the schema: missing {missing}, unknown {unknown}")
-        object.__setattr__(self, "_values", {s.name: values[s.name] for s in STATISTICS})
+        object.__setattr__(self, "_by_name", {s.name: values[s.name] for s in STATISTICS})
         object.__setattr__(self, "formats", tuple(formats))
 
     def __getattr__(self, name: str) -> torch.Tensor:
         if not name.startswith("_"):  # (copy and pickle look up dunders before __init__ has run)
-            values = self._values
+            values = self._by_name
             if name in values:
                 return values[name]
             if name in DERIVED_BY_NAME:
@@ -72,7 +72,7 @@ class TensorStats:
 
     def __reduce__(self) -> tuple:
         # copy, deepcopy, pickle and torch.save rebuild it through __init__ (its slots are not set directly).
-        return (_rebuild, (self.formats, self._values))
+        return (_rebuild, (self.formats, self._by_name))
 
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *BY_NAME, *DERIVED_BY_NAME})
@@ -82,7 +82,7 @@ class TensorStats:
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         """The statistics by name, in schema order."""
-        return dict(self._values)
+        return dict(self._by_name)
 
     @classmethod
     def from_op_outputs(cls, outputs: Sequence[torch.Tensor], formats: tuple[str, ...]) -> TensorStats:
@@ -108,12 +108,12 @@ class TensorStats:
         made = []
         for output in OUTPUTS:
             if len(output.statistics) == 1:
-                made.append(self._values[output.statistics[0].name])
+                made.append(self._by_name[output.statistics[0].name])
                 continue
             pieces = [
-                torch.stack([self._values[s.name] for s in run], 1)
+                torch.stack([self._by_name[s.name] for s in run], 1)
                 if run[0].per == PER_TENSOR
-                else self._values[run[0].name]
+                else self._by_name[run[0].name]
                 for run in output.runs()
             ]
             made.append(torch.cat(pieces, 1))
@@ -128,7 +128,7 @@ class TensorStats:
                 f"cannot merge statistics of {len(self)} tensors and formats {self.formats} with {len(other)} "
                 f"tensors and formats {other.formats}"
             )
-        merged = {s.name: getattr(torch, s.ufunc)(self._values[s.name], other._values[s.name]) for s in STATISTICS}
+        merged = {s.name: getattr(torch, s.ufunc)(self._by_name[s.name], other._by_name[s.name]) for s in STATISTICS}
         return TensorStats(self.formats, **merged)
 
     def __len__(self) -> int:

@@ -150,12 +150,8 @@ def test_public_replacements_behave_as_the_private_names_did() -> None:
 # Where a private torch name may still appear: _torch_compat.py, and (until their owners move them there) the
 # modules that use torch's fused kernels and the doctor's fused-optimizer check, each named with its name.
 STILL_OUTSIDE = {
-    "amp_inspect/_ops.py": {
-        "torch._C._dispatch_has_kernel_for_dispatch_key",
-        "torch._amp_foreach_non_finite_check_and_unscale_",
-    },
-    "amp_inspect/reference.py": {"torch._chunk_cat"},
-    "amp_inspect/setup_checks.py": {"torch.utils._foreach_utils", '"_device"', '"_init_scale"'},
+    "amp_inspect/_ops.py": {"torch._C._dispatch_has_kernel_for_dispatch_key"},
+    "amp_inspect/setup_checks.py": {'"_device"', '"_init_scale"'},
 }
 PRIVATE = re.compile(
     r"torch(?:\.\w+)*\._(?!_)\w+|\._(?:values|scale|init_scale|growth_\w+|backoff_factor|enabled|per_optimizer_states"
