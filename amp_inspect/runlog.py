@@ -58,6 +58,9 @@ checkpoint, a text file, another tool's JSONL with a "schema" field, a directory
 ValueError before anything is written or cut, so ``log=`` pointed at the wrong path never modifies that
 file. ``read_log`` drops the ``"log"`` marker from the records it returns.
 
+Why over 600 lines: the writer and the reader share the line format, the field tables and the rules that
+recognise a run log; apart, every change to the format would touch both halves.
+
 This module imports no torch, and of the package only the torch-free formats and statistics, so reading a log
 is cheap.
 """

@@ -11,6 +11,10 @@
 // running statistics of the tensor it is on and merges them into the outputs, under a lock, only when it
 // moves to another tensor, so the lock is taken about T + threads times per call. No temporary grows with
 // the number of elements.
+//
+// Why one file of about 1000 lines: the common path, the full path and the block driver share the block's
+// staging buffer, the vector types and the lane-count bounds that keep their counters from wrapping; split
+// across files, the proofs of exactness at the top of each path would refer to constants defined elsewhere.
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/headeronly/util/BFloat16.h>
