@@ -10,10 +10,12 @@ from another thread while the training thread collects is safe: one lock finaliz
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import warnings
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 
 from .history import RECENT_STEPS, StepRecord, collapse_warning
 from .report import StepReport
@@ -66,7 +68,9 @@ class StepHistory:
 
     def _finalize(self, report: StepReport, follow: Follower) -> None:
         record = StepRecord.from_report(report)
-        spike = is_spike(record.total_norm, [r.total_norm for r in self._records[-SPIKE_WINDOW:]]) is not None
+        # The last SPIKE_WINDOW finite norms, as the summary's find_spikes takes them (NaN steps passed over).
+        recent = islice((r.total_norm for r in reversed(self._records) if math.isfinite(r.total_norm)), SPIKE_WINDOW)
+        spike = is_spike(record.total_norm, list(recent)[::-1]) is not None
         if spike or self.keep_module_norms:
             record = dataclasses.replace(record, module_norms=module_norms(report))
         before = self._previous

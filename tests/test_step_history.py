@@ -39,3 +39,26 @@ def test_module_norms_kept_for_the_log_and_on_a_spike_with_the_step_before() -> 
     assert records[-1].module_norms is not None and records[-1].module_norms["a"] == 2000.0
     assert records[-2].module_norms == {"a": 2.0, "b": 2.0**0.5}  # the step before, for the comparison
     assert records[-3].module_norms is None
+
+
+def test_a_spike_after_nan_steps_gets_module_norms_as_the_summary_sees_it() -> None:
+    """The inspector keeps per-module norms on a spike step, judged on the last finite norms as the summary's
+    find_spikes judges them: eight NaN steps between the steady steps and the spike do not hide it."""
+    import math
+
+    import torch
+
+    import amp_inspect
+    from amp_inspect.spikes import find_spikes
+
+    model = torch.nn.Linear(4, 4)
+    insp = amp_inspect.attach(model, activations="off")
+    for value in [1.0, 1.0, 1.0] + [math.nan] * 8 + [30.0]:
+        for p in model.parameters():
+            p.grad = torch.full_like(p, value)
+        insp.check()
+    history = insp.history
+    spikes = find_spikes([r.step for r in history], [r.total_norm for r in history])
+    assert [s.step for s in spikes] == [history[-1].step]
+    assert history[-1].module_norms is not None  # kept because it is a spike
+    assert history[0].module_norms is None  # a steady step keeps none (no log asked for them)
