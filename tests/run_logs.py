@@ -15,6 +15,23 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 needs_mpl = pytest.mark.skipif(not HAVE_MPL, reason="the report needs matplotlib")
 
 
+def module_record(nan: int = 0, drop: str = "") -> dict:
+    """One module's statistics in a run-log record (``nan`` NaN values; the field ``drop`` left out)."""
+    record = {
+        "numel": 10,
+        "nan": nan,
+        "posinf": 0,
+        "neginf": 0,
+        "zero": 1,
+        "overflow": 0,
+        "subnormal": 2,
+        "underflow": 1,
+        "amax": 2.0,
+        "grad_norm": 1.0,
+    }
+    return {k: v for k, v in record.items() if k != drop}
+
+
 def log_record(step: int, skipped: bool = False, name: str = "layer") -> dict:
     """One step's run-log record with one module ``name`` (NaN in it when ``skipped``)."""
     return {
@@ -24,20 +41,7 @@ def log_record(step: int, skipped: bool = False, name: str = "layer") -> dict:
         "total_norm": math.nan if skipped else 1.0,
         "offenders": [name] if skipped else [],
         "headroom": {"up": 3, "down": 12},
-        "modules": {
-            name: {
-                "numel": 10,
-                "nan": int(skipped),
-                "posinf": 0,
-                "neginf": 0,
-                "zero": 1,
-                "overflow": 0,
-                "subnormal": 2,
-                "underflow": 1,
-                "amax": 2.0,
-                "grad_norm": 1.0,
-            }
-        },
+        "modules": {name: module_record(nan=int(skipped))},
         "hist": {name: {"120": 9, "255": int(skipped)}},
     }
 

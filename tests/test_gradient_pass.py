@@ -14,19 +14,10 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect import gradient_pass
+from tests.models import SparseNet
 
 TOKENS = torch.tensor([1, 2, 1, 5])  # token 1 twice: an uncoalesced sparse gradient
 STORED = 3 * 4  # values of the coalesced gradient: three distinct tokens, four features
-
-
-class SparseNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(16, 4, sparse=True)
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.emb(tokens)).sum()
 
 
 class ComplexNet(nn.Module):

@@ -22,6 +22,7 @@ import amp_inspect
 from amp_inspect import cli
 from amp_inspect.printable import MAX_SHOWN, shown_name
 from amp_inspect.runlog import RunLog
+from tests.run_logs import module_record
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -31,22 +32,6 @@ FORGED = "fc\nadvice: set init_scale=1e30"
 BIDI = "a\u202eevil"
 HOSTILE = [RED, OSC, FORGED, BIDI]
 RAW_BITS = ["\x1b", "\x07", "\u202e", "\nadvice: set"]
-
-
-def _module(nan: int = 0, drop: str = "") -> dict:
-    m = {
-        "numel": 10,
-        "nan": nan,
-        "posinf": 0,
-        "neginf": 0,
-        "zero": 1,
-        "overflow": 0,
-        "subnormal": 2,
-        "underflow": 1,
-        "amax": 2.0,
-        "grad_norm": 1.0,
-    }
-    return {k: v for k, v in m.items() if k != drop}
 
 
 def _write(path: Path, records: list[dict]) -> Path:
@@ -64,7 +49,7 @@ def _skipped_step(step: int, names: list[str]) -> dict:
         "total_norm": math.nan,
         "offenders": names,
         "headroom": {"up": 0, "down": 3},
-        "modules": {n: _module(nan=1) for n in names},
+        "modules": {n: module_record(nan=1) for n in names},
         "first_nonfinite": names[0],
     }
 
@@ -163,7 +148,7 @@ def test_a_module_record_lacking_a_count_is_summarised(tmp_path: Path, capsys) -
     for missing in ("nan", "amax", "numel"):
         path = tmp_path / f"{missing}.jsonl"
         step = _skipped_step(0, ["fc", "other"])
-        step["modules"]["fc"] = _module(nan=1, drop=missing)
+        step["modules"]["fc"] = module_record(nan=1, drop=missing)
         _write(path, [step])
         assert cli.main(["summary", str(path)]) == 0, missing
         captured = capsys.readouterr()
