@@ -79,6 +79,11 @@ class ActivationArming:
         """The finding of ``step`` made before its report existed (a skip under every=N), once."""
         return self._findings.pop(step, None)
 
+    def give_finding(self, report: StepReport) -> None:
+        """``report`` takes the finding of its step made before it existed, unless it carries one of its own."""
+        if report.first_nonfinite is None:
+            report.first_nonfinite = self.take_finding(report.step)
+
     def end_step(self, next_step: int, report: StepReport | None) -> None:
         """The step before ``next_step`` ended: its finding goes to ``report`` (the last one made) when that is
         the step's, else it waits for the step's report; then the hooks are disarmed or start the next step.

@@ -24,6 +24,7 @@ CUDA, except that a list spread over devices gathers its rows onto the first one
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,8 +33,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ._ops import unscale_stats_op
-from ._torch_compat import sparse_stored_values
-from .distributed import Combiner, GlobalStats, local_shards
+from ._torch_compat import loss_scale_tensor, sparse_stored_values
+from .distributed import Combiner, Combiners, GlobalStats, local_shards
 from .report import SHARDS, StepReport
 from .stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 
@@ -272,3 +273,53 @@ def clip_(params: Iterable[nn.Parameter], max_norm: float, total_norm: torch.Ten
     torch.nn.utils.clip_grad_norm_ does once it has the norm (torch's own clip_grads_with_norm_: DTensors by
     their shards, sparse gradients by their stored values, complex ones by both parts; no host sync)."""
     torch.nn.utils.clip_grads_with_norm_(list(params), max_norm, total_norm)
+
+
+def clip_by_report(
+    params: Iterable[nn.Parameter], max_norm: float, norm_type: float, report: StepReport | None, step: int
+) -> torch.Tensor:
+    """``Inspector.clip_grad_norm_``: clips with the total norm of ``report``, which must be the report of
+    ``step`` (the step check() inspected last). Returns that norm."""
+    if norm_type != 2.0:
+        raise ValueError("clip_grad_norm_ uses the L2 norm of the inspection; norm_type must be 2")
+    if report is None or report.step != step:
+        raise RuntimeError("call check() on this step before clip_grad_norm_ (every= may have skipped it)")
+    total = report.total_norm_tensor
+    clip_(params, max_norm, total)
+    return total
+
+
+UnscaledOf = Callable[[torch.amp.GradScaler, Sequence[torch.Tensor]], list[bool]]
+
+
+class ParameterPass:
+    """``Inspector.check()``'s pass over a model's parameters, step after step: the combiners across ranks it
+    keeps (FSDP2), and a pass that leaves parameters out (``Gradients.partial``) warned about once."""
+
+    def __init__(self) -> None:
+        self._combiners = Combiners()
+        self._warned_partial = False
+
+    def run(
+        self,
+        step: int,
+        params: Iterable[tuple[str, str, torch.Tensor]],
+        formats: Sequence[str],
+        scaler: torch.amp.GradScaler | None,
+        unscaled_of: UnscaledOf,
+        group: dist.ProcessGroup | None,
+        timeout: float,
+    ) -> StepReport:
+        """The report of ``step``: judged at ``scaler``'s scale (its own tensor) where it is enabled, gradients
+        that ``unscaled_of`` says its unscale_ already ran on multiplied back by it. Collective where the
+        gradients are sharded: every rank's check() takes part."""
+        grads = of_parameters(params)
+        if grads.partial and not self._warned_partial:
+            self._warned_partial = True
+            warnings.warn(f"amp_inspect: {grads.partial}", RuntimeWarning, stacklevel=5)  # the caller of check()
+        skips = scaler is not None and scaler.is_enabled()
+        scale = loss_scale_tensor(scaler) if skips else None
+        unscaled = unscaled_of(scaler, grads.params) if scaler is not None and scale is not None else None
+        stats = measure(grads, formats, scale, unscaled)
+        measured = combined(grads, stats, self._combiners.over(grads.shard_group, group, timeout))
+        return step_report(step, [measured], scale, skips=skips)

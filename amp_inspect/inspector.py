@@ -19,37 +19,34 @@ DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as 
 
 The Inspector's one job is the step: which steps to inspect, and each report on to the history. The rest is
 its collaborators': gradient_pass, parameter_watch, activation_arming, step_history, run_log_sink,
-thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink.
+thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink, run_advice (summary, doctor, the clip watch).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import gradient_pass, hardware
-from ._torch_compat import init_scale, loss_scale_tensor
+from . import gradient_pass
 from .activation_arming import NO_FORWARD_SEEN, ActivationArming
-from .activations import ActivationWatcher
-from .checks import ClipWatch, DoctorReport, doctor
-from .ddp import DdpLink, HookState, NonfiniteByRank, check_attach, ddp_of
-from .distributed import Combiners, log_path_of_rank
-from .gradscaler_patches import GradScalerPatches, ScalerLink
-from .history import StepRecord, Summary, summarize
+from .attach_refusals import refuse_bad_attach
+from .checks import ClipWatch, DoctorReport
+from .ddp import DdpLink, HookState, NonfiniteByRank, ddp_of
+from .gradscaler_patches import ScalerLink
+from .history import StepRecord, Summary
 from .naming import ParamEntry
 from .options import AttachOptions, takes_attach_options
 from .parameter_watch import ParameterWatch
 from .report import StepReport
+from .run_advice import RunAdvice
 from .run_log_sink import RunLogSink
 from .scaler import InspectingGradScaler
 from .step_context import StepContext
 from .step_history import StepHistory
 from .thread_guard import OneCaller
-from .wrappers import refuse_fsdp1
 
 __all__ = ["NO_FORWARD_SEEN", "Inspector", "attach"]
 
@@ -71,13 +68,7 @@ class Inspector:
         if not isinstance(model, nn.Module):
             raise TypeError(f"attach() needs an nn.Module, got {type(model).__name__}")
         self.options = opts = AttachOptions(**options)
-        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
-            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
-        if opts.watch_clipping and scaler is None:
-            raise ValueError("watch_clipping needs the scaler: attach(model, scaler, watch_clipping=True)")
-        ScalerLink.refuse_taken(scaler, self)
-        refuse_fsdp1(model)
-        check_attach(model, opts.group, opts.ddp_hook)
+        refuse_bad_attach(model, scaler, opts, self)  # attach_refusals.py: before anything is hooked
         self.model, self.formats, self.every = model, opts.formats, opts.every
         self.activations, self.arm_steps, self.collapse_skips = opts.activations, opts.arm_steps, opts.collapse_skips
         self.group, self.timeout = opts.group, opts.timeout
@@ -87,35 +78,23 @@ class Inspector:
         self._one_caller = OneCaller()
         self.step = 0  # the step the next check() inspects
         self.last_report: StepReport | None = None
-        self._warned_local = False
-        self._combiners = Combiners()
-        ddp = ddp_of(model)
-        report_group = ddp.process_group if ddp is not None else opts.group
-        log_path = log_path_of_rank(opts.log, opts.log_all_ranks, report_group) if opts.log is not None else None
-        self._sink = RunLogSink(log_path, opts.hist_every, self) if log_path is not None else None
+        self._pass = gradient_pass.ParameterPass()
+        report_group = ddp.process_group if (ddp := ddp_of(model)) is not None else opts.group
+        self._sink = RunLogSink.of_rank(opts.log, opts.log_all_ranks, report_group, opts.hist_every, self)
         self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
         self._arming = ActivationArming(model, opts.activations, opts.arm_steps, self.formats, self, self.step)
         self._scaler = ScalerLink()
         self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if scaler is not None:
             self._link(scaler)
-        # Opt-in: record clip_grad_norm_ calls made while the gradients are still scaled (doctor()).
-        self.clip_watch: ClipWatch | None = ClipWatch(scaler) if opts.watch_clipping else None
+        self._advice = RunAdvice(model, scaler, opts.watch_clipping, opts.collapse_skips)  # summary(), doctor()
+        self.clip_watch: ClipWatch | None = self._advice.clip_watch  # watch_clipping=True: the doctor reads it
         self._ddp = DdpLink(model, self, opts.ddp_hook)
 
     @property
     def entries(self) -> list[ParamEntry]:
         """Every distinct parameter inspected, with its clean name and module, in registration order."""
         return self._params.entries
-
-    # Thin aliases for tests that look inside (tests/test_silent_answers.py, test_names_and_doctor.py).
-    @property
-    def _watcher(self) -> ActivationWatcher | None:
-        return self._arming.watcher
-
-    @property
-    def _scaler_patches(self) -> GradScalerPatches:
-        return self._scaler.patches
 
     # ---- scaler link ----
 
@@ -186,7 +165,8 @@ class Inspector:
             return self._check(scaler)
 
     def _check(self, scaler: torch.amp.GradScaler | None) -> StepReport | None:
-        self._refresh_params()
+        if self._params.refresh(stacklevel=3):  # parameters added or removed: the activation hooks follow them
+            self._arming.rename(self.model)
         if scaler is not None:
             self._link(scaler)
         scaler = self.scaler
@@ -214,11 +194,6 @@ class Inspector:
             self._after_step()
         return report
 
-    def _refresh_params(self) -> None:
-        """The current parameters and names (parameter_watch.py); the activation hooks follow new modules."""
-        if self._params.refresh(stacklevel=4):
-            self._arming.rename(self.model)
-
     def _follow_autocast(self) -> None:
         """formats= left to its default: judge against the format of the autocast dtype the forward ran under."""
         formats = self._context.formats_to_judge(self.formats, self.scaler)
@@ -229,37 +204,22 @@ class Inspector:
     def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
         """One gradient pass (gradient_pass.py), judged at the plain GradScaler's scale where its unscale_ ran."""
         self._follow_autocast()
-        grads = gradient_pass.of_parameters((e.name, e.module, e.param) for e in self.entries)
-        if grads.partial and not self._warned_local:
-            self._warned_local = True
-            warnings.warn(f"amp_inspect: {grads.partial}", RuntimeWarning, stacklevel=3)
-        skips = scaler is not None and scaler.is_enabled()
-        scale = loss_scale_tensor(scaler) if skips else None  # GradScaler's own scale tensor
-        unscaled = self._scaler.unscaled(scaler, grads.params) if scale is not None else None
-        stats = gradient_pass.measure(grads, self.formats, scale, unscaled)
-        combiner = self._combiners.over(grads.shard_group, self.group, self.timeout)
-        measured = gradient_pass.combined(grads, stats, combiner)  # collective: every rank's check() takes part
-        report = gradient_pass.step_report(step, [measured], scale, skips=skips)
+        params = ((e.name, e.module, e.param) for e in self.entries)
+        report = self._pass.run(step, params, self.formats, scaler, self._scaler.unscaled, self.group, self.timeout)
         self.receive(report)
         return report
 
     def receive(self, report: StepReport) -> None:
         """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
-        if report.first_nonfinite is None:
-            report.first_nonfinite = self._arming.take_finding(report.step)
+        self._arming.give_finding(report)
         self._context.annotate(report)
-        # Finalized records only (no sync): str(report) shows the median of these and its own recommendation.
-        report.recent_recommended = self._steps.recent_recommended()
         self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
         self._ddp.add_origin(report)  # DDP: this step's NaN/Inf counts from before the all-reduce
         if self._sink is not None:  # memory of this step, sampled now (no sync): the log is written later
-            report.hardware = hardware.sample(self._device())
+            self._sink.sample_hardware(report, self._params.device)
         self.last_report = report
         self._steps.add(report)
         self.step = max(self.step, report.step + 1)
-
-    def _device(self) -> torch.device | None:
-        return self.entries[0].param.device if self.entries else None
 
     def _after_step(self) -> None:
         """End of a step: activation findings of the step, then reports whose copies are complete."""
@@ -270,7 +230,7 @@ class Inspector:
         """A finalized step: into the run log; after a skipped or poisoned one, the activation hooks are armed
         from the next forward (``on_skip``)."""
         if self._sink is not None:
-            self._sink.write(report, record, self._device())
+            self._sink.write(report, record, self._params.device)
         if record.skipped or record.poisoned:
             self._arming.after_skip(self.step)
 
@@ -288,40 +248,18 @@ class Inspector:
 
     def summary(self) -> Summary:
         """Skip rate, scale events and advice on the scaler's settings, from the history."""
-        scaler = self.scaler
-        kwargs: dict[str, Any] = {}
-        if scaler is not None and scaler.is_enabled():
-            kwargs = {
-                "init_scale": init_scale(scaler),
-                "growth_interval": scaler.get_growth_interval(),
-                "backoff_factor": scaler.get_backoff_factor(),
-            }
-        return summarize(self.history, collapse_skips=self.collapse_skips, **kwargs)
+        return self._advice.summary(self.history, self.scaler)
 
     def doctor(self, optimizer: torch.optim.Optimizer | None = None, autocast_dtype: Any = None) -> DoctorReport:
         """The AMP doctor on this model, its scaler, the history so far and the clipping watch (when on)."""
-        return doctor(
-            self.model,
-            optimizer,
-            self.scaler,
-            autocast_dtype=autocast_dtype,
-            history=self.history,
-            clip_watch=self.clip_watch,
-            collapse_skips=self.collapse_skips,
-        )
+        return self._advice.doctor(self.history, self.scaler, optimizer, autocast_dtype)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips all gradients to a global L2 norm of ``max_norm`` using the norm of the last check() (same
         pass: no further read of the gradients to measure them), as torch.nn.utils.clip_grad_norm_ does.
         Call it after ``scaler.unscale_(opt)`` and ``check()``; the norm is the unscaled one. Returns it."""
-        if norm_type != 2.0:
-            raise ValueError("clip_grad_norm_ uses the L2 norm of the inspection; norm_type must be 2")
-        report = self.last_report
-        if report is None or report.step != self.step - 1:
-            raise RuntimeError("call check() on this step before clip_grad_norm_ (every= may have skipped it)")
-        total = report.total_norm_tensor
-        gradient_pass.clip_((e.param for e in self.entries), max_norm, total)
-        return total
+        params = (e.param for e in self.entries)
+        return gradient_pass.clip_by_report(params, max_norm, norm_type, self.last_report, self.step - 1)
 
     def close(self) -> None:
         """Writes out outstanding reports and closes the log (waits for outstanding device copies)."""
@@ -337,8 +275,7 @@ class Inspector:
         self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
         self._context.remove()
         self._ddp.release(self)
-        if self.clip_watch is not None:
-            self.clip_watch.close()
+        self._advice.close()
         self.close()
         self._steps.listeners.clear()
 

@@ -30,6 +30,11 @@ class ParameterWatch:
         self._watching = not has_fsdp2_modules(model)
         self._layout = parameter_layout(model) if self._watching else ()
 
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the first parameter (the one the hardware readings are of), None without parameters."""
+        return self.entries[0].param.device if self.entries else None
+
     def module_of(self, param: torch.Tensor) -> str | None:
         """The module name of ``param``, None for a parameter not in ``entries``."""
         return self._module_of.get(id(param))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from . import hardware
+from .distributed import log_path_of_rank
 from .hist_schedule import HistogramSchedule
 from .history import StepRecord
 from .report import StepReport
@@ -32,6 +33,24 @@ class RunLogSink:
         self._closer = weakref.finalize(owner, self.log.close)  # holds the log, not the owner
         self._hardware_note_written = False
         self._error: str | None = None  # the last failed write, warned about once per error kind
+
+    @classmethod
+    def of_rank(
+        cls,
+        log: str | os.PathLike[str] | None,
+        all_ranks: bool,
+        group: Any,
+        hist_every: int,
+        owner: object,
+    ) -> RunLogSink | None:
+        """This rank's sink for the ``log=`` option (distributed.log_path_of_rank: in a distributed run the first
+        rank of ``group`` writes, or every rank its own file with ``all_ranks``); None where this rank writes none."""
+        path = log_path_of_rank(log, all_ranks, group) if log is not None else None
+        return cls(path, hist_every, owner) if path is not None else None
+
+    def sample_hardware(self, report: StepReport, device: torch.device | None) -> None:
+        """The memory of the step of ``report``, sampled now (no sync), for its line written later."""
+        report.hardware = hardware.sample(device)
 
     def write(self, report: StepReport, record: StepRecord, device: torch.device | None) -> None:
         """Writes the step of ``report`` (``record`` its history entry) as one line; the first line carries the

@@ -490,7 +490,7 @@ def test_a_copy_of_an_armed_model_feeds_no_inspector(how: str) -> None:
 
     model = Spiky()
     insp = amp_inspect.attach(model, activations="always")
-    watcher = insp._watcher
+    watcher = insp._arming.watcher
     ema = copy.deepcopy(model) if how == "deepcopy" else torch.optim.swa_utils.AveragedModel(model)
     x = torch.randn(2, 4)
     watcher.new_step(0)
@@ -550,7 +550,7 @@ def test_an_armed_model_can_be_saved_whole_and_the_copy_feeds_nobody(tmp_path) -
     insp = amp_inspect.attach(model, activations="always")
     torch.save(model, tmp_path / "model.pt")
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
-    insp._watcher.new_step(0)
+    insp._arming.watcher.new_step(0)
     loaded(torch.randn(2, 4))
-    assert insp._watcher.records == []
+    assert insp._arming.watcher.records == []
     insp.detach()

@@ -564,7 +564,7 @@ def _names_after_one_step(wrapper: nn.Module, inner: nn.Module) -> set[str]:
     scaler.scale(loss).backward()
     report = insp.check()
     assert {e.module for e in insp.entries} == set(report.by_module)
-    assert set(insp._watcher.names.values()) >= set(report.by_module) - {"(model)"}
+    assert set(insp._arming.watcher.names.values()) >= set(report.by_module) - {"(model)"}
     insp.detach()
     return set(report.by_module)
 
@@ -859,7 +859,7 @@ def test_detaching_one_of_two_inspectors_leaves_the_others_patches_and_skip_reco
             model.b.weight.grad[0, 0] = math.nan
         second.check()
         scaler.unscale_(opt)
-        assert id(opt) in second._scaler_patches.unscaled_params  # second's unscale_ record still runs
+        assert id(opt) in second._scaler.patches.unscaled_params  # second's unscale_ record still runs
         scaler.step(opt)
         scaler.update()
     assert [(r.step, r.skipped) for r in second.history] == [(0, False), (1, True)]
@@ -873,7 +873,7 @@ def test_detach_in_attach_order_removes_every_patch() -> None:
     first = amp_inspect.attach(TwoLayer(), scaler, every=2, activations="off")
     second = amp_inspect.attach(TwoLayer(), scaler, every=2, activations="off")
     second.detach()
-    assert vars(scaler)["unscale_"] is first._scaler_patches._patched[0][2]
+    assert vars(scaler)["unscale_"] is first._scaler.patches._patched[0][2]
     first.detach()
     assert "unscale_" not in vars(scaler) and "_maybe_opt_step" not in vars(scaler)
 
@@ -896,14 +896,14 @@ def test_check_from_a_second_thread_at_once_is_refused_and_records_nothing_twice
     insp = amp_inspect.attach(model, activations="off")
     model(torch.randn(2, 4)).sum().backward()
     inside, release = threading.Event(), threading.Event()
-    refresh = insp._refresh_params
+    refresh = insp._params.refresh  # check()'s first call
 
-    def slow_refresh() -> None:  # holds the first check() inside, deterministically
+    def slow_refresh(stacklevel: int = 2) -> bool:  # holds the first check() inside, deterministically
         inside.set()
         release.wait(timeout=30)
-        refresh()
+        return refresh(stacklevel)
 
-    insp._refresh_params = slow_refresh
+    insp._params.refresh = slow_refresh
     results: list[object] = []
     worker = threading.Thread(target=lambda: results.append(insp.check()))
     worker.start()

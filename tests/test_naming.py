@@ -114,7 +114,7 @@ def test_peft_wrappers_are_looked_through_emulated() -> None:
     # The report names them so too, and the activation hooks watch the LoRA layer (its output is the sum).
     insp = amp_inspect.attach(wrapped, activations="always")
     wrapped(torch.randn(2, 8)).sum().backward()
-    assert {r.module for r in insp._watcher.records} >= {"embed", "fc", "fc.lora_A.default", "model"}
+    assert {r.module for r in insp._arming.watcher.records} >= {"embed", "fc", "fc.lora_A.default", "model"}
     report = insp.check()
     assert set(report.by_module) == {"embed", "fc", "fc.lora_A.default", "fc.lora_B.default", "model"}
     insp.detach()
