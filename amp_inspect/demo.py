@@ -19,7 +19,6 @@ run) is left alone: the demo writes into the next free ``<folder>-2``, ``<folder
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -31,84 +30,13 @@ from .baselines import compare
 from .console import print_summary
 from .inspector import attach
 from .runlog import read_log
+from .tiny_gpt import TinyGPT
 
-VOCAB = 512
+VOCAB = 512  # TinyGPT's defaults: the demo's model
 CONTEXT = 64
 SPIKE_TOKEN = 7  # batches holding this token (in the overflowing block's input) make its logits spike
 SPIKE_GAIN = 1e5
 SPIKE_PROBABILITY = 0.08
-
-
-class AttentionScores(nn.Module):
-    """q . k^T / sqrt(d), times a gain that spikes on some batches (the trouble we plant)."""
-
-    def __init__(self, head_dim: int) -> None:
-        super().__init__()
-        self.scale = 1.0 / math.sqrt(head_dim)
-        self.gain = 1.0
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bqhd,bkhd->bhqk", q, k) * (self.scale * self.gain)
-
-
-class Attention(nn.Module):
-    def __init__(self, d: int, heads: int, emulate_fp16: bool) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(d, 3 * d)
-        self.scores = AttentionScores(d // heads)
-        self.proj = nn.Linear(d, d)
-        self.emulate_fp16 = emulate_fp16  # store logits in fp16, as fp16 autocast would
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        logits = self.scores(q, k)
-        if self.emulate_fp16:
-            logits = logits.to(torch.float16).float()  # > 65504 becomes Inf, as in fp16
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        attn = logits.masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
-        return self.proj(torch.einsum("bhqk,bkhd->bqhd", attn, v).reshape(b, t, d))
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-        self.gain = 1.0  # < 1 damps the branch: its gradients shrink towards underflow
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gain * self.out(torch.nn.functional.gelu(self.fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int, emulate_fp16: bool) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = Attention(d, heads, emulate_fp16)
-        self.ln2 = nn.LayerNorm(d)
-        self.mlp = MLP(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, d: int = 128, layers: int = 4, heads: int = 4, emulate_fp16: bool = False) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, d)
-        self.wpe = nn.Embedding(CONTEXT, d)
-        self.blocks = nn.ModuleList(Block(d, heads, emulate_fp16) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
 
 
 def _round_through_fp16(param: torch.Tensor) -> None:
@@ -191,9 +119,10 @@ def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
-    model = TinyGPT(emulate_fp16=device == "cpu").to(device)
+    # The attention logits are a module of their own (attn.scores), so they can spike and the hooks can name them.
+    model = TinyGPT(VOCAB, CONTEXT, explicit_scores=True, fp16_logits=device == "cpu").to(device)
     spiking = model.blocks[3].attn.scores
-    damped = model.blocks[1].mlp
+    damped = model.blocks[1]
     if device == "cpu":
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(_round_through_fp16)
@@ -216,7 +145,7 @@ def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from
                 idx[0, torch.randint(0, CONTEXT, (4,), generator=g)] = SPIKE_TOKEN
             idx = idx.to(device)
             spiking.gain = SPIKE_GAIN if bool((idx == SPIKE_TOKEN).any()) else 1.0
-            damped.gain = 1e-2 * (1e-5) ** (step / steps)  # drifts from 1e-2 down to 1e-7
+            damped.mlp_gain = 1e-2 * (1e-5) ** (step / steps)  # drifts from 1e-2 down to 1e-7
 
             with torch.autocast(device, dtype=amp_dtype):
                 logits = model(idx[:, :-1])

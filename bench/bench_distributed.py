@@ -1,8 +1,9 @@
 """Distributed benchmark: what amp_inspect all-reduces and what it adds to a training step, DDP and FSDP2.
 
 Two processes (torch.multiprocessing, spawn) on gloo over 127.0.0.1, one torch thread each, train a small
-GPT (models.GPT, bench_step.py's model: pre-LN blocks, tied embeddings, GPT-2 initialisation) with bf16 autocast on
-CPU, GradScaler("cpu") (init scale 2**10) and AdamW; each rank trains on its own fixed random batches.
+GPT (models.make_gpt, bench_step.py's model, amp_inspect.tiny_gpt.TinyGPT: pre-LN blocks, tied embeddings, GPT-2
+initialisation) with bf16 autocast on CPU, GradScaler("cpu") (init scale 2**10) and AdamW; each rank trains on its
+own fixed random batches.
 
 Configurations, each with its own copy of the model (same initial weights), optimizer and scaler:
 
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import queue
 import socket
 import statistics
@@ -84,15 +86,17 @@ from harness import (  # noqa: E402
     paired_ratios,
     print_checks,
     print_table,
+    training_step,
     write_result,
 )
-from models import GPT, ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
+from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
 from amp_inspect import distributed as amp_distributed  # noqa: E402
 from amp_inspect.ddp import NonfiniteByRank  # noqa: E402
 from amp_inspect.distributed import to_local  # noqa: E402
+from amp_inspect.tiny_gpt import TinyGPT  # noqa: E402
 
 WORLD = 2
 BACKEND = "gloo"
@@ -102,7 +106,7 @@ PG_TIMEOUT_S = 120.0
 RESULT_TIMEOUT_S = 900.0  # the parent's wait for the ranks' results
 NOISY_CI_HALF_WIDTH_PCT = 3.0  # a wider interval on any overhead: the run is called noisy
 
-# Model: bench_step.py's GPT (models.GPT), smaller, so that a DDP step on one thread per rank takes ~50-300 ms.
+# Model: bench_step.py's GPT (models.make_gpt), smaller, so that a DDP step on one thread per rank takes ~50-300 ms.
 MODEL = ModelSpec(layers=4, d_model=256, heads=4, vocab=8192, context=128, batch=4)
 INIT_SCALE = 2.0**10
 LEARNING_RATE = 3e-4
@@ -293,7 +297,7 @@ class StepRecord:
     by_caller: Traffic
 
 
-def wrap(config: DistConfig, base: GPT, world: int) -> tuple[nn.Module, nn.Module]:
+def wrap(config: DistConfig, base: TinyGPT, world: int) -> tuple[nn.Module, nn.Module]:
     """(the model to call, the module that holds the parameters): DDP around a copy, or a copy sharded with
     fully_shard per block and then at the root."""
     model = copy.deepcopy(base)
@@ -312,7 +316,7 @@ def wrap(config: DistConfig, base: GPT, world: int) -> tuple[nn.Module, nn.Modul
 class Trainer:
     """One configuration's model, optimizer, scaler and (optional) inspector, in one rank."""
 
-    def __init__(self, config: DistConfig, base: GPT, world: int, init_scale: float) -> None:
+    def __init__(self, config: DistConfig, base: TinyGPT, world: int, init_scale: float) -> None:
         self.config = config
         self.model, self.params_module = wrap(config, base, world)
         self.opt = torch.optim.AdamW(self.params_module.parameters(), lr=LEARNING_RATE)
@@ -333,19 +337,13 @@ class Trainer:
         idx = batches[self.steps % len(batches)]
         self.steps += 1
         dist.barrier()  # the ranks start together: no rank's time includes waiting for the other's last step
+        inspect_step = self.inspector.check if self.config.check and self.inspector is not None else None
+        assert inspect_step is not None or not self.config.check
+        marks: list[float] = []
         with counter.recording() as (by_category, by_caller), timer.recording() as spent:
-            start = time.perf_counter()
-            self.opt.zero_grad(set_to_none=True)
-            loss = next_token_loss(self.model, idx, "cpu", torch.bfloat16)
-            self.scaler.scale(loss).backward()
-            after_backward = time.perf_counter()
-            if self.config.check:
-                assert self.inspector is not None
-                self.inspector.check()
-            after_check = time.perf_counter()
-            self.scaler.step(self.opt)
-            self.scaler.update()
-            end = time.perf_counter()
+            loss = functools.partial(next_token_loss, self.model, idx, "cpu", torch.bfloat16)
+            training_step(self.opt, self.scaler, loss, inspect_step, lambda: marks.append(time.perf_counter()))
+        start, after_backward, after_check, end = marks
         return StepRecord(
             (end - start) * 1e3,
             (after_backward - start) * 1e3,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import math
 import statistics
 import sys
@@ -69,6 +70,7 @@ from harness import (  # noqa: E402
     print_checks,
     print_table,
     time_calls,
+    training_step,
     write_result,
 )
 from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
@@ -186,19 +188,11 @@ class Trainer:
         clock = PhaseClock(self.device)
         if cuda:
             torch.cuda.synchronize()
+        inspect_step = self.inspector.check if self.spec.check and self.inspector is not None else None
+        assert inspect_step is not None or not self.spec.check
+        loss = functools.partial(next_token_loss, self.model, idx, self.device, self.amp_dtype)
         start = time.perf_counter()
-        clock.mark()
-        self.opt.zero_grad(set_to_none=True)
-        loss = next_token_loss(self.model, idx, self.device, self.amp_dtype)
-        self.scaler.scale(loss).backward()
-        clock.mark()
-        if self.spec.check:
-            assert self.inspector is not None
-            self.inspector.check()
-        clock.mark()
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        clock.mark()
+        training_step(self.opt, self.scaler, loss, inspect_step, clock.mark)
         if cuda:
             torch.cuda.synchronize()
         total = (time.perf_counter() - start) * 1e3

@@ -13,6 +13,8 @@ and written down.
 - ``machine_info`` / ``write_result``: the JSON file, with the machine, torch, git commit and load average.
 - ``fused`` / ``foreach_norm`` / ``gradscaler_check``: the passes over a list of gradients that both
   bench_tensor_stats.py and bench_step.py time (each returns a call ready to time).
+- ``training_step``: the mixed-precision step bench_step.py and bench_distributed.py time, written once; each
+  Trainer there holds its configuration's model, optimizer, scaler and inspector, and its own clock.
 """
 
 from __future__ import annotations
@@ -68,6 +70,28 @@ def time_calls(fn: Callable[[], object], device: str, warmup: int, repeats: int)
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def training_step(
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    loss: Callable[[], torch.Tensor],
+    check: Callable[[], object] | None,
+    mark: Callable[[], None],
+) -> None:
+    """One training step: ``opt.zero_grad``, ``scaler.scale(loss()).backward()``, ``check()`` (the inspector's,
+    where the configuration checks), ``scaler.step`` and ``update``. ``mark()`` runs before the step and after
+    each of its three phases (forward + backward, check, optimizer step), for the caller's clock."""
+    mark()
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss()).backward()
+    mark()
+    if check is not None:
+        check()
+    mark()
+    scaler.step(opt)
+    scaler.update()
+    mark()
 
 
 class PhaseClock:

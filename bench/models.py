@@ -1,23 +1,24 @@
 """The benchmarks' models and their data.
 
-- ``GPT`` (``ModelSpec``): the GPT-2-style model of bench_step.py and bench_distributed.py: pre-LayerNorm
-  blocks, fused qkv, torch's SDPA, GELU MLP, tied embeddings, GPT-2 initialisation. At the default spec its
-  parameters are exactly bench_tensor_stats.py's ``gpt2-style`` gradient set at context 128
-  (``gpt2_style_shapes``).
+- ``make_gpt(ModelSpec)``: the GPT-2-style model of bench_step.py and bench_distributed.py, the package's one
+  small GPT (amp_inspect/tiny_gpt.py: pre-LayerNorm blocks, fused qkv, torch's SDPA, GELU MLP) with tied
+  embeddings and GPT-2's initialisation. At the default spec its parameters are exactly bench_tensor_stats.py's
+  ``gpt2-style`` gradient set at context 128 (``gpt2_style_shapes``).
 - ``small_model(kind)``: the three small models of bench_scaler.py: the demo's TinyGPT, a transformers GPT-2
   built from a config, and a small CNN.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-INIT_STD = 0.02  # GPT-2's initialisation; residual projections get INIT_STD / sqrt(2 * layers)
+from amp_inspect.tiny_gpt import TinyGPT
+
+MLP_RATIO = 4  # TinyGPT's MLP width, 4 * d_model
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,8 @@ class ModelSpec:
     vocab: int = 8192
     context: int = 128
     batch: int = 4
-    mlp_ratio: int = 4
-    tied_embeddings: bool = True
+    mlp_ratio: int = MLP_RATIO  # recorded in the results; TinyGPT's is fixed
+    tied_embeddings: bool = True  # gpt2_style_shapes has no separate head
 
 
 def gpt2_style_shapes(
@@ -43,61 +44,19 @@ def gpt2_style_shapes(
         shapes += [(3 * d, d), (3 * d,)]  # attn.qkv
         shapes += [(d, d), (d,)]  # attn.proj
         shapes += [(d,), (d,)]  # ln2 weight, bias
-        shapes += [(hidden, d), (hidden,)]  # mlp.fc
-        shapes += [(d, hidden), (d,)]  # mlp.proj
+        shapes += [(hidden, d), (hidden,)]  # mlp.fc1
+        shapes += [(d, hidden), (d,)]  # mlp.fc2
     shapes += [(d,), (d,)]  # ln_f weight, bias
     return tuple(shapes)
 
 
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: causal self-attention (fused qkv, torch's SDPA) and a GELU MLP."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        d = spec.d_model
-        self.heads = spec.heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, spec.mlp_ratio * d)
-        self.fc2 = nn.Linear(spec.mlp_ratio * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    """GPT-2-style language model; the output projection is tied to the token embedding."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(spec.vocab, spec.d_model)
-        self.wpe = nn.Embedding(spec.context, spec.d_model)
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.layers))
-        self.ln_f = nn.LayerNorm(spec.d_model)
-        residual_std = INIT_STD / math.sqrt(2 * spec.layers)
-        for name, param in self.named_parameters():
-            if param.dim() == 2:
-                nn.init.normal_(param, std=residual_std if name.endswith(("proj.weight", "fc2.weight")) else INIT_STD)
-            elif name.endswith("bias"):
-                nn.init.zeros_(param)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return F.linear(self.ln_f(x), self.wte.weight)
-
-
-def make_gpt(spec: ModelSpec, device: str, seed: int) -> GPT:
+def make_gpt(spec: ModelSpec, device: str, seed: int) -> TinyGPT:
     """The GPT with weights drawn from ``seed``; its parameters have the shapes of ``gpt2_style_shapes``."""
+    if spec.mlp_ratio != MLP_RATIO or not spec.tied_embeddings:
+        raise ValueError(f"the benchmark's GPT has mlp_ratio {MLP_RATIO} and tied embeddings, got {spec}")
     torch.manual_seed(seed)
-    model = GPT(spec).to(device)
+    model = TinyGPT(spec.vocab, spec.context, spec.d_model, spec.layers, spec.heads, tied=True, gpt2_init=True)
+    model = model.to(device)
     shapes = tuple(tuple(p.shape) for p in model.parameters())
     expected = gpt2_style_shapes(spec.layers, spec.d_model, spec.vocab, spec.context)
     assert shapes == expected, "the model must have the parameters of bench_tensor_stats' gpt2-style set"
@@ -141,13 +100,11 @@ class CNN(nn.Module):
 
 
 def small_model(kind: str, seed: int) -> nn.Module:
-    """``gpt``: amp_inspect.demo.TinyGPT (d 64, 2 layers, 4 heads, fp16-stored attention logits); ``gpt2``:
+    """``gpt``: the demo's TinyGPT (d 64, 2 layers, 4 heads, fp16-stored attention logits); ``gpt2``:
     transformers GPT2LMHeadModel from a config (2 layers, d 64, 2 heads, vocab 64, 32 positions); ``cnn``."""
     torch.manual_seed(seed)
     if kind == "gpt":
-        from amp_inspect.demo import TinyGPT
-
-        return TinyGPT(d=64, layers=2, heads=4, emulate_fp16=True)
+        return TinyGPT(dim=64, layers=2, heads=4, explicit_scores=True, fp16_logits=True)
     if kind == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 

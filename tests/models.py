@@ -1,8 +1,9 @@
 """Small real models and a training step for the Inspector tests (CPU, bf16 autocast, GradScaler("cpu")).
 
-- ``TinyGPT``: token embedding, a positional table registered on the model itself (module "(model)"),
-  pre-LN blocks with causal attention and a GELU MLP, final LayerNorm, and a head whose weight is tied to the
-  embedding (one tensor under two names: "wte.weight" and "head.weight").
+- ``TinyGPT``: the package's one small GPT (amp_inspect/tiny_gpt.py) with the tests' options: token embedding,
+  a positional table registered on the model itself (module "(model)"), pre-LN blocks with causal attention and
+  a GELU MLP, final LayerNorm, and a head whose weight is tied to the embedding (one tensor under two names:
+  "wte.weight" and "head.weight").
 - ``SmallCNN``: Conv2d/BatchNorm2d/ReLU twice, global average pool, Linear head.
 - ``SparseNet`` (a sparse embedding feeding a Linear head; ``sparse_backward`` runs it) and ``TwoLayer`` (two
   Linear layers): the inspector's edge cases (sparse gradients, scalers, threads, torch.compile, options).
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from amp_inspect import tiny_gpt
 from tests import oracles
 
 COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
@@ -35,60 +37,12 @@ VOCAB = 64
 CONTEXT = 16
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+class TinyGPT(tiny_gpt.TinyGPT):
+    """The package's TinyGPT with the tests' options: vocab 64, context 16, a root positional parameter
+    ("(model)"), the head tied to the embedding, torch's attention."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=-1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
-
-
-class MLP(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, 4 * dim)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = MLP(dim)
-        self.mlp_gain = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp_gain * self.mlp(self.ln2(x))
-
-
-class TinyGPT(nn.Module):
     def __init__(self, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, dim)
-        self.pos = nn.Parameter(torch.randn(CONTEXT, dim) * 0.02)  # a root parameter: module "(model)"
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, VOCAB, bias=False)
-        self.head.weight = self.wte.weight  # tied
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.pos[: idx.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+        super().__init__(VOCAB, CONTEXT, dim, layers, heads, positions="parameter", tied=True)
 
 
 # Every module that owns a parameter, under the name the Inspector gives it (tied head.weight is wte's).
