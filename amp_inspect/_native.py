@@ -61,9 +61,12 @@ def _load_cuda_kernels() -> str | None:
         torch.ops.load_library(str(libraries[0]))
     except OSError as error:
         return f"amp_inspect: its CUDA kernels are off: {libraries[0].name} could not be loaded ({error})."
+    global CUDA_LOADED
+    CUDA_LOADED = True
     return None
 
 
+CUDA_LOADED = False  # whether _C_cuda loaded: its CUDA kernels are registered
 CUDA_OFF: str | None = None if LOAD_ERROR is not None else _load_cuda_kernels()
 if CUDA_OFF is not None:
     warnings.warn(CUDA_OFF, RuntimeWarning, stacklevel=2)

@@ -17,7 +17,7 @@ OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
 
 # Loading the compiled libraries runs the op's registrations; CUDA_OFF: why the CUDA kernels are not loaded.
-from ._native import CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
+from ._native import CUDA_LOADED, CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
 
 _warned: set[str] = set()
 
@@ -32,11 +32,22 @@ def extension_loaded() -> bool:
     return LOAD_ERROR is None
 
 
-def _registered_kernels() -> frozenset[str]:
+def build_info() -> dict[str, str]:
+    """What the compiled extension was built with: {"cpu": "1", "cuda": "0" or "1", "cuda_archs": ...}."""
     if LOAD_ERROR is not None:
-        return frozenset()
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return frozenset(key.lower() for key in ("CPU", "CUDA") if has(OP_NAME, key))
+        return {}
+    text = torch.ops.amp_inspect.build_info()
+    return dict(item.split("=", 1) for item in text.splitlines())
+
+
+def _registered_kernels() -> frozenset[str]:
+    """The device types the loaded libraries registered kernels for: the CPU where the build holds CPU kernels
+    (``build_info``), CUDA where ``_C_cuda`` loaded (_native.py), as torch's dispatcher lists them
+    (tests/test_torch_compat.py checks that it agrees)."""
+    built = build_info()  # {} where _C did not load
+    return frozenset(
+        device for device, registered in (("cpu", built.get("cpu") == "1"), ("cuda", CUDA_LOADED)) if registered
+    )
 
 
 # Read once at import: torch.compile traces a constant, not a dispatcher query.
@@ -136,14 +147,6 @@ def no_kernel_warning(device_type: str) -> str:
             f"`{REBUILD_COMMAND}` in a checkout of amp_inspect; see `python -m amp_inspect.info`."
         )
     return f"amp_inspect: no compiled kernel for {device_type} tensors (CPU and CUDA only); {fallback}."
-
-
-def build_info() -> dict[str, str]:
-    """What the compiled extension was built with: {"cpu": "1", "cuda": "0" or "1", "cuda_archs": ...}."""
-    if LOAD_ERROR is not None:
-        return {}
-    text = torch.ops.amp_inspect.build_info()
-    return dict(item.split("=", 1) for item in text.splitlines())
 
 
 def _empty_outputs(tensors, formats) -> tuple[torch.Tensor, ...]:

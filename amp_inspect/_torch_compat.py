@@ -4,7 +4,9 @@ torch may rename or remove any of these in a release without notice; tests/test_
 one against the installed torch and fails with a sentence naming it, so a torch upgrade breaks there, loudly,
 and not as a silent wrong answer in a report. Where a public call does the job it is used instead, elsewhere:
 ``GradScaler.get_growth_factor()`` / ``get_backoff_factor()`` / ``get_growth_interval()`` / ``is_enabled()``,
-``torch.nn.utils.clip_grads_with_norm_``, ``torch.compiler.set_stance``.
+``torch.nn.utils.clip_grads_with_norm_``, ``torch.compiler.set_stance``, the extension's own ``build_info()``
+and what _native.py loaded (instead of asking torch's dispatcher which kernels are registered), the parameters'
+device (instead of ``GradScaler._device``).
 
 Private names that cannot be wrapped in a function, listed for the test:
 

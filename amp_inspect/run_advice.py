@@ -14,20 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._torch_compat import init_scale
 from .checks import ClipWatch, DoctorReport, doctor
 from .history import StepRecord, Summary, summarize
-
-
-def scaler_settings(scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
-    """The settings of ``scaler`` the summary's advice is phrased against; none for a missing or disabled one."""
-    if scaler is None or not scaler.is_enabled():
-        return {}
-    return {
-        "init_scale": init_scale(scaler),
-        "growth_interval": scaler.get_growth_interval(),
-        "backoff_factor": scaler.get_backoff_factor(),
-    }
+from .setup_checks import scaler_settings  # the doctor's scaler advice is phrased against the same settings
 
 
 class RunAdvice:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ._torch_compat import init_scale
 from .findings import Finding, check, listing, plural
 from .history import (
     COLLAPSE_SKIPS,
@@ -134,7 +135,8 @@ def scaler_missing(setup: Setup) -> Iterator[Finding]:
             "the GradScaler is disabled (enabled=False, or GradScaler('cuda') turned itself off because CUDA "
             "is not available)"
         )
-    device = getattr(setup.scaler, "_device", None) or next((p.device.type for _, p in setup.stepped_params()), "cuda")
+    # The device of the parameters, which is where their scaler belongs (GradScaler keeps its own privately).
+    device = next((p.device.type for _, p in setup.stepped_params()), "cuda")
     yield Finding(
         "no-grad-scaler",
         "error",
@@ -318,6 +320,18 @@ def loss_scale_collapse(setup: Setup) -> Iterator[Finding]:
     )
 
 
+def scaler_settings(scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
+    """The settings of ``scaler`` the summary's advice is phrased against (history.summarize's keywords); none
+    for a missing or disabled scaler."""
+    if scaler is None or not scaler.is_enabled():
+        return {}
+    return {
+        "init_scale": init_scale(scaler),
+        "growth_interval": scaler.get_growth_interval(),
+        "backoff_factor": scaler.get_backoff_factor(),
+    }
+
+
 @check
 def scaler_advice(setup: Setup) -> Iterator[Finding]:
     """The history's advice (amp_inspect.history.summarize), each line filed under what it is about: NaN/Inf steps
@@ -327,15 +341,7 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
     history = list(setup.history or [])
     if not history:
         return
-    kwargs: dict[str, Any] = {}
-    if setup.scaler_enabled:
-        scaler = setup.scaler
-        kwargs = {
-            "init_scale": getattr(scaler, "_init_scale", None),
-            "growth_interval": scaler.get_growth_interval(),
-            "backoff_factor": scaler.get_backoff_factor(),
-        }
-    summary = summarize(history, collapse_skips=setup.collapse_skips, **kwargs)
+    summary = summarize(history, collapse_skips=setup.collapse_skips, **scaler_settings(setup.scaler))
     filed = {
         summary.poisoned_advice: ("poisoned-steps", "warning"),
         summary.spike_advice: ("gradient-spikes", "info"),
@@ -359,7 +365,7 @@ def init_scale_too_high(setup: Setup) -> Iterator[Finding]:
     history = list(setup.history or [])
     if not history:
         return
-    init = getattr(setup.scaler, "_init_scale", None) if setup.scaler_enabled else history[0].scale
+    init = init_scale(setup.scaler) if setup.scaler is not None and setup.scaler_enabled else history[0].scale
     if not _usable_scale(init):
         return
     recent = history[-10:]

@@ -9,6 +9,7 @@ import importlib.util
 import math
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -124,7 +125,20 @@ def test_fp16_autocast_without_scaler() -> None:
     for scaler in (None, torch.amp.GradScaler("cpu", enabled=False)):
         report = doctor(model, torch.optim.Adam(model.parameters()), scaler, autocast_dtype=torch.float16)
         assert codes(report) == ["no-grad-scaler"] and report.findings[0].severity == "error"
-        assert "GradScaler('cpu')" in report.findings[0].fix  # the device of the scaler, else of the parameters
+        assert "GradScaler('cpu')" in report.findings[0].fix  # the device of the parameters
+
+
+def test_no_grad_scaler_fix_names_the_parameters_device_not_the_disabled_scalers() -> None:
+    model = CleanNet()  # on the CPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GradScaler("cuda") without CUDA: disabled, with a warning
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
+    report = doctor(model, torch.optim.Adam(model.parameters()), scaler, autocast_dtype=torch.float16)
+    assert codes(report) == ["no-grad-scaler"]
+    assert "GradScaler('cpu')" in report.findings[0].fix and "GradScaler('cuda')" not in report.findings[0].fix
+    without_parameters = doctor(nn.Identity(), None, scaler, autocast_dtype=torch.float16)
+    assert [f.code for f in without_parameters.findings] == ["no-grad-scaler"]
+    assert "GradScaler('cuda')" in without_parameters.findings[0].fix  # no parameters: the usual device
 
 
 def test_autocast_dtype_is_read_from_the_enclosing_region() -> None:
@@ -483,6 +497,7 @@ def test_the_doctors_command_line_options_need_no_torch() -> None:
     """amp-inspect builds its parser, the doctor's options included, without importing torch."""
     code = """
 import sys
+import warnings
 sys.modules["torch"] = None  # importing torch now raises ImportError
 from amp_inspect import cli
 parser = cli.build_parser()
