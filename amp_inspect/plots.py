@@ -13,6 +13,7 @@ helpers here; the analysis they read is in series.py, and splitting the figures 
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 import warnings
@@ -30,8 +31,17 @@ from matplotlib.transforms import blended_transform_factory
 
 from .formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN, ZERO_BIN
 from .printable import shown_name
-from .scale_policy import HEADROOM, MARGIN, NO_DATA, NONFINITE_NOT_FROM_SCALE, OVERFLOW, START
-from .scale_timeline import POLICY_TORCH, REASON_WORDS
+from .scale_policy import (
+    HEADROOM,
+    MARGIN,
+    NO_DATA,
+    NONFINITE_NOT_FROM_SCALE,
+    OVERFLOW,
+    START,
+    is_routine,
+    reason_words,
+)
+from .scale_timeline import POLICY_TORCH
 from .series import (
     MEMORY_KEYS,
     Bands,
@@ -71,8 +81,10 @@ MEMORY_STYLE = {  # key -> (label, line style)
     "gpu_mem_total": ("GPU memory total", "--"),
 }
 HARDWARE_SERIES = tuple((key, *MEMORY_STYLE[key]) for key in MEMORY_KEYS)  # key, label, line style
-# The loss-scale policy's decisions on the scale figure, by reason: (marker, colour). Plain headroom moves are
-# small dots (they are most steps); the others stand out.
+# The loss-scale policy's decisions on the scale figure, by reason: (marker, colour): the headroom policy's
+# reasons have their own; another policy's take the next of OTHER_DECISION_STYLES in the order they appear. The
+# words are the policy's (scale_policy's registry, by the name the log records); its routine moves (plain
+# headroom moves: most steps) are small dots, the others stand out.
 DECISION_STYLE = {
     HEADROOM: (".", "#17becf"),
     START: ("D", "#2ca02c"),
@@ -81,6 +93,7 @@ DECISION_STYLE = {
     NONFINITE_NOT_FROM_SCALE: ("P", NAN_COLOR),
     NO_DATA: ("o", "#7f7f7f"),
 }
+OTHER_DECISION_STYLES = (("o", "#9467bd"), ("X", "#e377c2"), ("v", "#bcbd22"), ("*", "#17becf"), ("h", "#7f7f7f"))
 FIGURES = ("loss_scale", "heatmap_latest", "heatmap_over_time", "fractions", "total_norm", "memory")
 
 
@@ -271,16 +284,20 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
 def _mark_decisions(ax: Any, series: RunSeries) -> None:
     """The loss-scale policy's decisions that changed the scale or skipped their step, one marker style per
     reason, at the step the decision was taken and the scale it chose (the next step runs at it)."""
-    by_reason: dict[str, list[tuple[int, float]]] = {}
+    by_reason: dict[tuple[str, str], list[tuple[int, float]]] = {}  # (policy, reason) -> (step, scale chosen)
     for change in series.scale_changes():
         chosen = usable_scale(change.decision.scale)
         if np.isfinite(chosen):
-            by_reason.setdefault(change.decision.reason, []).append((change.step, chosen))
-    for reason, points in by_reason.items():
-        marker, color = DECISION_STYLE.get(reason, ("o", "#7f7f7f"))
+            by_reason.setdefault((change.decision.policy, change.decision.reason), []).append((change.step, chosen))
+    others = itertools.cycle(OTHER_DECISION_STYLES)
+    for (policy, reason), points in by_reason.items():
+        marker, color = DECISION_STYLE[reason] if reason in DECISION_STYLE else next(others)
+        routine = is_routine(policy, reason)
+        if routine:
+            marker = "."
         steps, scales = zip(*points, strict=True)
-        label = mpl_text(f"decision: {REASON_WORDS.get(reason, reason)} ({len(points)})")
-        ax.plot(steps, scales, marker, ls="none", color=color, ms=5 if reason == HEADROOM else 7, label=label, zorder=4)
+        label = mpl_text(f"decision: {reason_words(policy, reason)} ({len(points)})")
+        ax.plot(steps, scales, marker, ls="none", color=color, ms=5 if routine else 7, label=label, zorder=4)
 
 
 def _band_spans(ax: Any, edges: tuple[float, float, float], *, vertical: bool, lo: float, hi: float) -> None:

@@ -28,10 +28,6 @@ POLICY_TORCH = "torch"
 POLICY_HEADROOM = HeadroomPolicy.name
 MAX_SHOWN = 16  # decisions listed one by one; the rest are counted
 
-# The headroom policy's words (the loss-scale figure's legend reads them); any policy's: scale_policy.reason_words.
-REASON_WORDS = dict(HeadroomPolicy.reason_words)
-SKIP_WORDS = dict(HeadroomPolicy.skip_words)
-
 
 def scale_text(x: float) -> str:
     """A loss scale as ``2^k (value)`` when it is a power of two, else its value."""

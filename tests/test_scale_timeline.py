@@ -27,6 +27,7 @@ from amp_inspect.scale_policy import (
     HeadroomPolicy,
     ScaleDecision,
     StepStats,
+    register_policy,
 )
 from amp_inspect.scale_timeline import (
     POLICY_HEADROOM,
@@ -210,6 +211,50 @@ def test_loss_scale_figure_marks_the_decisions_by_reason() -> None:
         del r["scale_decision"]
     plain = plots.loss_scale(records).axes[0]
     assert not [line for line in plain.get_lines() if line.get_label().startswith("decision: ")]
+
+
+@register_policy
+class WordsOfItsOwn:
+    """A policy registered only for its words: the headroom policy's reason names, said otherwise, and a routine."""
+
+    name = "words_of_its_own"
+    reason_words = {
+        START: "first scale: mine",
+        NONFINITE_NOT_FROM_SCALE: "NaN that my rule ignores",
+        OVERFLOW: "too high for me",
+        HEADROOM: "my routine nudge",
+    }
+    routine = (HEADROOM,)
+
+
+def _decision_marks(records: list[dict]) -> dict[str, object]:
+    from amp_inspect import plots
+
+    ax = plots.loss_scale(records).axes[0]
+    return {line.get_label(): line for line in ax.get_lines() if line.get_label().startswith("decision: ")}
+
+
+def test_loss_scale_figure_labels_decisions_in_the_words_of_the_policy_in_the_log() -> None:
+    pytest.importorskip("matplotlib", reason="the figures need matplotlib")
+    records, _ = _headroom_run()
+    for r in records:
+        r["scale_decision"]["policy"] = WordsOfItsOwn.name  # the same decisions, recorded under the other policy
+    marks = _decision_marks(records)
+    assert list(marks["decision: NaN that my rule ignores (3)"].get_xdata()) == list(NAN_STEPS)
+    assert list(marks["decision: too high for me (1)"].get_xdata()) == [SPIKE_STEP]
+    assert "decision: first scale: mine (1)" in marks
+    assert marks["decision: my routine nudge (1)"].get_marker() == "."  # its routine moves: small dots
+    labels = " | ".join(marks)
+    for words in HeadroomPolicy.reason_words.values():
+        assert words not in labels, labels  # not the headroom policy's words
+
+    records, _ = _headroom_run()
+    for r in records:
+        r["scale_decision"]["policy"] = "not_registered_here"  # a policy whose module this process lacks
+    labels = " | ".join(_decision_marks(records))
+    assert f"decision: {NONFINITE_NOT_FROM_SCALE} (3)" in labels  # its reasons as recorded
+    for words in HeadroomPolicy.reason_words.values():
+        assert words not in labels, labels
 
 
 # ---- advice by policy --------------------------------------------------------------------------------------
