@@ -18,8 +18,9 @@ Cost: one fused pass over all gradients per inspected step (``every`` sets how o
 DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as DDP would.
 
 The Inspector's one job is the step: which steps to inspect, and each report on to the history. The rest is
-its collaborators': gradient_pass, parameter_watch, activation_arming, step_history, run_log_sink,
-thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink, run_advice (summary, doctor, the clip watch).
+its collaborators': attach_refusals, gradient_pass, parameter_watch, activation_arming, step_history,
+run_log_sink, thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink, run_advice (summary, doctor, the clip
+watch).
 """
 
 from __future__ import annotations
