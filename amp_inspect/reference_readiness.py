@@ -145,9 +145,10 @@ def _nvfp4_scaled(x: torch.Tensor, amax_b: torch.Tensor, amax_t: torch.Tensor) -
     smallest normal; total = fl32(d * s_b). total = 0: the block dequantizes to 0; else v = fl32(x / total),
     q = cast_E2M1(v), dequantized q * total. scale_flushed: amax_b > 0 and s_b zero or subnormal."""
     d = amax_t.reshape(1).to(torch.float32) / _f32(NVFP4_TENSOR_DIVISOR, amax_t.reshape(1))
-    wanted = (amax_b / _f32(_E2M1.max_value, amax_b)) / d
-    # amax_b = 0 (a block of zeros) with d = 0 is 0/0: its scale is 0, as it is where only d > 0
-    wanted = torch.where(amax_b == 0, torch.zeros_like(wanted), wanted)
+    per_element = amax_b / _f32(_E2M1.max_value, amax_b)
+    # fl32(amax_b / 6) = 0 (a block of zeros, or of float32 subnormals below 3 * 2^-149) with d = 0 would be
+    # 0/0: the scale is 0 there, as it is wherever d > 0
+    wanted = torch.where(per_element == 0, torch.zeros_like(per_element), per_element / d)
     s_b = cast_element(wanted, _E4M3).to(torch.float32)  # E4M3 values are float32 values
     total = d * s_b
     nonzero_total = (total != 0)[:, None]
