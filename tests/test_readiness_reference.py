@@ -182,6 +182,20 @@ def test_given_tensor_amax_is_used_and_returned():
     assert delayed["amax"] == 4.0 and delayed["saturated"] == 1 and delayed["sq_error"] == 16.0
 
 
+@pytest.mark.parametrize("stale", [0.0, INF, NAN])
+def test_given_tensor_amax_of_zero_inf_or_nan_gives_the_unit_scale(stale):
+    """As TransformerEngine does. fp8_e4m3_tensor: s = 1, so 500 saturates to 448 and 1, 3 are exact.
+    nvfp4: d = 1, so s_b = cast_E4M3(fl32(500 / 6) = 83.33) = 80 (spacing 8 at 64..128), total 80:
+    1 / 80 and 3 / 80 fall below E2M1's 0.25 (flushed), 500 / 80 = 6.25 saturates to 6, dequantized 480."""
+    x = f32([1.0, 3.0, 500.0])
+    fp8 = readiness(x, "fp8_e4m3_tensor", tensor_amax=stale)
+    assert fp8["saturated"] == 1 and fp8["flushed"] == 0 and fp8["sq_error"] == 52.0**2
+    nvfp4 = readiness(x, "nvfp4", tensor_amax=stale)
+    assert nvfp4["saturated"] == 1 and nvfp4["flushed"] == 2 and nvfp4["sq_error"] == 1.0 + 9.0 + 20.0**2
+    assert nvfp4["scale_flushed"] == 0
+    assert math.isnan(fp8["amax"]) if math.isnan(stale) else fp8["amax"] == stale  # the amax used, as given
+
+
 # ---------------------------------------------------------------------------------------------------------
 # each recipe at its edges
 
