@@ -342,6 +342,34 @@ def test_rceil_power_of_two_ratio_is_exact():
     assert r["saturated"] == 0 and r["sq_error"] == 0.0
 
 
+def _least_power_at_or_above(r: np.ndarray) -> np.ndarray:
+    """X = the least integer with 2^X >= r (r > 0), clamped to E8M0's [-127, 127]; -127 where r = 0."""
+    mantissa, exponent = np.frexp(r.astype(np.float64))
+    x = np.where(mantissa == 0.5, exponent - 1, exponent)
+    return np.where(r == 0, -127, np.clip(x, -127, 127))
+
+
+@pytest.mark.parametrize("fmt_name", ["e4m3", "e5m2"])
+def test_rceil_division_gives_the_exponent_te_and_torchao_get(fmt_name):
+    """TransformerEngine (amax * max_norm_rcp) and torchao's RCEIL (max_abs * (1.0 / max_pos)) multiply by
+    the float32 reciprocal; the rule divides, fl32(amax / max_E). The two r differ in the last bit for about
+    half of all amax, never in the X they give: every float32 of the binade [256, 512) (r normal: by scaling,
+    every normal r), and the float32 near max_E * 2^-j where r is an fp32 subnormal or 0."""
+    max_e = np.float32(ELEMENT_FORMATS[fmt_name].max_value)
+    reciprocal = np.float32(1.0) / max_e
+    binade = (np.arange(1 << 23, dtype=np.int64) + 0x43800000).astype(np.int32).view(np.float32)
+    near = [
+        (np.arange(-2000, 2000) + np.float32(max_e * 2.0**-j).view(np.int32)).astype(np.int32).view(np.float32)
+        for j in range(120, 166)
+        if np.float32(max_e * 2.0**-j) > 0
+    ]
+    amax = np.concatenate([binade, *near])
+    amax = amax[amax > 0]
+    divided, multiplied = amax / max_e, amax * reciprocal
+    assert (divided != multiplied).mean() > 0.3  # the r really differ
+    assert np.array_equal(_least_power_at_or_above(divided), _least_power_at_or_above(multiplied))
+
+
 def test_e8m0_clamped_at_its_smallest_exponent():
     """amax_b = 2^-130 (a float32 subnormal): the OCP X = -130 - 8 = -138 is clamped to -127 (scale_flushed),
     yet v = 2^-130 * 2^127 = 2^-3 is exact on E4M3: nothing lost. 2^-149 gives v = 2^-22: flushed. RCEIL:
