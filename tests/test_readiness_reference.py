@@ -493,6 +493,119 @@ def test_bf16_and_fp16_are_their_float32_values():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# a second implementation of every recipe, on torch's float8 casts and the E2M1 table, on random tensors
+
+
+def e2m1_cast(v: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(e2m1_by_hand(v.double().numpy()))
+
+
+def oracle_cast(v: torch.Tensor, fmt_name: str) -> torch.Tensor:
+    """v (float32 values) cast to the element format without cast_element: torch's float8 casts of v clamped to
+    the max (saturation), or the E2M1 table; float64."""
+    if fmt_name == "e2m1":
+        return e2m1_cast(v)
+    top = ELEMENT_FORMATS[fmt_name].max_value
+    return v.float().clamp(-top, top).to(TORCH_FLOAT8[fmt_name]).double()
+
+
+def oracle_readiness(x: torch.Tensor, recipe_name: str) -> dict[str, float]:
+    """The rule of one recipe on a 2-d float32 tensor, written again with different arithmetic: torch.frexp and
+    torch.log2 for the exponents, float8 casts for the elements, one Python loop over rows and blocks."""
+    recipe = RECIPES_BY_NAME[recipe_name]
+    fmt = recipe.element_format
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, torch.zeros_like(x))
+    amax_t = xf.abs().max().reshape(1) if x.numel() else torch.zeros(1)
+    out = {"flushed": 0, "saturated": 0, "scale_flushed": 0, "sq_error": 0.0, "blocks": 0}
+    width = recipe.block or x.shape[1]
+    pieces = (
+        [xf.reshape(1, -1)]
+        if recipe.block == 0
+        else [xf[i : i + 1, j : j + width] for i in range(x.shape[0]) for j in range(0, x.shape[1], width)]
+    )
+    masks = (
+        [finite.reshape(1, -1)]
+        if recipe.block == 0
+        else [finite[i : i + 1, j : j + width] for i in range(x.shape[0]) for j in range(0, x.shape[1], width)]
+    )
+    for b, ok in zip(pieces, masks, strict=True):
+        b, ok = b.reshape(-1), ok.reshape(-1)
+        amax = b.abs().max().reshape(1)
+        v = None
+        if recipe.scale in ("fp32_tensor", "fp32_block"):
+            a = amax_t if recipe.scale == "fp32_tensor" else amax
+            s = torch.tensor([fmt.max_value], dtype=torch.float32) / a
+            flushed_scale = bool(torch.isinf(s)) and a.item() != 0
+            s = torch.tensor([1.0]) if a.item() == 0 else (torch.tensor([FLT_MAX]) if flushed_scale else s)
+            v = b * s
+            deq = oracle_cast(v, fmt.name) / s.double()
+        elif recipe.scale in ("e8m0_floor", "e8m0_rceil"):
+            if recipe.scale == "e8m0_floor":
+                zero = amax.item() == 0
+                wanted = int(torch.frexp(amax.double())[1].item()) - 1 - fmt.emax if not zero else -127
+            else:
+                r = amax / torch.tensor([fmt.max_value], dtype=torch.float32)
+                zero = r.item() == 0
+                wanted = math.ceil(torch.log2(r.double()).item()) if not zero else -1000
+            X = min(max(wanted, -127), 127)
+            flushed_scale = amax.item() > 0 and wanted != X
+            v = (b.double() * 2.0**-X).float()  # exact: v is a float32 value
+            deq = oracle_cast(v, fmt.name) * 2.0**X
+        else:  # nvfp4
+            d = amax_t / torch.tensor([2688.0])
+            d = torch.ones(1) if amax_t.item() == 0 else d
+            per = amax / torch.tensor([6.0])
+            wanted = per / d if per.item() != 0 else torch.zeros(1)
+            s_b = oracle_cast(wanted.clamp(max=FLT_MAX), "e4m3").float()  # +inf saturates to 448 either way
+            total = d * s_b
+            flushed_scale = amax.item() > 0 and s_b.item() < 2.0**-6
+            if total.item() == 0:
+                deq = torch.zeros_like(b, dtype=torch.float64)
+            else:
+                v = b / total
+                deq = e2m1_cast(v) * total.double()
+        out["blocks"] += 1
+        out["scale_flushed"] += int(flushed_scale)
+        out["flushed"] += int((ok & (b != 0) & (deq == 0)).sum())
+        if v is not None:
+            out["saturated"] += int((ok & (v.abs() > fmt.max_value)).sum())
+        out["sq_error"] += float(torch.where(ok, b.double() - deq, torch.zeros_like(deq)).square().sum())
+    return out
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(RECIPE_NAMES),
+    st.integers(1, 3),
+    st.integers(1, 150),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([1e-44, 1e-40, 1e-30, 1e-6, 1.0, 3e4, 1e36, 3e38, "bits"]),
+)
+def test_second_implementation_agrees_on_random_tensors(recipe, rows, last, seed, magnitude):
+    """Spread over many binades (so blocks flush, saturate and clamp), a NaN and an Inf sprinkled in, or random
+    float32 bit patterns: the counts agree exactly, sq_error to float64 summation order."""
+    g = torch.Generator().manual_seed(seed)
+    if magnitude == "bits":
+        x = torch.randint(-(2**31), 2**31 - 1, (rows, last), generator=g, dtype=torch.int64)
+        x = x.to(torch.int32).view(torch.float32)
+    else:
+        x = (
+            torch.randn(rows, last, generator=g, dtype=torch.float64)
+            * magnitude
+            * torch.logspace(-8, 8, last, dtype=torch.float64)[torch.randperm(last, generator=g)]
+        ).float()
+    if x.numel() > 3:
+        x.view(-1)[seed % x.numel()] = NAN
+        x.view(-1)[(seed // 7) % x.numel()] = INF
+    got = readiness(x, recipe)
+    expected = oracle_readiness(x, recipe)
+    for key in ("flushed", "saturated", "scale_flushed", "blocks"):
+        assert got[key] == expected[key], (key, got, expected)
+    assert got["sq_error"] == pytest.approx(expected["sq_error"], rel=1e-12, abs=1e-300)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # invariants
 
 
