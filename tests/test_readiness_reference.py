@@ -243,6 +243,23 @@ def test_tensor_scale_at_the_element_max_and_just_above(recipe, top):
     assert readiness(f32([top, 1.0]), recipe, tensor_amax=top)["saturated"] == 0
 
 
+@pytest.mark.parametrize(
+    ("recipe", "top"), [("mxfp8_e4m3", 448.0), ("mxfp8_e5m2", 57344.0), ("mxfp4", 6.0), ("nvfp4", 6.0)]
+)
+def test_block_amax_at_the_element_max_and_just_above(recipe, top):
+    """A block whose amax scales exactly onto max_E (MX: amax = max_E * 2^-3, X = -3; NVFP4: d = 1, amax_b = 6,
+    s_b = 1) is not saturated; the next float32 above it scales to just above max_E (the same X, or the same s_b
+    = cast_E4M3(1.0000001) = 1): saturated, and dequantized to the max."""
+    scale = 1.0 if recipe == "nvfp4" else 2.0**-3
+    at = top * scale
+    above = float(np.nextafter(np.float32(at), np.float32(INF)))
+    given = 2688.0 if recipe == "nvfp4" else None
+    kept = readiness(f32([at, at / 2]), recipe, tensor_amax=given)
+    assert kept["saturated"] == 0 and kept["sq_error"] == 0.0
+    pushed = readiness(f32([above, at / 2]), recipe, tensor_amax=given)
+    assert pushed["saturated"] == 1 and pushed["sq_error"] == (above - at) ** 2
+
+
 def test_fp8_tensor_hand_computed():
     """amax 448: s = 1, so each element is its own E4M3 cast: 1.0625 -> 1 (tie to even), 17 -> 16 (spacing 2
     at 16..32: 17 is a tie, to 16), 0.0009 (below the tie 2^-10) -> 0 (flushed), -3 exact."""
