@@ -161,6 +161,21 @@ def test_outputs_have_the_ops_shapes_dtypes_and_columns():
     assert sums[0, 0].item() == pytest.approx(tensors[0].double().square().sum().item(), rel=1e-12)
 
 
+def test_blocks_run_along_the_last_dimension_as_given():
+    """A transposed view is blocked along its own last dimension (as its contiguous copy), not along memory;
+    a tensor that requires grad is read, not changed."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(40, 64, generator=g) * torch.logspace(-4, 4, 64)).requires_grad_()
+    view = x.t()
+    before = x.detach().clone()
+    a = format_readiness_reference([view], range(len(RECIPES)))
+    b = format_readiness_reference([view.detach().contiguous()], range(len(RECIPES)))
+    c = format_readiness_reference([x.detach()], range(len(RECIPES)))
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not torch.equal(a[0], c[0])  # blocked the other way, the numbers differ
+    assert torch.equal(x.detach(), before) and x.grad is None
+
+
 def test_no_tensors_and_bad_input():
     counts, sums, amax = format_readiness_reference([], [0, 1])
     assert counts.shape == (0, 11) and sums.shape == (0, 3) and amax.shape == (0,)
