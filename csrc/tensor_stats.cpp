@@ -38,6 +38,8 @@ STABLE_TORCH_LIBRARY(amp_inspect, m) {
   m.def(
       "unscale_stats_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats) -> "
       "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
+  // Format readiness (issue 21): what each low-precision GEMM recipe would lose on each tensor (readiness_call.h).
+  m.def("format_readiness(Tensor[] tensors, int[] recipes, Tensor? tensor_amax) -> (Tensor counts, Tensor sums, Tensor amax)");
   m.def("build_info() -> str");
   // The tests' emulated CUDA ops are defined by the test-only library amp_inspect._C_emu (tensor_stats_emu.cpp).
 }
