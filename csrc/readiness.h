@@ -248,6 +248,14 @@ struct BlockScale {
   int32_t scale_flushed;  // the block's scale is at its limit (counted once per block, when its amax is > 0)
 };
 
+// Whether a scale may take judge_element_fast: a normal float32 (judge_element_fast's comment says why). Every
+// scale is a float32 value, so comparing it as a float64 with float32's normal range decides.
+constexpr double kFloatMinNormal = 1.1754943508222875e-38;  // 2^-126
+constexpr double kFloatMax = 3.4028234663852886e+38;
+AMPI_HD bool scale_is_normal_float(const BlockScale& s) {
+  return !s.all_zero && s.scale >= kFloatMinNormal && s.scale <= kFloatMax;
+}
+
 // fp32_tensor / fp32_block: s = fl32(max_E / amax); 1 where amax is 0 or (a given tensor amax) Inf or NaN, as
 // TransformerEngine's compute_scale_from_amax does; FLT_MAX where the division overflows. amax_bits: |amax|.
 AMPI_HD BlockScale fp32_scale(uint32_t amax_bits, const ElementGrid& g) {
@@ -325,6 +333,23 @@ AMPI_HD BlockScale block_scale(int32_t rule, const ElementGrid& g, uint32_t amax
   }
 }
 
+// cast_E(v) as float32 bits: |v| (bits `abs_bits`, finite or Inf) rounded to nearest, ties to even, on grid g,
+// saturating at its max; the same values as cast_magnitude, for judge_element_fast. In g's normal range the
+// rounding is on the bits (adding just under half a quantum, plus the kept last bit for ties to even, carries into
+// the exponent where it must); below 2^emin, float32's own rounding of |v| + 2^(emin - mbits + 23), whose ulp is
+// the grid's subnormal quantum, less that constant (exact). No operand or result there is a float32 subnormal but
+// |v| itself, and a |v| below 2^-126 rounds to 0 whether DAZ reads it as 0 or not.
+AMPI_HD uint32_t cast_abs_bits(uint32_t abs_bits, const ElementGrid& g) {
+  const uint32_t a = abs_bits > g.max_bits ? g.max_bits : abs_bits;
+  const int32_t shift = kMantissaBits32 - g.mbits;
+  const uint32_t rounded = (a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) & ~((1u << shift) - 1u);
+  const float quantum_shift = bits_as_float32(static_cast<uint32_t>(g.emin - g.mbits + kMantissaBits32 + kExponentBias32)
+                                              << kMantissaBits32);
+  const float below = (bits_as_float32(a) + quantum_shift) - quantum_shift;
+  const uint32_t lowest_normal = static_cast<uint32_t>(g.emin + kExponentBias32) << kMantissaBits32;
+  return a >= lowest_normal ? rounded : float32_as_bits(below);
+}
+
 // ---- the judgement of one element ----
 
 struct ElementVerdict {
@@ -347,6 +372,25 @@ AMPI_HD ElementVerdict judge_element(uint32_t bits, const ElementGrid& g, const 
   const double dequantized = s.divide ? signed_q * s.scale : signed_q / s.scale;
   const double error = x - dequantized;
   return ElementVerdict{(a != 0) & (q == 0.0), v_abs > g.max_bits, error * error};
+}
+
+// judge_element for the common case, in float32 where the rule says fl32 and with the integer cast: the same
+// verdict where x is no float32 subnormal and the scale (`scale32`, the float32 of s.scale) is a normal float32
+// (scale_is_normal_float), so that the hardware's float32 product or quotient is fl32's whatever the FTZ / DAZ
+// mode (its result may be flushed only below 2^-126, which casts to 0 either way). Kernels take it per block where
+// the block holds no float32 subnormal; the CPU kernel's loops vectorise it.
+// `divide` and `scale` as in BlockScale, `scale32` the float32 of `scale` (exact): a kernel may keep one scale per
+// element, as the CPU kernel's loop over a 128-element block of 16- or 32-element scales does.
+AMPI_HD ElementVerdict judge_element_fast(uint32_t bits, const ElementGrid& g, bool divide, float scale32, double scale) {
+  const float x = bits_as_float32(bits);
+  const float v = divide ? x / scale32 : x * scale32;
+  const uint32_t v_abs = float32_as_bits(v) & kAbsMask32;
+  const uint32_t q_bits = cast_abs_bits(v_abs, g) | (bits & kSignMask32);
+  const double q = static_cast<double>(bits_as_float32(q_bits));
+  const double dequantized = divide ? q * scale : q / scale;
+  const double error = static_cast<double>(x) - dequantized;
+  return ElementVerdict{((bits & kAbsMask32) != 0) & ((q_bits & kAbsMask32) == 0), v_abs > g.max_bits,
+                        error * error};
 }
 
 }  // namespace amp_inspect
