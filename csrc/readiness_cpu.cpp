@@ -160,22 +160,23 @@ __attribute__((always_inline)) inline double sum_in_lanes(const double* v, int64
   return total;
 }
 
-// One scale per element of a unit (its block's), as float32 and float64, for judge_fast.
+// One scale per element of a unit (its block's): the float32 v is computed with, and the float64 the dequantized value
+// is computed with (judge_element_fast), for judge_fast.
 struct UnitScales {
   float scale32[kLargestBlock];
-  double scale[kLargestBlock];
+  double dequant[kLargestBlock];
 };
 
 // judge_element_fast over a unit's elements, each under its own block's scale, the scale's kind fixed so the loop
 // has no branch: vectorised (AVX-512 / AVX2 clones), int32 lane counters (at most 128 elements), the squared errors
 // staged and summed in lanes.
-template <bool kDivide>
+template <bool kDivide, bool kDequantDivides>
 __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* __restrict bits, int64_t n,
                                                               const ElementGrid& g, const UnitScales& s) {
   int32_t flushed = 0, saturated = 0;
   double squares[kLargestBlock];
   for (int64_t i = 0; i < n; ++i) {
-    const ElementVerdict v = judge_element_fast(bits[i], g, kDivide, s.scale32[i], s.scale[i]);
+    const ElementVerdict v = judge_element_fast(bits[i], g, kDivide, s.scale32[i], kDequantDivides, s.dequant[i]);
     flushed += v.flushed;
     saturated += v.saturated;
     squares[i] = v.sq_error;
@@ -183,13 +184,18 @@ __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* _
   return {flushed, saturated, sum_in_lanes(squares, n)};
 }
 
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_multiply(const uint32_t* bits, int64_t n, const ElementGrid& g,
-                                                        const UnitScales& s) {
-  return judge_fast<false>(bits, n, g, s);
+// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t).
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                    const UnitScales& s) {
+  return judge_fast<false, true>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                            const UnitScales& s) {
+  return judge_fast<false, false>(bits, n, g, s);
 }
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                       const UnitScales& s) {
-  return judge_fast<true>(bits, n, g, s);
+  return judge_fast<true, false>(bits, n, g, s);
 }
 
 // The exact judge_element over elements [0, n) of a block: for blocks where judge_element_fast's conditions fail.
@@ -208,7 +214,7 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
 // block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
 // verdicts do not depend on the FPU's flush-to-zero mode.
-void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, const RecipeSpec& spec, const ElementGrid& g,
+AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, const RecipeSpec& spec, const ElementGrid& g,
                   const uint32_t* sub_amax, const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
                   double& sq_error) {
   constexpr int kMaxBlocks = kLargestBlock / kSmallestBlock;
@@ -234,12 +240,21 @@ void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, const Rec
   }
   BlockVerdicts v{0, 0, 0.0};
   if (fast) {
+    const bool power_of_two = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
     UnitScales per_element;
-    for (int64_t i = 0; i < n; ++i) {
-      per_element.scale[i] = scales[i / block].scale;
-      per_element.scale32[i] = static_cast<float>(per_element.scale[i]);  // exact: a float32 value
+    for (int64_t b = 0; b < blocks; ++b) {  // block by block: no division per element
+      const double scale = scales[b].scale;
+      const float scale32 = static_cast<float>(scale);        // exact: a float32 value
+      const double dequant = power_of_two ? 1.0 / scale : scale;  // 2^X exactly, for 2^-X
+      const int64_t end = std::min(n, (b + 1) * block);
+      for (int64_t i = b * block; i < end; ++i) {
+        per_element.dequant[i] = dequant;
+        per_element.scale32[i] = scale32;
+      }
     }
-    v = scales[0].divide ? judge_fast_divide(bits, n, g, per_element) : judge_fast_multiply(bits, n, g, per_element);
+    v = scales[0].divide ? judge_fast_divide(bits, n, g, per_element)
+        : power_of_two   ? judge_fast_power_of_two(bits, n, g, per_element)
+                         : judge_fast_fp32(bits, n, g, per_element);
   } else {
     for (int64_t b = 0; b < blocks; ++b) {
       const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
