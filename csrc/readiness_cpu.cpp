@@ -321,8 +321,8 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
   }
 }
 
-// The finite amax of elements [start, start + n) of a view, as float32 bits.
-uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
+// The finite amax of elements [start, start + n) of a view, as float32 bits (cloned: SSE2 has no unsigned max).
+AMPI_READINESS_CLONES uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
   constexpr int64_t kStage = 1024;
   uint32_t bits[kStage];
   uint32_t amax = 0;
