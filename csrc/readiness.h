@@ -18,6 +18,9 @@
 // conversion left to the hardware is an element's scaled value v (per element, so it should be one
 // instruction): a result below float32's normal range may be flushed there, and such a v (< 2^-126) casts to 0
 // in every element format (their smallest subnormal is 2^-16 or more) either way. Never build with fast-math.
+// Contraction into fused multiply-adds (GCC's default for C++, nvcc's --fmad=true) changes no result: every product
+// here that meets an addition is exact in float64 (q times a power of two, or q's 2 bits times a 24-bit scale),
+// but the squared errors added into sums, whose rounding the sums' stated tolerance already allows.
 //
 // Torch-free and host+device (AMPI_HD from numerics.h); the tables (kRecipes, kElementGrids) are host-only:
 // the host copies what a call needs into the kernels' arguments, as it does with numerics.h's kFormatBounds.
