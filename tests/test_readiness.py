@@ -21,6 +21,7 @@ from amp_inspect import _ops
 from amp_inspect.readiness import ReadinessStats
 from amp_inspect.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
 from amp_inspect.reference_readiness import format_readiness_reference
+from amp_inspect.statistics import READINESS
 from tests.test_random_bits import random_tensor
 from tests.test_readiness_reference import grid_boundaries, nvfp4_tensor
 
@@ -346,6 +347,8 @@ def test_merge_and_total_follow_the_schema() -> None:
     assert torch.equal(total.blocks, whole.blocks) and torch.equal(total.amax, whole.amax)
     with pytest.raises(ValueError, match="cannot merge readiness"):
         whole.merge(amp_inspect.format_readiness([x]))
+    picked = both.select([1]).merge(both.select(slice(0, 1)))  # a module's rows, merged
+    assert torch.equal(picked.flushed, whole.flushed) and list(both.as_dict()) == [s.name for s in READINESS]
 
 
 @pytest.mark.parametrize(
