@@ -180,6 +180,9 @@ def test_flush_to_zero_mode_does_not_change_the_results() -> None:
     tensors = [t for t in edge_tensors() if t.numel()]
     tensors.append(torch.tensor([1e-40, 2e-39, -5e-41] + [0.0] * 13 + [1e-38] * 16))
     tensors.append(torch.tensor([2.0**-130, 2.0**-135, 2.0**-149] * 40))  # fp32 scales multiply subnormals
+    rng = np.random.default_rng(14)
+    tensors += [random_tensor(rng, 40 * 96, dtype).reshape(40, 96) for dtype in DTYPES]  # every binade
+    tensors += [(torch.randn(16, 64, generator=torch.Generator().manual_seed(e)) * 2.0**e) for e in (-140, -125, -100)]
     normal = OP(tensors, ALL, None)
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot set flush-to-zero")
