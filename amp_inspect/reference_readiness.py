@@ -88,12 +88,26 @@ def cast_element(v: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
     float64 normals: float32 values scaled by at most 2^127 either way)."""
     v = v.to(torch.float64)
     a = v.abs()
-    exponent = floor_log2(a).clamp(min=fmt.emin) - fmt.mbits
-    # exponent <= 1024 - mbits for finite a; an infinite a is saturated below whatever it rounds to here
-    exponent = exponent.clamp(max=_F64_EXPONENT_BIAS - fmt.mbits)
-    q = torch.round(a * pow2(-exponent)) * pow2(exponent)
+    q = _round_on_unbounded_grid(a, fmt)
     q = torch.where(a > fmt.max_value, torch.full_like(q, fmt.max_value), q)
     return torch.copysign(q, v)
+
+
+def _round_on_unbounded_grid(a: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """|v| (float64, >= 0) rounded to nearest, ties to even, on ``fmt``'s grid continued above its max (the
+    binades go on with the same mantissa bits), so that values past the max round to where a cast without
+    saturation would send them."""
+    exponent = floor_log2(a).clamp(min=fmt.emin) - fmt.mbits
+    # exponent <= 1024 - mbits for finite a; an infinite a rounds to a large finite value here (above any max)
+    exponent = exponent.clamp(max=_F64_EXPONENT_BIAS - fmt.mbits)
+    return torch.round(a * pow2(-exponent)) * pow2(exponent)
+
+
+def clamped_by_cast(v: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """Whether cast_E clamps v (recipes.py: ``saturated``): its rounding on the grid continued past max_E is
+    above max_E. A |v| in (max_E, max_E + half an ulp) rounds to max_E as any value rounds to its neighbour, and
+    is not counted (E4M3's tie at 464 rounds to the even 448; E5M2's at 59392 and E2M1's at 7 round up)."""
+    return _round_on_unbounded_grid(v.to(torch.float64).abs(), fmt) > fmt.max_value
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
@@ -257,7 +271,7 @@ def format_readiness_reference(
             column = len(COUNTS_PER_TENSOR) + len(COUNTS_PER_RECIPE) * r
             fmt = recipe.element_format
             counts[t, column + 0] = (real & (values != 0) & (deq == 0)).sum()
-            counts[t, column + 1] = (real & (outcome.scaled.abs() > fmt.max_value)).sum()
+            counts[t, column + 1] = (real & clamped_by_cast(outcome.scaled, fmt)).sum()
             counts[t, column + 2] = values.shape[0]
             counts[t, column + 3] = outcome.scale_flushed.sum()
             error = torch.where(real, values.to(torch.float64) - deq, torch.zeros_like(deq))

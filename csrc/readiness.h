@@ -3,7 +3,7 @@
 // What a GEMM recipe (FP8 per tensor or per 1x128 block, MXFP8, MXFP4, NVFP4) would do to one element: its
 // block's scale (from the block's amax, and the tensor's for NVFP4), the element's saturating round-to-nearest-
 // even cast to the recipe's element format, and the judgement the kernels count: flushed (a finite nonzero x
-// whose dequantized value is 0), saturated (|v| above the format's largest finite value) and the squared
+// whose dequantized value is 0), saturated (a |v| the cast clamps: clip_bits) and the squared
 // error (x - dequant)^2 in float64. The rules are amp_inspect/recipes.py's docstring, implemented as written;
 // the recipe table kRecipes has recipes.py's RECIPES order and amp_inspect._C.layout() reports it, so a binary
 // with another table is refused (statistics.readiness_layout_problem).
@@ -372,11 +372,25 @@ AMPI_HD BlockScale block_scale(int32_t rule, const ElementGrid& g, uint32_t amax
   }
 }
 
+// The smallest float32 |v| whose saturating cast clamps it: the values a cast without saturation would round
+// past max_E (to Inf, NaN, or a value the format lacks). That is max_E plus half its ulp, which itself rounds
+// up (is clamped) when max_E's last mantissa bit is odd (E5M2's 57344, E2M1's 6) and down to max_E when it is
+// even (E4M3's 448: 464 rounds to 448, as tensor_stats' e4m3 overflow bound says). A |v| in (max_E, that bound)
+// is not counted as saturated: it rounds to max_E as any value rounds to its neighbour, and its error is in
+// sq_error. (An fp32 scale fl32(max_E / amax) rounds up about one block in ten, putting amax one float32
+// above max_E: counting those would report saturation where the cast loses nothing beyond rounding.)
+AMPI_HD constexpr uint32_t clip_bits(const ElementGrid& g) {
+  const int32_t ulp_shift = kMantissaBits32 - g.mbits;  // max_E's ulp, in float32 mantissa bits
+  const uint32_t half_ulp_above = g.max_bits + (uint32_t{1} << (ulp_shift - 1));
+  const bool max_is_even = ((g.max_bits >> ulp_shift) & 1u) == 0;
+  return max_is_even ? half_ulp_above + 1 : half_ulp_above;
+}
+
 // ---- the judgement of one element ----
 
 struct ElementVerdict {
   int32_t flushed;    // x finite, nonzero, and its dequantized value is 0
-  int32_t saturated;  // |v| > max_E (the cast clamped it)
+  int32_t saturated;  // |v| >= clip_bits(g): the cast clamped it
   double sq_error;    // (x - dequant(quant(x)))^2 in float64
 };
 
@@ -393,7 +407,7 @@ AMPI_HD ElementVerdict judge_element(uint32_t bits, const ElementGrid& g, const 
   const double signed_q = (bits & kSignMask32) ? -q : q;
   const double dequantized = s.divide ? signed_q * s.scale : signed_q / s.scale;
   const double error = x - dequantized;
-  return ElementVerdict{(a != 0) & (q == 0.0), v_abs > g.max_bits, error * error};
+  return ElementVerdict{(a != 0) & (q == 0.0), v_abs >= clip_bits(g), error * error};
 }
 
 // judge_element for the common case, in float32 where the rule says fl32 and with the integer cast: the same
@@ -414,7 +428,7 @@ AMPI_HD ElementVerdict judge_element_fast(uint32_t bits, const ElementGrid& g, b
   const double q = static_cast<double>(bits_as_float32(q_bits));
   const double dequantized = dequant_divides ? q / dequant : q * dequant;
   const double error = static_cast<double>(x) - dequantized;
-  return ElementVerdict{((bits & kAbsMask32) != 0) & ((q_bits & kAbsMask32) == 0), v_abs > g.max_bits,
+  return ElementVerdict{((bits & kAbsMask32) != 0) & ((q_bits & kAbsMask32) == 0), v_abs >= clip_bits(g),
                         error * error};
 }
 
