@@ -46,32 +46,38 @@ constexpr int kGroup = kReadinessGroupElems;
 constexpr int kMinBlocksPerSm = 2;
 constexpr int kVectorBytes = 16;
 constexpr int kRecipeCount = kReadinessMaxRecipes;
-// A block flushes a tensor's counts at least every this many tasks, so per-thread uint32 counts never wrap:
-// a thread sees at most kGroup elements per task of its warp, 2^26 / kWarps * 8 = 2^26 elements.
-constexpr int64_t kMaxFlushTasks = int64_t{1} << 26;
+// A block flushes a tensor's counts at least every this many tasks, so that per-thread counts never wrap: a
+// warp then does at most 65535 tasks per flush, so each lane counts at most 65535 blocks of a recipe (they
+// share a uint32 with the flushed-scale count, 16 bits each: 8 registers fewer) and 8 * 65535 elements.
+constexpr int64_t kMaxFlushTasks = int64_t{kThreads / kReadinessWarpLanes} * 0xFFFF;
 // Lane offsets of the amax butterfly: after offset 1 a lane holds its 16-element block's amax, after 2 its
 // 32-element block's, after 4 and 8 its 128-element block's.
 constexpr int kLanesPerBlock16 = 16 / kGroup;
 constexpr int kLanesPerBlock32 = 32 / kGroup;
 constexpr int kLanesPerBlock128 = 128 / kGroup;
 
-// The per-thread counters. Word order: numel, nonzero, nonfinite, then per table recipe r flushed, saturated,
-// blocks, scale_flushed (the op's counts columns, but in table order; flush maps them onto the asked slots).
+// The merged counts. Word order: numel, nonzero, nonfinite, then per table recipe r flushed, saturated, blocks,
+// scale_flushed (the op's counts columns, but in table order; flush maps them onto the asked slots).
 constexpr int kFixedWords = kReadinessFixedCounts;
 constexpr int kWordsPerRecipe = kReadinessCountsPerRecipe;
 constexpr int kWords = kFixedWords + kWordsPerRecipe * kRecipeCount;
 constexpr int kNumel = 0, kNonzero = 1, kNonfinite = 2;
 constexpr int kFlushed = 0, kSaturated = 1, kBlocks = 2, kScaleFlushed = 3;  // within a recipe's words
 constexpr int kSums = 1 + kRecipeCount;  // sq_signal, then sq_error per table recipe
+// The per-thread counters hold three words per recipe: flushed, saturated, and blocks + 2^16 * scale_flushed.
+constexpr int kCounterWordsPerRecipe = 3;
+constexpr int kCounterWords = kFixedWords + kCounterWordsPerRecipe * kRecipeCount;
+constexpr int kBlocksAndScaleFlushed = 2;
+constexpr uint32_t kScaleFlushedUnit = 1u << 16;
 
 struct Counters {
-  uint32_t n[kWords];
+  uint32_t n[kCounterWords];
   double sums[kSums];
   uint32_t amax_bits;  // float32 bits of the largest finite |x| seen
 
   __device__ __forceinline__ void clear() {
 #pragma unroll
-    for (int k = 0; k < kWords; ++k) n[k] = 0;
+    for (int k = 0; k < kCounterWords; ++k) n[k] = 0;
 #pragma unroll
     for (int k = 0; k < kSums; ++k) sums[k] = 0.0;
     amax_bits = 0;
@@ -204,16 +210,10 @@ __device__ __forceinline__ void for_each_recipe(Fn&& fn) {
   }
 }
 
-// What the recipes need of a tensor before its elements, computed once per piece by every thread: the scale of
-// each tensor-scaled fp32 recipe (one block: the tensor), and NVFP4's decode scale d.
-struct TensorScales {
-  BlockScale tensor_block[kRecipeCount];  // used by the recipes of block 0 only
-  uint32_t nvfp4_decode_bits;
-};
 
 template <int kDtype>
 __device__ __forceinline__ void measure_task(const ReadinessParams& p, const ReadinessKernelView& view, int64_t task,
-                                             const TensorScales& tensor, Counters& c) {
+                                             uint32_t tensor_amax_bits, Counters& c) {
   const int lane = threadIdx.x % kWarpSize;
   const int lanes = view.lanes_per_row;
   int64_t row_group = task;
@@ -257,6 +257,9 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
       group_max(amax32, kLanesPerBlock32, lanes < kLanesPerBlock128 ? lanes : kLanesPerBlock128);
 
   const bool tensor_first = count > 0 && row == 0 && group == 0;  // counts the tensor-scaled recipes' block
+  // The tensor-level scales are recomputed per task (a few float64 operations per 256 elements) rather than
+  // held across tasks: registers are what this kernel is short of.
+  const uint32_t nvfp4_decode_bits = nvfp4_decode_scale_bits(tensor_amax_bits);
   for_each_recipe([&](auto recipe) {
     constexpr int r = decltype(recipe)::value;
     constexpr RecipeSpec spec = kRecipes[r];
@@ -267,16 +270,15 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     BlockScale scale;
     bool block_first;  // this lane starts its block (a block exists where its first group does)
     if constexpr (spec.block == 0) {
-      scale = tensor.tensor_block[r];
+      scale = block_scale(spec.scale, grid, tensor_amax_bits, 0u);
       block_first = tensor_first;
     } else {
       const uint32_t block_amax = spec.block == 16 ? amax16 : (spec.block == 32 ? amax32 : amax128);
-      scale = block_scale(spec.scale, grid, block_amax, tensor.nvfp4_decode_bits);
+      scale = block_scale(spec.scale, grid, block_amax, nvfp4_decode_bits);
       block_first = count > 0 && group % (spec.block / kGroup) == 0;
     }
-    uint32_t* w = c.n + kFixedWords + kWordsPerRecipe * r;
-    w[kBlocks] += block_first;
-    w[kScaleFlushed] += block_first && scale.scale_flushed;
+    uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
+    w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kScaleFlushedUnit : 0u) : 0u;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       const ElementVerdict verdict = judge_element(bits[k], grid, scale);
@@ -307,6 +309,17 @@ __device__ __forceinline__ int count_column(const ReadinessParams& p, int word) 
   return kFixedWords + kWordsPerRecipe * p.slot_of_recipe[r] + (word - kFixedWords) % kWordsPerRecipe;
 }
 
+// Counter word k of the merged order (kWords), from the per-thread counters.
+__device__ __forceinline__ uint32_t merged_word(const Counters& c, int k) {
+  if (k < kFixedWords) return c.n[k];
+  const int r = (k - kFixedWords) / kWordsPerRecipe;
+  const int field = (k - kFixedWords) % kWordsPerRecipe;
+  const uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
+  if (field == kBlocks) return w[kBlocksAndScaleFlushed] % kScaleFlushedUnit;
+  if (field == kScaleFlushed) return w[kBlocksAndScaleFlushed] / kScaleFlushedUnit;
+  return w[field];
+}
+
 // Adds the block's counters to output row `out_row` (warp shuffles, one shared exchange, then one thread per
 // column does the global atomic). Every thread of the block must call it.
 __device__ __forceinline__ void flush(const Counters& c, const ReadinessParams& p, int64_t out_row,
@@ -316,7 +329,7 @@ __device__ __forceinline__ void flush(const Counters& c, const ReadinessParams& 
 #pragma unroll
   for (int k = 0; k < kWords; ++k) {
     if (!recipe_word_asked(p, k)) continue;  // uniform: an unasked recipe's words are all zero
-    const uint32_t total = warp_sum(c.n[k]);
+    const uint32_t total = warp_sum(merged_word(c, k));
     if (lane == 0) scratch.words[warp][k] = total;
   }
 #pragma unroll
@@ -362,21 +375,11 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
   // The tensor amax: given, or measured by amax_kernel before this launch (read at L2, where it was written).
   const uint32_t tensor_amax_bits =
       p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) : 0u;
-  TensorScales tensor;
-  tensor.nvfp4_decode_bits = nvfp4_decode_scale_bits(tensor_amax_bits);
-  for_each_recipe([&](auto recipe) {
-    constexpr int r = decltype(recipe)::value;
-    constexpr RecipeSpec spec = kRecipes[r];
-    if constexpr (spec.block == 0) {
-      constexpr ElementGrid grid = kElementGrids[spec.element];  // a constant: the table is host-only
-      tensor.tensor_block[r] = block_scale(spec.scale, grid, tensor_amax_bits, 0u);
-    }
-  });
   Counters c;
   c.clear();
   const int warp = threadIdx.x / kWarpSize;
   // Warp-uniform: the butterfly's shuffles are reached by the whole warp.
-  for (int64_t task = begin + warp; task < begin + n; task += kWarps) measure_task<kDtype>(p, view, task, tensor, c);
+  for (int64_t task = begin + warp; task < begin + n; task += kWarps) measure_task<kDtype>(p, view, task, tensor_amax_bits, c);
   flush(c, p, view.out_row, scratch);
 }
 
