@@ -182,6 +182,20 @@ def test_given_tensor_amax_is_used_and_returned():
     assert delayed["amax"] == 4.0 and delayed["saturated"] == 1 and delayed["sq_error"] == 16.0
 
 
+@pytest.mark.parametrize("stale", [0.0, INF, NAN])
+def test_given_tensor_amax_of_zero_inf_or_nan_gives_the_unit_scale(stale):
+    """As TransformerEngine does. fp8_e4m3_tensor: s = 1, so 500 saturates to 448 and 1, 3 are exact.
+    nvfp4: d = 1, so s_b = cast_E4M3(fl32(500 / 6) = 83.33) = 80 (spacing 8 at 64..128), total 80:
+    1 / 80 and 3 / 80 fall below E2M1's 0.25 (flushed), 500 / 80 = 6.25 saturates to 6, dequantized 480."""
+    x = f32([1.0, 3.0, 500.0])
+    fp8 = readiness(x, "fp8_e4m3_tensor", tensor_amax=stale)
+    assert fp8["saturated"] == 1 and fp8["flushed"] == 0 and fp8["sq_error"] == 52.0**2
+    nvfp4 = readiness(x, "nvfp4", tensor_amax=stale)
+    assert nvfp4["saturated"] == 1 and nvfp4["flushed"] == 2 and nvfp4["sq_error"] == 1.0 + 9.0 + 20.0**2
+    assert nvfp4["scale_flushed"] == 0
+    assert math.isnan(fp8["amax"]) if math.isnan(stale) else fp8["amax"] == stale  # the amax used, as given
+
+
 # ---------------------------------------------------------------------------------------------------------
 # each recipe at its edges
 
@@ -309,6 +323,19 @@ def test_mx_floor_amax_below_a_power_of_two_saturates_and_rceil_does_not():
     assert readiness(f32([7.0]), "mxfp4")["saturated"] == 1
 
 
+def test_mxfp8_hand_computed():
+    """amax 100 = 1.5625 * 2^6: X = 6 - 8 = -2, v = 4x. 100 -> 400, halfway between E4M3's 384 and 416
+    (spacing 32 at 256..512): to the even 384, dequantized 96; 0.3 -> 1.2 -> 1.25 (spacing 1/8), 0.3125;
+    2^-12 -> 2^-10, half the smallest subnormal: 0, flushed; 7 -> 28 exact. RCEIL: r = fl32(100 / 448),
+    X = ceil(log2 r) = -2 as well (2^-3 < r <= 2^-2): the same numbers."""
+    x = f32([100.0, 0.3, 2.0**-12, 7.0])
+    x32 = [float(v) for v in x]
+    expected = (x32[0] - 96.0) ** 2 + (x32[1] - 0.3125) ** 2 + x32[2] ** 2
+    for recipe in ("mxfp8_e4m3", "mxfp8_e4m3_rceil"):
+        r = readiness(x, recipe)
+        assert r["sq_error"] == pytest.approx(expected, rel=1e-15) and r["flushed"] == 1 and r["saturated"] == 0
+
+
 def test_rceil_power_of_two_ratio_is_exact():
     """amax = 448 * 2^-4 = 28: r = 2^-4 exactly, X = -4 (not rounded up past it), v = 448: not saturated."""
     r = readiness(f32([28.0, 1.75]), "mxfp8_e4m3_rceil")
@@ -331,9 +358,9 @@ def test_e8m0_clamped_at_its_smallest_exponent():
 def test_mxfp4_hand_computed():
     """amax 6: X = floor(log2 6) - 2 = 0, the scale is 1, so each element is its E2M1 cast: 1 -> 1,
     1.25 -> 1 (tie, even), 2.5 -> 2 (tie), 5 -> 4 (tie), 0.25 -> 0 (tie, flushed), 0.75 -> 1 (tie, even),
-    3.5 -> 4 (tie), 0.2 -> 0 (flushed), -2.9 -> -3."""
-    x = [1.0, 1.25, 2.5, 5.0, 6.0, 0.25, 0.75, 3.5, 0.2, -2.9]
-    dequantized = [1.0, 1.0, 2.0, 4.0, 6.0, 0.0, 1.0, 4.0, 0.0, -3.0]
+    3.5 -> 4 (tie), 0.2 -> 0 (flushed), -2.9 -> -3, 1.5 -> 1.5."""
+    x = [1.0, 1.25, 2.5, 5.0, 6.0, 0.25, 0.75, 3.5, 0.2, -2.9, 1.5]
+    dequantized = [1.0, 1.0, 2.0, 4.0, 6.0, 0.0, 1.0, 4.0, 0.0, -3.0, 1.5]  # with X = 1, 1.5 would give 2
     r = readiness(f32(x), "mxfp4")
     x32 = [float(v) for v in f32(x)]
     assert r["sq_error"] == pytest.approx(sum((a - b) ** 2 for a, b in zip(x32, dequantized, strict=True)), rel=1e-15)
