@@ -27,14 +27,16 @@ std::tuple<Tensor, Tensor, Tensor> format_readiness_cuda(std::vector<Tensor> ten
   const Device device = !tensors.empty() ? tensors[0].device() : tensor_amax->device();
   AMPI_CHECK(device.type() == DeviceType::CUDA, kReadinessOp, ": tensor 0 is on ", device_name(device), ", not CUDA");
   const torch::stable::accelerator::DeviceGuard guard(device.index());
-  ReadinessKernelCall k = prepare_readiness(tensors, recipes, tensor_amax, device, kReadinessChunkTasks, kReadinessOp);
+  ReadinessKernelCall k;
+  k.call = prepare_readiness_call(tensors, recipes, tensor_amax);
+  plan_readiness_kernels(k, device, kReadinessChunkTasks);
   void* stream = nullptr;
   AMPI_CHECK(aoti_torch_get_current_cuda_stream(device.index(), &stream) == AOTI_TORCH_SUCCESS, kReadinessOp,
              ": could not get the current CUDA stream of cuda:", device.index());
   launch_format_readiness(k.plan, device.index(), static_cast<cudaStream_t>(stream));
   // Contiguous copies are freed on return: safe, since the caching allocator hands their memory out again only
   // to work queued after these kernels on this stream.
-  return {k.counts, k.sums, k.amax};
+  return {k.out.counts, k.out.sums, k.out.amax};
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // with cuda_emu.h in front and run on the CPU, each CUDA thread a host thread. Tests only
 // (torch.ops.amp_inspect._format_readiness_emulated, tests/test_readiness_emu.py): it proves the kernels' tiling,
 // butterflies, block reductions and atomics on every CI run, without a GPU. The host side is the CUDA op's own
-// (prepare_readiness, readiness_kernels::run_readiness); only the backend differs: host memory, a chosen work
+// (prepare_readiness_call, plan_readiness_kernels, readiness_kernels::run_readiness); only the backend differs: host memory, a chosen work
 // chunk and number of blocks, emulated launches. Built into the test-only library amp_inspect._C_emu.
 #include <torch/csrc/stable/library.h>
 
@@ -29,7 +29,9 @@ std::tuple<Tensor, Tensor, Tensor> format_readiness_emulated(std::vector<Tensor>
                "; the emulation runs on CPU tensors");
   }
   AMPI_CHECK(chunk_tasks > 0, kEmulatedOp, ": chunk_tasks must be positive, got ", chunk_tasks);
-  ReadinessKernelCall k = prepare_readiness(tensors, recipes, tensor_amax, cpu, chunk_tasks, kEmulatedOp);
+  ReadinessKernelCall k;
+  k.call = prepare_readiness_call(tensors, recipes, tensor_amax);
+  plan_readiness_kernels(k, cpu, chunk_tasks);
   ReadinessEmulatedBackend backend;
   backend.blocks_override = blocks;
   try {
@@ -37,7 +39,7 @@ std::tuple<Tensor, Tensor, Tensor> format_readiness_emulated(std::vector<Tensor>
   } catch (const std::exception& e) {
     fail("amp_inspect: ", e.what());
   }
-  return {k.counts, k.sums, k.amax};
+  return {k.out.counts, k.out.sums, k.out.amax};
 }
 
 }  // namespace

@@ -372,9 +372,11 @@ __device__ __forceinline__ void flush(const Counters& c, const ReadinessParams& 
 template <int kDtype>
 __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const ReadinessKernelView& view, int64_t begin,
                                               int64_t n, FlushScratch& scratch) {
-  // The tensor amax: given, or measured by amax_kernel before this launch (read at L2, where it was written).
+  // The tensor amax: given, or measured by amax_kernel before this launch (read at L2, where it was written);
+  // its magnitude, as readiness.h's rules take it (a given -0 is 0; negative amaxes are refused where the op
+  // can read them without a sync).
   const uint32_t tensor_amax_bits =
-      p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) : 0u;
+      p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) & kAbsMask32 : 0u;
   Counters c;
   c.clear();
   const int warp = threadIdx.x / kWarpSize;

@@ -1,10 +1,11 @@
 """Format readiness's CUDA kernels (csrc/readiness_kernels.cuh) run on the CPU through the emulation
 (csrc/readiness_emu.cpp: every CUDA thread of a block a host thread, real barriers, shuffles and atomics) against
-the float64 reference (amp_inspect/reference_readiness.py): the counts and the amax exactly, the sums to
-SUM_RTOL (both sum the same float64 terms, in another order). Work chunks are made small and grids chosen so that
-small tensors cross many chunk, block, warp-task and launch boundaries; row lengths sit on and around every
-lane-group and block size, so the butterfly's caps and the short last blocks are all reached. Marked
-``cuda_emu``: no GPU needed; skipped, saying so, only where the test-only library amp_inspect._C_emu is not built.
+the float64 reference (amp_inspect/reference_readiness.py) and the CPU kernel: the counts and the amax exactly,
+the sums to SUM_RTOL (all three add the same float64 terms, in other orders). Work chunks are made small and
+grids chosen so that small tensors cross many chunk, block, warp-task and launch boundaries; row lengths sit on
+and around every lane-group and block size, so the butterfly's caps and the short last blocks are all reached.
+Marked ``cuda_emu``: no GPU needed; skipped, saying so, only where the test-only library amp_inspect._C_emu is
+not built.
 
 What this cannot see (needs a GPU): the memory model, code generation (the device branches of readiness.h's
 bit casts and __clz), registers, speed."""
@@ -57,6 +58,10 @@ def check(tensors, recipes=ALL, tensor_amax=None, **launch):
         raise AssertionError(f"counts differ ({launch}): " + "; ".join(diffs))
     assert torch.equal(amax.view(torch.int32), want_amax.view(torch.int32)), f"amax {amax} != {want_amax}"
     torch.testing.assert_close(sums, want_sums, rtol=SUM_RTOL, atol=0.0)
+    # And the CPU kernel, which runs the same readiness.h on its own tiling: the same outputs.
+    cpu_counts, cpu_sums, cpu_amax = torch.ops.amp_inspect.format_readiness(list(tensors), list(recipes), tensor_amax)
+    assert torch.equal(counts, cpu_counts) and torch.equal(amax, cpu_amax)
+    torch.testing.assert_close(sums, cpu_sums, rtol=SUM_RTOL, atol=0.0)
     return counts, sums, amax
 
 
@@ -273,7 +278,7 @@ def test_bad_arguments_are_one_sentence():
     x = torch.ones(4)
     with pytest.raises(RuntimeError, match="recipe index 8"):
         emulated([x], [8])
-    with pytest.raises(RuntimeError, match="listed twice"):
+    with pytest.raises(RuntimeError, match="asked for twice"):
         emulated([x], [1, 1])
     with pytest.raises(RuntimeError, match="dtype"):
         emulated([x.double()], [1])
