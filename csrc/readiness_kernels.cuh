@@ -202,10 +202,15 @@ template <int R>
 struct RecipeIndex {
   static constexpr int value = R;
 };
+// For bench/sass_per_element.py --readiness only: the table recipes whose code is compiled, one bit each (its
+// per-recipe instruction counts are differences of builds). The library's builds compile every recipe.
+#if !defined(AMPI_READINESS_COMPILED_RECIPES)
+#define AMPI_READINESS_COMPILED_RECIPES 0xFF
+#endif
 template <int R = 0, class Fn>
 __device__ __forceinline__ void for_each_recipe(Fn&& fn) {
   if constexpr (R < kRecipeCount) {
-    fn(RecipeIndex<R>{});
+    if constexpr (((AMPI_READINESS_COMPILED_RECIPES >> R) & 1) != 0) fn(RecipeIndex<R>{});
     for_each_recipe<R + 1>(fn);
   }
 }
