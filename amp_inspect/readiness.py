@@ -20,7 +20,7 @@ gives the same outputs, in several passes, and syncs the host.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -157,9 +157,8 @@ ReadinessStats.__doc__ = (
     )
 )
 
-# The dataclass's fields are the schema's statistics (tests/test_schema.py holds them equal): a new statistic is its
-# schema entry and one field line here.
-_FIELDS = tuple(f.name for f in fields(ReadinessStats) if f.name not in ("recipes", "delayed"))
+# The dataclass's fields are the schema's statistics, in its order (tests/test_schema.py holds them equal): a new
+# statistic is its schema entry and one field line above.
 
 
 def _check_tensors(tensors: object) -> list[torch.Tensor]:
