@@ -21,8 +21,10 @@ Dequantized values are float64: ``q * 2^X`` and ``q * total`` are exact there; `
 float64's correctly rounded quotient (the kernels may round differently: sq_error agrees to a tolerance, the
 counts exactly, since q / s is 0 only where q is).
 
-Cost: a few dozen torch ops per tensor and recipe, temporaries of ~50 bytes per element; it syncs the host
-(no more than it must: only to size the blocks, which are known from the shapes).
+Cost: a few dozen torch ops per tensor and recipe (a Python loop over tensors and recipes, none over
+elements); temporaries of about 120 bytes per element at the peak (measured on the CPU: 465 MB over a
+4M-element tensor, all eight recipes); on an idle core about 0.25 s for 1M elements and every recipe. It calls
+no ``.item()`` and sizes everything from the shapes, so it should not sync the host (not checked on a GPU).
 """
 
 from __future__ import annotations
@@ -221,8 +223,7 @@ def format_readiness_reference(
     tensors: Sequence[torch.Tensor], recipe_indices: Sequence[int], tensor_amax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(counts, sums, amax) of ``tensors`` for the recipes ``RECIPES[i]`` for i in ``recipe_indices``, as the
-    format_readiness op gives them (module docstring). Syncs the host; cost ~ a few dozen ops per tensor and
-    recipe."""
+    format_readiness op gives them (module docstring: what it costs)."""
     tensors = list(tensors)
     indices = [int(r) for r in recipe_indices]
     _check(tensors, indices, tensor_amax)
@@ -246,8 +247,11 @@ def format_readiness_reference(
         sums[t, 0] = finite_x.to(torch.float64).square().sum()
         if x.numel() == 0:
             continue  # no blocks, nothing to lose: the recipe columns stay 0
+        blocked: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # recipes of one block size share the layout
         for r, recipe in enumerate(recipes):
-            values, real = _blocks(x, recipe.block)
+            if recipe.block not in blocked:
+                blocked[recipe.block] = _blocks(x, recipe.block)
+            values, real = blocked[recipe.block]
             outcome = _quantize(recipe, values, amax_t.to(torch.float32))
             deq = outcome.dequantized
             column = len(COUNTS_PER_TENSOR) + len(COUNTS_PER_RECIPE) * r

@@ -161,6 +161,21 @@ def test_outputs_have_the_ops_shapes_dtypes_and_columns():
     assert sums[0, 0].item() == pytest.approx(tensors[0].double().square().sum().item(), rel=1e-12)
 
 
+def test_blocks_run_along_the_last_dimension_as_given():
+    """A transposed view is blocked along its own last dimension (as its contiguous copy), not along memory;
+    a tensor that requires grad is read, not changed."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(40, 64, generator=g) * torch.logspace(-4, 4, 64)).requires_grad_()
+    view = x.t()
+    before = x.detach().clone()
+    a = format_readiness_reference([view], range(len(RECIPES)))
+    b = format_readiness_reference([view.detach().contiguous()], range(len(RECIPES)))
+    c = format_readiness_reference([x.detach()], range(len(RECIPES)))
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not torch.equal(a[0], c[0])  # blocked the other way, the numbers differ
+    assert torch.equal(x.detach(), before) and x.grad is None
+
+
 def test_no_tensors_and_bad_input():
     counts, sums, amax = format_readiness_reference([], [0, 1])
     assert counts.shape == (0, 11) and sums.shape == (0, 3) and amax.shape == (0,)
@@ -241,6 +256,23 @@ def test_tensor_scale_at_the_element_max_and_just_above(recipe, top):
     assert r["saturated"] == 2
     assert r["sq_error"] == (above - top) ** 2 + (far - top) ** 2
     assert readiness(f32([top, 1.0]), recipe, tensor_amax=top)["saturated"] == 0
+
+
+@pytest.mark.parametrize(
+    ("recipe", "top"), [("mxfp8_e4m3", 448.0), ("mxfp8_e5m2", 57344.0), ("mxfp4", 6.0), ("nvfp4", 6.0)]
+)
+def test_block_amax_at_the_element_max_and_just_above(recipe, top):
+    """A block whose amax scales exactly onto max_E (MX: amax = max_E * 2^-3, X = -3; NVFP4: d = 1, amax_b = 6,
+    s_b = 1) is not saturated; the next float32 above it scales to just above max_E (the same X, or the same s_b
+    = cast_E4M3(1.0000001) = 1): saturated, and dequantized to the max."""
+    scale = 1.0 if recipe == "nvfp4" else 2.0**-3
+    at = top * scale
+    above = float(np.nextafter(np.float32(at), np.float32(INF)))
+    given = 2688.0 if recipe == "nvfp4" else None
+    kept = readiness(f32([at, at / 2]), recipe, tensor_amax=given)
+    assert kept["saturated"] == 0 and kept["sq_error"] == 0.0
+    pushed = readiness(f32([above, at / 2]), recipe, tensor_amax=given)
+    assert pushed["saturated"] == 1 and pushed["sq_error"] == (above - at) ** 2
 
 
 def test_fp8_tensor_hand_computed():
@@ -340,6 +372,34 @@ def test_rceil_power_of_two_ratio_is_exact():
     """amax = 448 * 2^-4 = 28: r = 2^-4 exactly, X = -4 (not rounded up past it), v = 448: not saturated."""
     r = readiness(f32([28.0, 1.75]), "mxfp8_e4m3_rceil")
     assert r["saturated"] == 0 and r["sq_error"] == 0.0
+
+
+def _least_power_at_or_above(r: np.ndarray) -> np.ndarray:
+    """X = the least integer with 2^X >= r (r > 0), clamped to E8M0's [-127, 127]; -127 where r = 0."""
+    mantissa, exponent = np.frexp(r.astype(np.float64))
+    x = np.where(mantissa == 0.5, exponent - 1, exponent)
+    return np.where(r == 0, -127, np.clip(x, -127, 127))
+
+
+@pytest.mark.parametrize("fmt_name", ["e4m3", "e5m2"])
+def test_rceil_division_gives_the_exponent_te_and_torchao_get(fmt_name):
+    """TransformerEngine (amax * max_norm_rcp) and torchao's RCEIL (max_abs * (1.0 / max_pos)) multiply by
+    the float32 reciprocal; the rule divides, fl32(amax / max_E). The two r differ in the last bit for about
+    half of all amax, never in the X they give: every float32 of the binade [256, 512) (r normal: by scaling,
+    every normal r), and the float32 near max_E * 2^-j where r is an fp32 subnormal or 0."""
+    max_e = np.float32(ELEMENT_FORMATS[fmt_name].max_value)
+    reciprocal = np.float32(1.0) / max_e
+    binade = (np.arange(1 << 23, dtype=np.int64) + 0x43800000).astype(np.int32).view(np.float32)
+    near = [
+        (np.arange(-2000, 2000) + np.float32(max_e * 2.0**-j).view(np.int32)).astype(np.int32).view(np.float32)
+        for j in range(120, 166)
+        if np.float32(max_e * 2.0**-j) > 0
+    ]
+    amax = np.concatenate([binade, *near])
+    amax = amax[amax > 0]
+    divided, multiplied = amax / max_e, amax * reciprocal
+    assert (divided != multiplied).mean() > 0.3  # the r really differ
+    assert np.array_equal(_least_power_at_or_above(divided), _least_power_at_or_above(multiplied))
 
 
 def test_e8m0_clamped_at_its_smallest_exponent():
@@ -462,6 +522,119 @@ def test_bf16_and_fp16_are_their_float32_values():
         b = format_readiness_reference([narrow.float()], range(len(RECIPES)))
         for got, expected in zip(a, b, strict=True):
             assert torch.equal(got, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a second implementation of every recipe, on torch's float8 casts and the E2M1 table, on random tensors
+
+
+def e2m1_cast(v: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(e2m1_by_hand(v.double().numpy()))
+
+
+def oracle_cast(v: torch.Tensor, fmt_name: str) -> torch.Tensor:
+    """v (float32 values) cast to the element format without cast_element: torch's float8 casts of v clamped to
+    the max (saturation), or the E2M1 table; float64."""
+    if fmt_name == "e2m1":
+        return e2m1_cast(v)
+    top = ELEMENT_FORMATS[fmt_name].max_value
+    return v.float().clamp(-top, top).to(TORCH_FLOAT8[fmt_name]).double()
+
+
+def oracle_readiness(x: torch.Tensor, recipe_name: str) -> dict[str, float]:
+    """The rule of one recipe on a 2-d float32 tensor, written again with different arithmetic: torch.frexp and
+    torch.log2 for the exponents, float8 casts for the elements, one Python loop over rows and blocks."""
+    recipe = RECIPES_BY_NAME[recipe_name]
+    fmt = recipe.element_format
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, torch.zeros_like(x))
+    amax_t = xf.abs().max().reshape(1) if x.numel() else torch.zeros(1)
+    out = {"flushed": 0, "saturated": 0, "scale_flushed": 0, "sq_error": 0.0, "blocks": 0}
+    width = recipe.block or x.shape[1]
+    pieces = (
+        [xf.reshape(1, -1)]
+        if recipe.block == 0
+        else [xf[i : i + 1, j : j + width] for i in range(x.shape[0]) for j in range(0, x.shape[1], width)]
+    )
+    masks = (
+        [finite.reshape(1, -1)]
+        if recipe.block == 0
+        else [finite[i : i + 1, j : j + width] for i in range(x.shape[0]) for j in range(0, x.shape[1], width)]
+    )
+    for b, ok in zip(pieces, masks, strict=True):
+        b, ok = b.reshape(-1), ok.reshape(-1)
+        amax = b.abs().max().reshape(1)
+        v = None
+        if recipe.scale in ("fp32_tensor", "fp32_block"):
+            a = amax_t if recipe.scale == "fp32_tensor" else amax
+            s = torch.tensor([fmt.max_value], dtype=torch.float32) / a
+            flushed_scale = bool(torch.isinf(s)) and a.item() != 0
+            s = torch.tensor([1.0]) if a.item() == 0 else (torch.tensor([FLT_MAX]) if flushed_scale else s)
+            v = b * s
+            deq = oracle_cast(v, fmt.name) / s.double()
+        elif recipe.scale in ("e8m0_floor", "e8m0_rceil"):
+            if recipe.scale == "e8m0_floor":
+                zero = amax.item() == 0
+                wanted = int(torch.frexp(amax.double())[1].item()) - 1 - fmt.emax if not zero else -127
+            else:
+                r = amax / torch.tensor([fmt.max_value], dtype=torch.float32)
+                zero = r.item() == 0
+                wanted = math.ceil(torch.log2(r.double()).item()) if not zero else -1000
+            X = min(max(wanted, -127), 127)
+            flushed_scale = amax.item() > 0 and wanted != X
+            v = (b.double() * 2.0**-X).float()  # exact: v is a float32 value
+            deq = oracle_cast(v, fmt.name) * 2.0**X
+        else:  # nvfp4
+            d = amax_t / torch.tensor([2688.0])
+            d = torch.ones(1) if amax_t.item() == 0 else d
+            per = amax / torch.tensor([6.0])
+            wanted = per / d if per.item() != 0 else torch.zeros(1)
+            s_b = oracle_cast(wanted.clamp(max=FLT_MAX), "e4m3").float()  # +inf saturates to 448 either way
+            total = d * s_b
+            flushed_scale = amax.item() > 0 and s_b.item() < 2.0**-6
+            if total.item() == 0:
+                deq = torch.zeros_like(b, dtype=torch.float64)
+            else:
+                v = b / total
+                deq = e2m1_cast(v) * total.double()
+        out["blocks"] += 1
+        out["scale_flushed"] += int(flushed_scale)
+        out["flushed"] += int((ok & (b != 0) & (deq == 0)).sum())
+        if v is not None:
+            out["saturated"] += int((ok & (v.abs() > fmt.max_value)).sum())
+        out["sq_error"] += float(torch.where(ok, b.double() - deq, torch.zeros_like(deq)).square().sum())
+    return out
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(RECIPE_NAMES),
+    st.integers(1, 3),
+    st.integers(1, 150),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([1e-44, 1e-40, 1e-30, 1e-6, 1.0, 3e4, 1e36, 3e38, "bits"]),
+)
+def test_second_implementation_agrees_on_random_tensors(recipe, rows, last, seed, magnitude):
+    """Spread over many binades (so blocks flush, saturate and clamp), a NaN and an Inf sprinkled in, or random
+    float32 bit patterns: the counts agree exactly, sq_error to float64 summation order."""
+    g = torch.Generator().manual_seed(seed)
+    if magnitude == "bits":
+        x = torch.randint(-(2**31), 2**31 - 1, (rows, last), generator=g, dtype=torch.int64)
+        x = x.to(torch.int32).view(torch.float32)
+    else:
+        x = (
+            torch.randn(rows, last, generator=g, dtype=torch.float64)
+            * magnitude
+            * torch.logspace(-8, 8, last, dtype=torch.float64)[torch.randperm(last, generator=g)]
+        ).float()
+    if x.numel() > 3:
+        x.view(-1)[seed % x.numel()] = NAN
+        x.view(-1)[(seed // 7) % x.numel()] = INF
+    got = readiness(x, recipe)
+    expected = oracle_readiness(x, recipe)
+    for key in ("flushed", "saturated", "scale_flushed", "blocks"):
+        assert got[key] == expected[key], (key, got, expected)
+    assert got["sq_error"] == pytest.approx(expected["sq_error"], rel=1e-12, abs=1e-300)
 
 
 # ---------------------------------------------------------------------------------------------------------
