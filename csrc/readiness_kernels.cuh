@@ -129,7 +129,7 @@ __device__ __forceinline__ uint32_t as_f32_bits(typename Storage<kDtype>::type r
   if constexpr (kDtype == kFloat32) {
     return raw;
   } else if constexpr (kDtype == kFloat16) {
-    return fp16_to_f32_bits(raw);
+    return __float_as_uint(__half2float(__ushort_as_half(raw)));  // HADD2.F32: exact, subnormals included
   } else {
     return bf16_to_f32_bits(raw);
   }
