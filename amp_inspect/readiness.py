@@ -203,7 +203,7 @@ def _check_tensor_amax(tensor_amax: object, tensors: list[torch.Tensor]) -> torc
         raise ValueError(f"tensor_amax is on {tensor_amax.device} and the tensors on {device}")
     # Read on the CPU only (elsewhere that would sync). Inf and NaN are accepted: a stale amax of those gives the
     # unit scale (recipes.py).
-    if device.type == "cpu" and bool((tensor_amax < 0).any()):
+    if device.type == "cpu" and not torch.compiler.is_compiling() and bool((tensor_amax < 0).any()):
         raise ValueError(f"tensor_amax must be >= 0, got {tensor_amax.tolist()}")
     return tensor_amax.detach()
 

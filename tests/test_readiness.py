@@ -242,6 +242,17 @@ def test_opcheck(args) -> None:
     assert set(results.values()) == {"SUCCESS"}, results
 
 
+def test_torch_compile_traces_the_op_through_its_fake_kernel() -> None:
+    """Compiled (aot_eager: the fake kernel traces it, the real one runs), format_readiness gives the eager numbers."""
+    x = torch.randn(8, 48, generator=torch.Generator().manual_seed(13))
+
+    def sqnr(t: torch.Tensor) -> torch.Tensor:
+        return amp_inspect.format_readiness([t], ("mxfp8_e4m3", "nvfp4"), tensor_amax=t.abs().amax().reshape(1)).sqnr_db
+
+    compiled = torch.compile(sqnr, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), sqnr(x))
+
+
 def test_the_fake_kernel_has_the_ops_shapes_and_refuses_two_devices() -> None:
     tensors = [torch.randn(3, 5), torch.randn(7)]
     real = OP(tensors, [1, 4, 6], None)
