@@ -21,13 +21,14 @@ triton's wheel (triton/backends/nvidia/bin/cuobjdump).
 
 Format readiness's kernel (csrc/readiness_kernels.cuh, one per input dtype), with --readiness: its task loop
 (one warp task: 8 elements per lane, all recipes' code unrolled; the largest loop with the 16-byte loads and no
-block barrier) is counted statically, every instruction of its body once (its branches are rare: zero blocks,
-E8M0 clamps, float64 divisions' slow paths, which are calls out of the loop and not counted), per element. The
-source is compiled with every recipe (the library's build), with none (loads, NaN/Inf, squares, the amax
-butterfly), and with each recipe alone (AMPI_READINESS_COMPILED_RECIPES): a recipe's cost is its build's count
-less the none build's.
+block barrier) is counted statically, every instruction of its body once, per element. "common" is a build with
+the lanes' common path alone (AMPI_READINESS_FAST_PATH_ONLY: judge_element_fast, no float32 subnormal in the
+lane; its remaining branches are rare: zero blocks, E8M0 clamps; float64 divisions' slow paths are calls out of
+the loop, not counted); "static" the library's build, both paths. The source is also compiled with no recipe
+(loads, NaN/Inf, squares, the amax butterfly) and with each recipe alone (AMPI_READINESS_COMPILED_RECIPES), on
+the common path: a recipe's cost is its build's count less the no-recipe build's.
 
-    python bench/sass_per_element.py --readiness          # nvcc -O3 for sm_90, 10 builds of readiness_cuda.cu
+    python bench/sass_per_element.py --readiness          # nvcc -O3 for sm_90, 11 builds of readiness_cuda.cu
 """
 
 from __future__ import annotations
@@ -291,13 +292,17 @@ def readiness_task_loop(instrs: list[tuple[int, str]]) -> list[str]:
     return best
 
 
-def readiness_build(folder: Path, mask: int, cuobjdump: str) -> tuple[dict[str, list[str]], str]:
-    """The task-loop bodies per dtype and the ptxas log of readiness_cuda.cu built with the recipes of `mask`."""
+def readiness_build(
+    folder: Path, mask: int, cuobjdump: str, common_path: bool = True
+) -> tuple[dict[str, list[str]], str]:
+    """The task-loop bodies per dtype and the ptxas log of readiness_cuda.cu built with the recipes of `mask`
+    (and only the lanes' common path, or both paths as the library is built)."""
     from torch.utils.cpp_extension import include_paths
 
-    obj = folder / f"readiness_{mask:02x}.o"
+    obj = folder / f"readiness_{mask:02x}_{int(common_path)}.o"
     command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
-    command += ["-Xptxas", "-v", f"-DAMPI_READINESS_COMPILED_RECIPES={mask}", "-c"]
+    command += ["-Xptxas", "-v", f"-DAMPI_READINESS_COMPILED_RECIPES={mask}"]
+    command += [f"-DAMPI_READINESS_FAST_PATH_ONLY={int(common_path)}", "-c"]
     command += [str(REPO / "csrc" / "readiness_cuda.cu"), "-o", str(obj)]
     command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -331,12 +336,16 @@ def readiness_registers(log: str) -> dict[str, tuple[int, int]]:
 def readiness_main(cuobjdump: str) -> int:
     """Instructions per element of the readiness kernels' task loop, all recipes and each alone (module doc)."""
     with tempfile.TemporaryDirectory() as folder:
-        every, log = readiness_build(Path(folder), 0xFF, cuobjdump)
+        library, log = readiness_build(Path(folder), 0xFF, cuobjdump, common_path=False)
+        every, _ = readiness_build(Path(folder), 0xFF, cuobjdump)
         none, _ = readiness_build(Path(folder), 0x00, cuobjdump)
         alone = [readiness_build(Path(folder), 1 << r, cuobjdump)[0] for r in range(len(RECIPE_NAMES))]
     registers = readiness_registers(log)
     print("readiness_kernel task loop, static SASS instructions per element (8 per lane per task)")
-    print(f"{'dtype':5} {'regs':>4} {'spill B':>7} {'all':>6} {'none':>5}  all by pipe: mem/fp/int/other  calls")
+    print(
+        f"{'dtype':5} {'regs':>4} {'spill B':>7} {'static':>6} {'common':>6} {'none':>5}  "
+        "common by pipe: mem/fp/int/other  calls"
+    )
     for dtype in READINESS_DTYPES:
         body = every[dtype]
         pipes = {name: 0 for name in (*PIPES, "other")}
@@ -345,7 +354,8 @@ def readiness_main(cuobjdump: str) -> int:
         regs, spilled = registers.get(dtype, ("-", 0))
         calls = sum("CALL" in t for t in body)
         print(
-            f"{dtype:5} {regs:>4} {spilled:7} {len(body) / READINESS_GROUP:6.1f} "
+            f"{dtype:5} {regs:>4} {spilled:7} {len(library[dtype]) / READINESS_GROUP:6.1f} "
+            f"{len(body) / READINESS_GROUP:6.1f} "
             f"{len(none[dtype]) / READINESS_GROUP:5.1f}  "
             + "/".join(f"{n / READINESS_GROUP:.1f}" for n in pipes.values())
             + f"  {calls}"

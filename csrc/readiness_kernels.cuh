@@ -207,6 +207,10 @@ struct RecipeIndex {
 #if !defined(AMPI_READINESS_COMPILED_RECIPES)
 #define AMPI_READINESS_COMPILED_RECIPES 0xFF
 #endif
+// Likewise bench-only: 1 compiles the lanes' common path alone (judge_element_fast), whose length it counts.
+#if !defined(AMPI_READINESS_FAST_PATH_ONLY)
+#define AMPI_READINESS_FAST_PATH_ONLY 0
+#endif
 template <int R = 0, class Fn>
 __device__ __forceinline__ void for_each_recipe(Fn&& fn) {
   if constexpr (R < kRecipeCount) {
@@ -241,12 +245,14 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
   // NaN/Inf are counted, then replaced by +0 in the registers: they take no part in any amax or sum, and a
   // zero adds nothing to any recipe's counts or error, so the recipes below need no test per element.
   uint32_t lane_amax = 0;
+  bool has_subnormal = false;  // a float32 subnormal x: the recipes take readiness.h's exact judge_element
 #pragma unroll
   for (int k = 0; k < kGroup; ++k) {
     const uint32_t a = bits[k] & kAbsMask32;
     const bool finite = is_finite32(a);
     c.n[kNonfinite] += !finite;
     c.n[kNonzero] += finite && a != 0u;
+    has_subnormal |= a != 0u && a < kImplicitBit32;
     bits[k] = finite ? bits[k] : 0u;
     lane_amax = max_u32(lane_amax, finite ? a : 0u);
     const double x = float32_bits_to_double(bits[k]);
@@ -284,12 +290,31 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     }
     uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
     w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kScaleFlushedUnit : 0u) : 0u;
+    // readiness.h's judge_element_fast (float32 where the rule says fl32, the integer cast, dequantized by a
+    // multiplication where the scale is a power of two) gives judge_element's verdict where no x is a float32
+    // subnormal and the scale is a normal float32: almost every lane. The others take judge_element. The
+    // choice is per lane (8 elements), as the CPU kernel's is per unit; both are exact.
+    if (AMPI_READINESS_FAST_PATH_ONLY || (!has_subnormal && scale_is_normal_float(scale))) {
+      constexpr bool kDivide = spec.scale == kScaleNvfp4;  // v = x / total
+      constexpr bool kPowerOfTwo = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
+      constexpr bool kDequantDivides = !kDivide && !kPowerOfTwo;  // the fp32 rules: q / s
+      const float scale32 = static_cast<float>(scale.scale);           // exact: a float32 value
+      const double dequant = kPowerOfTwo ? 1.0 / scale.scale : scale.scale;  // 2^X exactly, for 2^-X
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const ElementVerdict verdict = judge_element(bits[k], grid, scale);
-      w[kFlushed] += verdict.flushed;
-      w[kSaturated] += verdict.saturated;
-      c.sums[1 + r] += verdict.sq_error;
+      for (int k = 0; k < kGroup; ++k) {
+        const ElementVerdict verdict = judge_element_fast(bits[k], grid, kDivide, scale32, kDequantDivides, dequant);
+        w[kFlushed] += verdict.flushed;
+        w[kSaturated] += verdict.saturated;
+        c.sums[1 + r] += verdict.sq_error;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const ElementVerdict verdict = judge_element(bits[k], grid, scale);
+        w[kFlushed] += verdict.flushed;
+        w[kSaturated] += verdict.saturated;
+        c.sums[1 + r] += verdict.sq_error;
+      }
     }
   });
 }
