@@ -9,15 +9,21 @@
 // with another table is refused (statistics.readiness_layout_problem).
 //
 // Exactness, and immunity to flush-to-zero / denormals-are-zero modes (torch.set_flush_denormal, nvcc's
-// -ftz=true): every float32 value a rule computes with fl32(...) is computed here as a float64 operation on
-// exactly widened float32 operands and rounded to float32 by round_to_float32_bits, on the integer bits. A
-// float64 product of two float32 values is exact and the float64 quotient rounded again to float32 is the
-// correctly rounded float32 quotient (double rounding is innocuous for +, -, *, / from a format of at least
-// 2p + 2 bits, 53 >= 2 * 24 + 2), and no float64 here is ever subnormal (the smallest is about 2^-300), so
-// neither the FPU's rounding of float64 nor a DAZ mode on float32 inputs ever sees a subnormal. The one
-// conversion left to the hardware is an element's scaled value v (per element, so it should be one
-// instruction): a result below float32's normal range may be flushed there, and such a v (< 2^-126) casts to 0
-// in every element format (their smallest subnormal is 2^-16 or more) either way. Never build with fast-math.
+// -ftz=true). Every float32 value a rule computes with fl32(...) is computed one of two ways, with the same result:
+// - on the bits (judge_element, cast_magnitude, round_to_float32_bits): a float64 operation on exactly widened
+//   float32 operands, rounded to float32 on the integer bits. A float64 product of two float32 values is exact, and
+//   the float64 quotient rounded again to float32 is the correctly rounded float32 quotient (double rounding is
+//   innocuous for +, -, *, / from a format of at least 2p + 2 bits, 53 >= 2 * 24 + 2); no float64 here is ever
+//   subnormal (the smallest is about 2^-300), so no FPU mode sees a subnormal. The one conversion left to the
+//   hardware is an element's scaled value v: a result below float32's normal range may be flushed there, and such
+//   a v (< 2^-126) casts to 0 in every element format (their smallest subnormal is 2^-16 or more) either way.
+// - by the hardware's float32 operation where that is certainly IEEE's: both operands normal floats and the result
+//   normal (fl32_divide, fl32_multiply check it and fall back to the bits), or, per element, x no float32 subnormal
+//   and the scale a normal float (judge_element_fast; the kernels check per block). These are the fast paths.
+// Never build with fast-math.
+// Contraction into fused multiply-adds (GCC's default for C++, nvcc's --fmad=true) changes no result: every product
+// here that meets an addition is exact in float64 (q times a power of two, or q's 2 bits times a 24-bit scale),
+// but the squared errors added into sums, whose rounding the sums' stated tolerance already allows.
 //
 // Torch-free and host+device (AMPI_HD from numerics.h); the tables (kRecipes, kElementGrids) are host-only:
 // the host copies what a call needs into the kernels' arguments, as it does with numerics.h's kFormatBounds.

@@ -4,13 +4,16 @@
 // (the largest block a recipe uses; a row's last one may be shorter): its elements are read once into a small
 // stack buffer as float32 bits, the amaxes of its 16-element sub-blocks are taken (a 32- or 128-element block's
 // amax is the max of its sub-blocks'), and then every recipe asked for quantizes the buffer's elements while they
-// are in L1: the per-element logic is readiness.h's, the code the CUDA kernel runs. Units are grouped into chunks of
-// about kChunkElems elements, split across threads with torch::stable::parallel_for (torch's pool).
+// are in L1. The per-element logic is readiness.h's: judge_element_fast in vectorised loops (AVX-512 / AVX2 clones)
+// where a unit holds no float32 subnormal and its scales are normal floats, else the exact judge_element (the one the
+// CUDA kernel runs); the two give the same verdicts. Units are grouped into chunks of about kChunkElems elements,
+// split across threads with torch::stable::parallel_for (torch's pool). Cost: bench/README.md.
 //
 // Tensor-scaled recipes (fp8_*_tensor, nvfp4) need the tensor's amax before the pass: given (tensor_amax, delayed
 // scaling) or measured by a first pass over the tensor, only when such a recipe is asked for and no amax is given.
 // Each chunk writes its totals to a slot of its own, summed per tensor in chunk order: results do not depend on the
 // number of threads, and no lock is taken.
+//
 // no-trapping-math, for the whole file (before any header, so that every inline function it calls has the same
 // options and inlines): without it GCC keeps a select between float results as a branch (a float operation might
 // trap) and does not vectorise the element loops. It changes no value: IEEE results, their rounding and their
