@@ -225,6 +225,7 @@ def _extensions():
     # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
     # _C_cuda does), loaded after _C, whose schema library its ops join.
     emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
+    emu_sources += [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_emu.cpp"]  # format readiness's CUDA kernels
     emu = CppExtension(EMU_EXTENSION, emu_sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)
     # py_limited_api: compiled with Py_LIMITED_API (CPython 3.10's), linked without libtorch_python.
     if NVCC is None:
@@ -249,7 +250,8 @@ def _extensions():
     ]
     cuda = CUDAExtension(
         "amp_inspect._C_cuda",
-        [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"],
+        [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"]
+        + [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_cuda_op.cpp", f"{CSRC}/readiness_cuda.cu"],
         extra_compile_args={"cxx": [*cxx, *defines, "-DUSE_CUDA"], "nvcc": nvcc},
         py_limited_api=True,
         **_pip_toolkit_paths(),

@@ -18,6 +18,17 @@ Each is divided by the elements of a batch (the loop's histogram atomics, one pe
 
 --check exits 1 when a variant misses its target or any kernel spills. cuobjdump: CUDA's own, or the one in
 triton's wheel (triton/backends/nvidia/bin/cuobjdump).
+
+Format readiness's kernel (csrc/readiness_kernels.cuh, one per input dtype), with --readiness: its task loop
+(one warp task: 8 elements per lane, all recipes' code unrolled; the largest loop with the 16-byte loads and no
+block barrier) is counted statically, every instruction of its body once, per element. "common" is a build with
+the lanes' common path alone (AMPI_READINESS_FAST_PATH_ONLY: judge_element_fast, no float32 subnormal in the
+lane; its remaining branches are rare: zero blocks, E8M0 clamps; float64 divisions' slow paths are calls out of
+the loop, not counted); "static" the library's build, both paths. The source is also compiled with no recipe
+(loads, NaN/Inf, squares, the amax butterfly) and with each recipe alone (AMPI_READINESS_COMPILED_RECIPES), on
+the common path: a recipe's cost is its build's count less the no-recipe build's.
+
+    python bench/sass_per_element.py --readiness          # nvcc -O3 for sm_90, 11 builds of readiness_cuda.cu
 """
 
 from __future__ import annotations
@@ -252,6 +263,113 @@ def compile_object(folder: Path) -> tuple[Path, str]:
     return obj, done.stdout + done.stderr
 
 
+READINESS_KERNEL = re.compile(r"readiness_kernelILi(\d)E")
+READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/numerics.h InputDtype order
+READINESS_GROUP = 8  # elements per lane per task (csrc/readiness_launch.h kReadinessGroupElems)
+RECIPE_NAMES = (  # amp_inspect/recipes.py RECIPES order (csrc/readiness.h kRecipes)
+    "fp8_e4m3_tensor",
+    "fp8_e5m2_tensor",
+    "fp8_e4m3_block128",
+    "mxfp8_e4m3",
+    "mxfp8_e5m2",
+    "mxfp8_e4m3_rceil",
+    "mxfp4",
+    "nvfp4",
+)
+
+
+def readiness_task_loop(instrs: list[tuple[int, str]]) -> list[str]:
+    """The body of the readiness kernel's task loop: the largest backward-branch range holding a 16-byte global
+    load and no block barrier (the flush, with its barriers, is outside it)."""
+    best: list[str] = []
+    for addr, text in instrs:
+        match = BRANCH.match(text)
+        if not match or int(match.group(3), 16) > addr:
+            continue
+        body = [t for a, t in instrs if int(match.group(3), 16) <= a <= addr]
+        if any(LOAD.search(t) for t in body) and not any("BAR.SYNC" in t for t in body) and len(body) > len(best):
+            best = body
+    return best
+
+
+def readiness_build(
+    folder: Path, mask: int, cuobjdump: str, common_path: bool = True
+) -> tuple[dict[str, list[str]], str]:
+    """The task-loop bodies per dtype and the ptxas log of readiness_cuda.cu built with the recipes of `mask`
+    (and only the lanes' common path, or both paths as the library is built)."""
+    from torch.utils.cpp_extension import include_paths
+
+    obj = folder / f"readiness_{mask:02x}_{int(common_path)}.o"
+    command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
+    command += ["-Xptxas", "-v", f"-DAMPI_READINESS_COMPILED_RECIPES={mask}"]
+    command += [f"-DAMPI_READINESS_FAST_PATH_ONLY={int(common_path)}", "-c"]
+    command += [str(REPO / "csrc" / "readiness_cuda.cu"), "-o", str(obj)]
+    command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    sass = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True, check=True).stdout
+    loops = {}
+    for function in re.split(r"\n\s*Function : ", sass)[1:]:
+        variant = READINESS_KERNEL.search(function.split("\n", 1)[0])
+        if variant:
+            loops[READINESS_DTYPES[int(variant.group(1))]] = readiness_task_loop(parse(function))
+    return loops, done.stdout + done.stderr
+
+
+def readiness_registers(log: str) -> dict[str, tuple[int, int]]:
+    """dtype -> (registers, spill store + load bytes) of the readiness kernels, from ptxas -v output."""
+    found, name, spilled = {}, None, 0
+    for line in log.splitlines():
+        if "Function properties for" in line:
+            name = READINESS_KERNEL.search(line)
+        elif name and "spill stores" in line:
+            numbers = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            spilled = int(numbers.group(1)) + int(numbers.group(2))
+        elif name and "Used" in line and "registers" in line:
+            found[READINESS_DTYPES[int(name.group(1))]] = (
+                int(re.search(r"Used (\d+) registers", line).group(1)),
+                spilled,
+            )
+            name = None
+    return found
+
+
+def readiness_main(cuobjdump: str) -> int:
+    """Instructions per element of the readiness kernels' task loop, all recipes and each alone (module doc)."""
+    with tempfile.TemporaryDirectory() as folder:
+        library, log = readiness_build(Path(folder), 0xFF, cuobjdump, common_path=False)
+        every, _ = readiness_build(Path(folder), 0xFF, cuobjdump)
+        none, _ = readiness_build(Path(folder), 0x00, cuobjdump)
+        alone = [readiness_build(Path(folder), 1 << r, cuobjdump)[0] for r in range(len(RECIPE_NAMES))]
+    registers = readiness_registers(log)
+    print("readiness_kernel task loop, static SASS instructions per element (8 per lane per task)")
+    print(
+        f"{'dtype':5} {'regs':>4} {'spill B':>7} {'static':>6} {'common':>6} {'none':>5}  "
+        "common by pipe: mem/fp/int/other  calls"
+    )
+    for dtype in READINESS_DTYPES:
+        body = every[dtype]
+        pipes = {name: 0 for name in (*PIPES, "other")}
+        for text in body:
+            pipes[pipe(text)] += 1
+        regs, spilled = registers.get(dtype, ("-", 0))
+        calls = sum("CALL" in t for t in body)
+        print(
+            f"{dtype:5} {regs:>4} {spilled:7} {len(library[dtype]) / READINESS_GROUP:6.1f} "
+            f"{len(body) / READINESS_GROUP:6.1f} "
+            f"{len(none[dtype]) / READINESS_GROUP:5.1f}  "
+            + "/".join(f"{n / READINESS_GROUP:.1f}" for n in pipes.values())
+            + f"  {calls}"
+        )
+    print("each recipe alone, less the none build (per element):")
+    print(f"{'recipe':18} " + " ".join(f"{d:>6}" for d in READINESS_DTYPES) + "   float64 ops (fp32)")
+    for r, name in enumerate(RECIPE_NAMES):
+        costs = [(len(alone[r][d]) - len(none[d])) / READINESS_GROUP for d in READINESS_DTYPES]
+        doubles = sum(t.split(" ")[0].split(".")[0] in ("DADD", "DMUL", "DFMA") for t in alone[r]["fp32"])
+        doubles -= sum(t.split(" ")[0].split(".")[0] in ("DADD", "DMUL", "DFMA") for t in none["fp32"])
+        print(f"{name:18} " + " ".join(f"{c:6.1f}" for c in costs) + f"   {doubles / READINESS_GROUP:.1f}")
+    return 0
+
+
 def default_cuobjdump() -> str:
     try:
         import triton
@@ -271,7 +389,10 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="compile the kernels for sm_90 first")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed or a kernel spills")
     parser.add_argument("--cuobjdump", default=default_cuobjdump())
+    parser.add_argument("--readiness", action="store_true", help="count format readiness's kernel instead")
     args = parser.parse_args()
+    if args.readiness:
+        return readiness_main(args.cuobjdump)
     log = Path(args.ptxas_log).read_text() if args.ptxas_log else None
     with tempfile.TemporaryDirectory() as folder:
         if args.compile:

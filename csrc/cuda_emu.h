@@ -8,7 +8,8 @@
 //     missing barrier is a real data race (ThreadSanitizer sees it) and a barrier that part of the block never
 //     reaches, or that threads reach at different places, ends the launch with an error naming the lines
 //     instead of hanging;
-//   - __shfl_down_sync as an exchange through a warp barrier and two buffers used in turn (full masks only);
+//   - __shfl_down_sync and __shfl_xor_sync as exchanges through a warp barrier and two buffers used in turn
+//     (full masks only);
 //   - the atomics the kernels use, on std::atomic_ref;
 //   - exact host equivalents of the intrinsics (__fmul_rn, __float2half_rn, __half2float, __float2bfloat16_rn,
 //     bit casts, the cached loads __ldg / __ldcs / __ldcg / __stcs, __threadfence);
@@ -226,6 +227,27 @@ T shfl_down(unsigned mask, T value, unsigned delta, int line) {
   return result;
 }
 
+// __shfl_xor_sync: lane ^ lane_mask's value, through the same two buffers and one warp barrier as shfl_down
+// (full masks only; a butterfly of these gives every lane of an aligned group of lanes the group's reduction).
+template <typename T>
+T shfl_xor(unsigned mask, T value, unsigned lane_mask, int line) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffled values are at most 8 bytes");
+  if (mask != 0xFFFFFFFFu) throw LaunchError("__shfl_xor_sync with a partial mask is not emulated");
+  Block& b = *current_block;
+  const unsigned lane = thread_index.x % kWarpSize;
+  const unsigned warp_first = thread_index.x - lane;
+  std::vector<uint64_t>& buffer = b.shuffle[shuffle_parity];
+  shuffle_parity ^= 1u;
+  uint64_t slot = 0;
+  std::memcpy(&slot, &value, sizeof(T));
+  buffer[thread_index.x] = slot;
+  sync_warp(line);  // every lane has written
+  T result = value;
+  const unsigned source = lane ^ lane_mask;
+  if (source < kWarpSize) std::memcpy(&result, &buffer[warp_first + source], sizeof(T));
+  return result;
+}
+
 // Runs kernel(args...) on a grid of blocks, each block's threads as host threads; blocks one after another.
 // Throws std::runtime_error with the first broken barrier's message.
 template <class Kernel, class... Args>
@@ -315,6 +337,7 @@ To bit_cast(From from) {
 #define __syncthreads() ::cuda_emu::sync_threads(__LINE__)
 #define __syncwarp(...) ::cuda_emu::sync_warp(__LINE__)
 #define __shfl_down_sync(mask, value, delta) ::cuda_emu::shfl_down((mask), (value), (delta), __LINE__)
+#define __shfl_xor_sync(mask, value, lane_mask) ::cuda_emu::shfl_xor((mask), (value), (lane_mask), __LINE__)
 
 struct __half {
   uint16_t bits;
