@@ -15,7 +15,7 @@ NaN and Inf elements take no part in any amax or sum. x is the element's value w
 subnormals included), and saturate: a |v| above E's largest finite value gives that value with v's sign
 (as the hardware's saturating conversions do). ``saturated`` counts finite elements the cast clamps: those
 whose rounding on E's grid continued past max_E is above max_E, the values a cast without saturation would send
-to Inf or NaN (E4M3: |v| > 464, its tie at 464 rounding to the even 448; E5M2: |v| >= 59392; E2M1: |v| >= 7).
+to Inf or NaN (E4M3: |v| > 464, its tie at 464 rounding to the even 448; E5M2: |v| >= 61440; E2M1: |v| >= 7).
 A |v| in (max_E, that bound) rounds to max_E as any value rounds to its neighbour and is not counted: an fp32
 scale fl32(max_E / amax) rounds up for about one block in ten, putting the amax one float32 above max_E with
 nothing lost beyond rounding (its error is in ``sq_error``). ``flushed`` counts finite nonzero x whose

@@ -106,7 +106,7 @@ def _round_on_unbounded_grid(a: torch.Tensor, fmt: ElementFormat) -> torch.Tenso
 def clamped_by_cast(v: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
     """Whether cast_E clamps v (recipes.py: ``saturated``): its rounding on the grid continued past max_E is
     above max_E. A |v| in (max_E, max_E + half an ulp) rounds to max_E as any value rounds to its neighbour, and
-    is not counted (E4M3's tie at 464 rounds to the even 448; E5M2's at 59392 and E2M1's at 7 round up)."""
+    is not counted (E4M3's tie at 464 rounds to the even 448; E5M2's at 61440 and E2M1's at 7 round up)."""
     return _round_on_unbounded_grid(v.to(torch.float64).abs(), fmt) > fmt.max_value
 
 

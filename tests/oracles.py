@@ -335,3 +335,21 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.contiguous().view(int_dtype), b.contiguous().view(int_dtype))
+
+
+# ---- format readiness: what a saturating element cast clamps ----
+
+# The smallest float32 |v| each element cast clamps (a cast without saturation would round it past the max), by
+# hand from each format's max and its ulp there, not from amp_inspect's tables: E4M3 448 + 16 = 464 is a tie that
+# goes to the even 448, so the first clamped value is the float32 after 464; E5M2's tie 57344 + 4096 = 61440 and
+# E2M1's 6 + 1 = 7 go up (their max has an odd last mantissa bit).
+READINESS_CLAMPED_FROM = {
+    "e4m3": float(np.nextafter(np.float32(464.0), np.float32(np.inf))),
+    "e5m2": 61440.0,
+    "e2m1": 7.0,
+}
+
+
+def clamped_by_cast(v: torch.Tensor, element: str) -> torch.Tensor:
+    """Whether the saturating cast to ``element`` clamps v (the readiness statistic ``saturated``)."""
+    return v.abs() >= READINESS_CLAMPED_FROM[element]

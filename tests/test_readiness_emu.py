@@ -137,9 +137,10 @@ def test_edges_show_each_count_somewhere():
     counts, sums, _ = check([edge_rows(torch.float32)], ALL)
     per_recipe = counts[0, 3:].view(len(RECIPES), 4)
     assert (per_recipe[:, 0] > 0).all(), f"flushed {per_recipe[:, 0]}"
-    # The OCP floor rule maps a block's amax into the top binade, where values above max_E saturate (the
-    # fp32 and RCEIL scales map the amax to max_E or below).
-    floor_rules = [i for i, r in enumerate(RECIPES) if r.scale in ("e8m0_floor", "nvfp4")]
+    # The OCP floor rule maps a block's amax into the top binade, where values the cast clamps occur (the
+    # fp32 and RCEIL scales map the amax to max_E or below; NVFP4's s_b rounds down by less than 7/6 unless it
+    # is an E4M3 subnormal, so its clamps are left to the reference's tests of subnormal block scales).
+    floor_rules = [i for i, r in enumerate(RECIPES) if r.scale == "e8m0_floor"]
     assert (per_recipe[floor_rules, 1] > 0).all(), f"saturated {per_recipe[:, 1]}"
     nvfp4 = RECIPE_NAMES.index("nvfp4")
     assert per_recipe[nvfp4, 3] > 0, "an NVFP4 block scale flushed"

@@ -22,6 +22,7 @@ from amp_inspect.reference_readiness import (
     cast_element,
     format_readiness_reference,
 )
+from tests.oracles import READINESS_CLAMPED_FROM, clamped_by_cast
 
 NAN, INF = float("nan"), float("inf")
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -201,12 +202,13 @@ def test_given_tensor_amax_is_used_and_returned():
 def test_given_tensor_amax_of_zero_inf_or_nan_gives_the_unit_scale(stale):
     """As TransformerEngine does. fp8_e4m3_tensor: s = 1, so 500 saturates to 448 and 1, 3 are exact.
     nvfp4: d = 1, so s_b = cast_E4M3(fl32(500 / 6) = 83.33) = 80 (spacing 8 at 64..128), total 80:
-    1 / 80 and 3 / 80 fall below E2M1's 0.25 (flushed), 500 / 80 = 6.25 saturates to 6, dequantized 480."""
+    1 / 80 and 3 / 80 fall below E2M1's 0.25 (flushed), 500 / 80 = 6.25 rounds to 6 (below 7, where the cast
+    would clamp: not saturated), dequantized 480."""
     x = f32([1.0, 3.0, 500.0])
     fp8 = readiness(x, "fp8_e4m3_tensor", tensor_amax=stale)
     assert fp8["saturated"] == 1 and fp8["flushed"] == 0 and fp8["sq_error"] == 52.0**2
     nvfp4 = readiness(x, "nvfp4", tensor_amax=stale)
-    assert nvfp4["saturated"] == 1 and nvfp4["flushed"] == 2 and nvfp4["sq_error"] == 1.0 + 9.0 + 20.0**2
+    assert nvfp4["saturated"] == 0 and nvfp4["flushed"] == 2 and nvfp4["sq_error"] == 1.0 + 9.0 + 20.0**2
     assert nvfp4["scale_flushed"] == 0
     assert math.isnan(fp8["amax"]) if math.isnan(stale) else fp8["amax"] == stale  # the amax used, as given
 
@@ -248,14 +250,19 @@ def test_all_nonfinite_tensor_has_amax_zero():
 
 @pytest.mark.parametrize(("recipe", "top"), [("fp8_e4m3_tensor", 448.0), ("fp8_e5m2_tensor", 57344.0)])
 def test_tensor_scale_at_the_element_max_and_just_above(recipe, top):
-    """With a given amax of max_E the scale is exactly 1: the max itself is not saturated, the next float32
-    above it is (strictly above), and it dequantizes to the max."""
+    """With a given amax of max_E the scale is exactly 1: the max and the next float32 above it are not
+    saturated (the cast rounds that one to the max as any value rounds to its neighbour), nor the last float32
+    before the first value the cast clamps; that value is, and 2 max_E; each of these dequantizes to the max."""
+    element = RECIPES_BY_NAME[recipe].element
     above = float(np.nextafter(np.float32(top), np.float32(INF)))
+    clamped = READINESS_CLAMPED_FROM[element]
+    last_kept = float(np.nextafter(np.float32(clamped), np.float32(0.0)))
     far = 2 * top
-    r = readiness(f32([top, above, -far, 1.0]), recipe, tensor_amax=top)
+    r = readiness(f32([top, above, last_kept, clamped, -far, 1.0]), recipe, tensor_amax=top)
     assert r["saturated"] == 2
-    assert r["sq_error"] == (above - top) ** 2 + (far - top) ** 2
+    assert r["sq_error"] == sum((v - top) ** 2 for v in (above, last_kept, clamped, far))
     assert readiness(f32([top, 1.0]), recipe, tensor_amax=top)["saturated"] == 0
+    assert readiness(f32([above, last_kept]), recipe, tensor_amax=top)["saturated"] == 0
 
 
 @pytest.mark.parametrize(
@@ -263,8 +270,10 @@ def test_tensor_scale_at_the_element_max_and_just_above(recipe, top):
 )
 def test_block_amax_at_the_element_max_and_just_above(recipe, top):
     """A block whose amax scales exactly onto max_E (MX: amax = max_E * 2^-3, X = -3; NVFP4: d = 1, amax_b = 6,
-    s_b = 1) is not saturated; the next float32 above it scales to just above max_E (the same X, or the same s_b
-    = cast_E4M3(1.0000001) = 1): saturated, and dequantized to the max."""
+    s_b = 1) loses nothing; the next float32 above it scales to just above max_E (the same X, or the same s_b
+    = cast_E4M3(1.0000001) = 1): not saturated (it rounds to the max), dequantized to the max. MX: a block
+    amax at 2^-3 times the first value the cast clamps keeps X = -3 and is saturated, the float32 below it not
+    (NVFP4's s_b follows the block amax, so no block amax reaches 7 there)."""
     scale = 1.0 if recipe == "nvfp4" else 2.0**-3
     at = top * scale
     above = float(np.nextafter(np.float32(at), np.float32(INF)))
@@ -272,7 +281,13 @@ def test_block_amax_at_the_element_max_and_just_above(recipe, top):
     kept = readiness(f32([at, at / 2]), recipe, tensor_amax=given)
     assert kept["saturated"] == 0 and kept["sq_error"] == 0.0
     pushed = readiness(f32([above, at / 2]), recipe, tensor_amax=given)
-    assert pushed["saturated"] == 1 and pushed["sq_error"] == (above - at) ** 2
+    assert pushed["saturated"] == 0 and pushed["sq_error"] == (above - at) ** 2
+    if recipe == "nvfp4":
+        return
+    clamped = READINESS_CLAMPED_FROM[RECIPES_BY_NAME[recipe].element] * scale
+    last_kept = float(np.nextafter(np.float32(clamped), np.float32(0.0)))
+    assert readiness(f32([clamped, at / 2]), recipe)["saturated"] == 1
+    assert readiness(f32([last_kept, at / 2]), recipe)["saturated"] == 0
 
 
 def test_fp8_tensor_hand_computed():
@@ -288,16 +303,16 @@ def test_fp8_tensor_hand_computed():
 
 
 def test_fp8_tensor_scale_rounding_can_push_the_amax_just_above_max():
-    """s = fl32(448 / amax) may round up, so that fl32(amax * s) is the float32 just above 448: the rule counts
-    it as saturated (it casts back to 448; what it loses is the scale's rounding). Which amax does it is
-    computed here in numpy's float32; both kinds occur among these."""
-    outcomes = set()
+    """s = fl32(448 / amax) may round up, so that fl32(amax * s) is the float32 just above 448: the cast rounds
+    it back to 448, and it is not counted as saturated (what it loses is the scale's rounding, in sq_error).
+    Which amax does it is computed here in numpy's float32; both kinds occur among these."""
+    above = set()
     for amax in (3.0, 5.0, 7.0, 11.0, 13.0, 17.0, 19.0, 23.0, 29.0, 31.0):
         v = np.float32(amax) * (np.float32(448.0) / np.float32(amax))
         r = readiness(f32([amax, 1.0]), "fp8_e4m3_tensor")
-        assert r["saturated"] == int(v > 448.0), amax
-        outcomes.add(r["saturated"])
-    assert outcomes == {0, 1}
+        assert r["saturated"] == 0, amax
+        above.add(bool(v > 448.0))
+    assert above == {False, True}
 
 
 def test_fp32_scale_overflows_to_flt_max():
@@ -601,7 +616,7 @@ def oracle_readiness(x: torch.Tensor, recipe_name: str) -> dict[str, float]:
         out["scale_flushed"] += int(flushed_scale)
         out["flushed"] += int((ok & (b != 0) & (deq == 0)).sum())
         if v is not None:
-            out["saturated"] += int((ok & (v.abs() > fmt.max_value)).sum())
+            out["saturated"] += int((ok & clamped_by_cast(v, fmt.name)).sum())
         out["sq_error"] += float(torch.where(ok, b.double() - deq, torch.zeros_like(deq)).square().sum())
     return out
 
