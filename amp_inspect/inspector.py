@@ -43,6 +43,8 @@ from .history import StepRecord, Summary, summarize
 from .naming import ParamEntry
 from .options import AttachOptions, takes_attach_options
 from .parameter_watch import ParameterWatch
+from .readiness_hooks import ReadinessHooks
+from .readiness_report import ReadinessReport
 from .report import StepReport
 from .run_log_sink import RunLogSink
 from .scaler import InspectingGradScaler
@@ -95,6 +97,7 @@ class Inspector:
         self._sink = RunLogSink(log_path, opts.hist_every, self) if log_path is not None else None
         self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
         self._arming = ActivationArming(model, opts.activations, opts.arm_steps, self.formats, self, self.step)
+        self._readiness = ReadinessHooks(model, opts.readiness_every, self, self.step, group=report_group)
         self._scaler = ScalerLink()
         self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if scaler is not None:
@@ -264,6 +267,7 @@ class Inspector:
     def _after_step(self) -> None:
         """End of a step: activation findings of the step, then reports whose copies are complete."""
         self._arming.end_step(self.step, self.last_report)
+        self._readiness.end_step(self.step, self.last_report)  # readiness_every: the table into the step's report
         self._steps.collect(False, self._follow_step)
 
     def _follow_step(self, report: StepReport, record: StepRecord) -> None:
@@ -297,6 +301,10 @@ class Inspector:
                 "backoff_factor": scaler.get_backoff_factor(),
             }
         return summarize(self.history, collapse_skips=self.collapse_skips, **kwargs)
+
+    def readiness(self) -> ReadinessReport | None:
+        """The last readiness step's table (``readiness_every``; docs/readiness.md); None before one, or when off."""
+        return self._readiness.last
 
     def doctor(self, optimizer: torch.optim.Optimizer | None = None, autocast_dtype: Any = None) -> DoctorReport:
         """The AMP doctor on this model, its scaler, the history so far and the clipping watch (when on)."""
@@ -334,6 +342,7 @@ class Inspector:
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
         self._arming.close()
+        self._readiness.close()
         self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
         self._context.remove()
         self._ddp.release(self)
