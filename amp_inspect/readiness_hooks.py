@@ -183,7 +183,8 @@ class ReadinessHooks:
         self._handles: list[RemovableHandle] = []
         self._tensor_handles: list[RemovableHandle] = []
         self._rows: dict[tuple[str, str], _Row] = {}
-        self._forwards = 0
+        self._forwards = 0  # training forwards of hooked modules in this readiness step
+        self._calls = 0  # and calls of any kind (evaluation too): none at all means the hooks were bypassed
         self._eager = EagerHold()
         self._compiled = every is not None and is_compiled(model)
         self._closed = False
@@ -216,7 +217,7 @@ class ReadinessHooks:
             return
         self.step = step
         self._rows = {}
-        self._forwards = 0
+        self._forwards = self._calls = 0
         self._names = gemm_modules(self.model)  # each readiness step: modules added since are measured too
         for module, name in self._names.items():
             self._handles.append(module.register_forward_pre_hook(_PreHook(self, name)))
@@ -233,7 +234,7 @@ class ReadinessHooks:
                 self._measure(name, [("dW", grad if isinstance(module, nn.Linear) else grad.t())])
         self._disarm()
         if not forwards:
-            if self._names and not self._warned:
+            if self._names and not self._calls and not self._warned:
                 self._warned = True
                 warnings.warn(NOTHING_MEASURED.format(step=step), RuntimeWarning, stacklevel=5)
             return None
@@ -269,7 +270,10 @@ class ReadinessHooks:
     # ---- the hooks ----
 
     def _forward_input(self, name: str, module: nn.Module, x: object) -> None:
-        if self.step is None or not torch.is_grad_enabled():
+        if self.step is None:
+            return
+        self._calls += 1
+        if not torch.is_grad_enabled():
             return
         self._forwards += 1
         weight = weight_operand(module)

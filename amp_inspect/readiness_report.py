@@ -45,36 +45,36 @@ RECIPE_COUNTS = ("flushed", "saturated", "blocks", "scale_flushed")
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The limits of one element format's verdicts: an operand is ready when its SQNR is at least ``ready_sqnr``
-    dB, at most ``ready_flushed`` of its nonzero elements flush and at most ``ready_saturated`` saturate;
-    borderline within the ``borderline_*`` limits; not ready beyond them."""
+    """The limits of one element format's verdicts: an operand is ready when its SQNR is at least ``ready_sqnr`` dB
+    and at most ``ready_flushed`` of its nonzero elements flush; borderline within the ``borderline_*`` limits; not
+    ready beyond either. Saturation is shown but not judged apart: these recipes clamp, and what a clamp costs is
+    in the SQNR (the OCP rule's 0.8% of a Gaussian's elements clamped cost it 0.9 dB)."""
 
     ready_sqnr: float
     borderline_sqnr: float
     ready_flushed: float
     borderline_flushed: float
-    ready_saturated: float
-    borderline_saturated: float
 
 
-def _mantissa_bound_db(mbits: int) -> float:
+def mantissa_bound_db(mbits: int) -> float:
     """The SQNR of rounding to nearest with ``mbits`` mantissa bits, for values spread evenly over a binade:
     error uniform over one ulp (variance ulp^2 / 12) against a mean square of 7/3 the binade's start squared:
-    10 log10(28 * 4^mbits) dB, 14.5 + 6.02 mbits. No block scale can do better; a real tensor does worse where its
-    small elements fall to the format's subnormals."""
+    10 log10(28 * 4^mbits) dB, 14.5 + 6.02 mbits. No scale does better; a real tensor does worse where its small
+    elements fall to the format's subnormals (a Gaussian: 1 dB below it in E4M3, E5M2 and NVFP4, 2 in MXFP4)."""
     return 10.0 * math.log10(28.0 * 4.0**mbits)
 
 
 def _thresholds(mbits: int, ready_flushed: float, borderline_flushed: float) -> Thresholds:
-    # Ready: at most 4x the noise power of the format's ideal rounding (6 dB below its mantissa bound); borderline:
-    # at most 16x (12 dB). Saturation clips the largest values, the ones that carry the signal: 0.01% / 0.1%.
-    bound = _mantissa_bound_db(mbits)
-    return Thresholds(bound - 6.0, bound - 12.0, ready_flushed, borderline_flushed, 1e-4, 1e-3)
+    # Ready: at most 4x the noise power of the format's ideal rounding (6 dB, one mantissa bit, below its bound);
+    # borderline: at most 16x (12 dB, two bits).
+    bound = mantissa_bound_db(mbits)
+    return Thresholds(bound - 6.0, bound - 12.0, ready_flushed, borderline_flushed)
 
 
-# By element format. 8-bit elements have 2^17 (E4M3) to 2^31 (E5M2) of dynamic range below the scale: a
-# well-scaled tensor flushes almost nothing, so 0.1% flushed is already a sign; E2M1 spans only 0.5 to 6, and
-# flushes by design every element below a 24th of its block's amax (about 8% of a Gaussian block): 10% / 25%.
+# By element format (docs/readiness.md: where they come from; a starting point). 8-bit elements reach 2^17 (E4M3)
+# to 2^31 (E5M2) below the scale: a Gaussian flushes under 1e-5 of its elements, so 0.1% flushed is already a sign
+# of a spread the format cannot hold; E2M1 spans only 0.5 to 6 and flushes, by design, every element below about a
+# 24th of its block's amax (7-9% of a Gaussian, 13-16% of a Laplace): 10% / 25%.
 THRESHOLDS: dict[str, Thresholds] = {
     "e4m3": _thresholds(3, 1e-3, 1e-2),
     "e5m2": _thresholds(2, 1e-3, 1e-2),
