@@ -41,6 +41,7 @@ LEVELS = (READY, BORDERLINE, NOT_READY)  # best first
 # counts, then each per-recipe count for every recipe in order.
 TENSOR_COUNTS = ("numel", "nonzero", "nonfinite")
 RECIPE_COUNTS = ("flushed", "saturated", "blocks", "scale_flushed")
+SQNR_CAP_DB = 100.0  # where the best recipe averages SQNRs: +inf (nothing lost) counts as this
 
 
 @dataclass(frozen=True)
@@ -200,19 +201,15 @@ def operand_level(stats: OperandStats, recipe: str, r: int) -> Verdict:
     if stats.nonzero == 0:
         return Verdict(READY)
     limits = THRESHOLDS[RECIPES_BY_NAME[recipe].element]
-    sqnr, flushed, saturated = stats.sqnr_db(r), stats.flushed_fraction(r), stats.saturated_fraction(r)
-    if sqnr >= limits.ready_sqnr and flushed <= limits.ready_flushed and saturated <= limits.ready_saturated:
+    sqnr, flushed = stats.sqnr_db(r), stats.flushed_fraction(r)
+    if sqnr >= limits.ready_sqnr and flushed <= limits.ready_flushed:
         return Verdict(READY)
     reasons = []
     if sqnr < limits.ready_sqnr:
         reasons.append(f"SQNR {sqnr:.1f} dB")
     if flushed > limits.ready_flushed:
         reasons.append(f"{flushed:.2%} flushed")
-    if saturated > limits.ready_saturated:
-        reasons.append(f"{saturated:.3%} saturated")
-    bad = (
-        sqnr < limits.borderline_sqnr or flushed > limits.borderline_flushed or saturated > limits.borderline_saturated
-    )
+    bad = sqnr < limits.borderline_sqnr or flushed > limits.borderline_flushed
     return Verdict(NOT_READY if bad else BORDERLINE, ", ".join(reasons))
 
 
@@ -297,17 +294,33 @@ class ReadinessReport:
         return out
 
     def best_recipe(self) -> str | None:
-        """The recipe that keeps the most modules ready (ties: fewer not ready, then the narrower element format,
-        then the recipes' order); None without modules."""
+        """The recipe that keeps the most modules ready; among those, the one with fewest modules not ready, then
+        the most accurate (highest mean over modules of their worst judged operand's SQNR, capped at 100 dB), then the
+        first in the recipes' order. None without modules."""
         if not self.modules:
             return None
         counts = self.ready_counts()
 
-        def key(recipe: str) -> tuple[int, int, int, int]:
-            bits = 4 if RECIPES_BY_NAME[recipe].element == "e2m1" else 8
-            return (-counts[recipe][READY], counts[recipe][NOT_READY], bits, self.recipes.index(recipe))
+        def key(recipe: str) -> tuple[int, int, float, int]:
+            return (
+                -counts[recipe][READY],
+                counts[recipe][NOT_READY],
+                -self.mean_worst_sqnr(recipe),
+                self.recipes.index(recipe),
+            )
 
         return min(self.recipes, key=key)
+
+    def mean_worst_sqnr(self, recipe: str) -> float:
+        """The mean over modules of the lowest SQNR of their judged operands under ``recipe`` (each capped at 100 dB:
+        +inf, nothing lost, would outweigh every other module); 100 when no operand has a signal."""
+        r = self.recipes.index(recipe)
+        worst = []
+        for ops in self.modules.values():
+            values = [s.sqnr_db(r) for op, s in ops.items() if op in JUDGED_OPERANDS and s.nonzero and not s.nonfinite]
+            if values:
+                worst.append(min(min(values), SQNR_CAP_DB))
+        return sum(worst) / len(worst) if worst else SQNR_CAP_DB
 
     # ---- merging, the log ----
 
