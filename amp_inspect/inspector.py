@@ -43,8 +43,7 @@ from .history import StepRecord, Summary, summarize
 from .naming import ParamEntry
 from .options import AttachOptions, takes_attach_options
 from .parameter_watch import ParameterWatch
-from .readiness_hooks import ReadinessHooks
-from .readiness_report import ReadinessReport
+from .readiness_hooks import ReadinessHooks, ReadinessReport
 from .report import StepReport
 from .run_log_sink import RunLogSink
 from .scaler import InspectingGradScaler
@@ -97,7 +96,7 @@ class Inspector:
         self._sink = RunLogSink(log_path, opts.hist_every, self) if log_path is not None else None
         self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
         self._arming = ActivationArming(model, opts.activations, opts.arm_steps, self.formats, self, self.step)
-        self._readiness = ReadinessHooks(model, opts.readiness_every, self, self.step, group=report_group)
+        self._readiness = ReadinessHooks.of_options(model, opts, self, self.step, report_group)  # readiness_every
         self._scaler = ScalerLink()
         self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if scaler is not None:

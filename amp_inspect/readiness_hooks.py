@@ -31,6 +31,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,6 +44,8 @@ from .readiness_report import ReadinessReport
 from .recipes import check_recipes
 from .report import HostCopy, StepReport
 from .wrappers import is_compiled
+
+__all__ = ["ReadinessHooks", "ReadinessReport", "gemm_modules", "is_gemm_module", "weight_operand"]
 
 READINESS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NOTHING_MEASURED = (
@@ -192,6 +195,11 @@ class ReadinessHooks:
         weakref.finalize(owner, self.close).atexit = False  # an inspector dropped without detach leaves no hook
         if every is not None:
             self._arm_if_due(step)
+
+    @classmethod
+    def of_options(cls, model: nn.Module, options: Any, owner: object, step: int, group: object) -> ReadinessHooks:
+        """The hooks of an inspector's AttachOptions (``readiness_every``, ``timeout``), reporting over ``group``."""
+        return cls(model, options.readiness_every, owner, step, group=group, timeout=options.timeout)
 
     @property
     def armed(self) -> bool:
