@@ -219,7 +219,9 @@ def _extensions():
     # both hold tensor_stats_call.cpp, never bind to each other's copy.
     # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
     cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
-    sources = [f"{CSRC}/{name}" for name in ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp")]
+    # Format readiness (readiness_*.cpp) joins the CPU library beside tensor_stats.
+    cpu_sources = ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp", "readiness_call.cpp")
+    sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness_cpu.cpp")]
     # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
     # _C_cuda does), loaded after _C, whose schema library its ops join.
     emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]

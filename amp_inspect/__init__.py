@@ -5,6 +5,10 @@ in fp16 / bf16 / fp8, extremes, sum of squares and an exponent histogram per ten
 
     stats = amp_inspect.tensor_stats(grads, formats=("fp16", "bf16"))
 
+what each low-precision GEMM recipe (FP8, MXFP8, MXFP4, NVFP4) would lose on a tensor::
+
+    readiness = amp_inspect.format_readiness([x, w], recipes=("mxfp8_e4m3", "nvfp4"))
+
 and ties them to module names and GradScaler::
 
     insp = amp_inspect.attach(model, scaler)
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from .formats import FORMATS
     from .history import StepRecord, Summary
     from .inspector import Inspector, attach
+    from .readiness import ReadinessStats, format_readiness
     from .report import Headroom, StepReport
     from .runlog import read_log
     from .scale_policy import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
@@ -42,6 +47,7 @@ _MODULE_OF = {
     "HeadroomPolicy": "scale_policy",
     "InspectingGradScaler": "scaler",
     "Inspector": "inspector",
+    "ReadinessStats": "readiness",
     "StepRecord": "history",
     "StepReport": "report",
     "ScaleDecision": "scale_policy",
@@ -50,6 +56,7 @@ _MODULE_OF = {
     "TensorStats": "stats",
     "attach": "inspector",
     "ddp_comm_hook": "ddp",
+    "format_readiness": "readiness",
     "doctor": "checks",  # the function; its module is not named `doctor`, which would shadow it when imported
     "read_log": "runlog",
     "register_policy": "scale_policy",
@@ -64,6 +71,7 @@ __all__ = [
     "HeadroomPolicy",
     "InspectingGradScaler",
     "Inspector",
+    "ReadinessStats",
     "StepRecord",
     "StepReport",
     "ScaleDecision",
@@ -73,6 +81,7 @@ __all__ = [
     "attach",
     "ddp_comm_hook",
     "doctor",
+    "format_readiness",
     "read_log",
     "register_policy",
     "tensor_stats",

@@ -11,10 +11,11 @@ import torch
 
 from ._torch_compat import non_finite_check_and_unscale_
 from .reference import tensor_stats_reference
-from .statistics import new_outputs
+from .statistics import new_outputs, new_readiness_outputs
 
 OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
+READINESS_OP_NAME = "amp_inspect::format_readiness"
 
 # Loading the compiled libraries runs the op's registrations; CUDA_OFF: why the CUDA kernels are not loaded.
 from ._native import CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
@@ -177,6 +178,48 @@ if LOAD_ERROR is None:
     def _unscale_stats_fake(tensors, inv_scale, found_inf, formats):
         _check_fake_devices("unscale_stats_", tensors, inv_scale=inv_scale, found_inf=found_inf)
         return _empty_outputs(tensors, formats)
+
+
+if LOAD_ERROR is None:
+
+    @torch.library.register_fake(READINESS_OP_NAME)
+    def _format_readiness_fake(tensors, recipes, tensor_amax):
+        _check_fake_devices("format_readiness", tensors, tensor_amax=tensor_amax)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return new_readiness_outputs(len(tensors), len(recipes), device)
+
+
+def _readiness_kernels() -> frozenset[str]:
+    """The device types the compiled extension has a format_readiness kernel for (asked once, at import)."""
+    op = getattr(torch.ops.amp_inspect, "format_readiness", None) if LOAD_ERROR is None else None
+    if op is None:  # a binary built before format readiness
+        return frozenset()
+    return frozenset(key.lower() for key in ("CPU", "CUDA") if op.default.has_kernel_for_dispatch_key(key))
+
+
+READINESS_KERNELS = _readiness_kernels()
+
+
+def format_readiness_op(
+    tensors: list[torch.Tensor], recipes: list[int], tensor_amax: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Runs format_readiness on tensors of one device (checked here); the float64 reference of
+    reference_readiness.py, with one warning, where no compiled kernel serves the device."""
+    device_type = tensors[0].device.type if tensors else "cpu"
+    if tensors:
+        check_one_device(tensors, tensor_amax=tensor_amax)
+    if device_type in READINESS_KERNELS and (device_type != "cuda" or _cuda_kernel_usable(tensors[0].device)):
+        return torch.ops.amp_inspect.format_readiness(tensors, recipes, tensor_amax)
+    if tensors:
+        why = f"the compiled extension did not load ({LOAD_ERROR})" if LOAD_ERROR else "the extension has none"
+        _warn_once(
+            f"readiness:{device_type}",
+            f"amp_inspect: no compiled format_readiness kernel for {device_type} tensors ({why}); the float64 "
+            "reference serves (exact, but several passes per recipe and a host sync per call).",
+        )
+    from .reference_readiness import format_readiness_reference
+
+    return format_readiness_reference(tensors, recipes, tensor_amax)
 
 
 def check_one_device(tensors: list[torch.Tensor], **others: torch.Tensor | None) -> None:

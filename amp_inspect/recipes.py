@@ -20,21 +20,26 @@ not keep it in range). ``flushed`` counts finite nonzero x whose dequantized val
 **Scale rules**, by ``Recipe.scale``:
 
 - ``fp32_tensor`` (TransformerEngine's current scaling) and ``fp32_block`` (1x128 blocks, DeepSeek-V3 style):
-  s = fl32(max_E / amax); s = 1 where amax = 0; s = FLT_MAX where the division overflows to +inf (the block's
-  scale is then at its limit: counted in ``scale_flushed``). v = fl32(x * s); q = cast_E(v); dequantized
-  q / s.
+  s = fl32(max_E / amax); s = 1 where amax = 0 (and where a given tensor amax is Inf or NaN, as
+  TransformerEngine's compute_scale_from_amax does); s = FLT_MAX where the division overflows to +inf (the
+  block's scale is then at its limit: counted in ``scale_flushed``). v = fl32(x * s); q = cast_E(v);
+  dequantized q / s.
 - ``e8m0_floor`` (OCP Microscaling v1.0, section 6.3): X = floor(log2 amax_b) - emax_E, clamped to [-127, 127]
   (the E8M0 range; a block whose X is clamped counts in ``scale_flushed``); X = -127 where amax_b = 0.
   v = x * 2^-X (exact), q = cast_E(v), dequantized q * 2^X.
 - ``e8m0_rceil`` (the scale rounded up, as TransformerEngine's MXFP8 and torchao's RCEIL mode do):
   r = fl32(amax_b / max_E); X = the least integer with 2^X >= r, clamped to [-127, 127] (clamped blocks count in
-  ``scale_flushed``); X = -127 where r = 0. Then as ``e8m0_floor``.
+  ``scale_flushed``); X = -127 where r = 0 (a block with amax_b > 0 whose r underflowed to 0 is a clamped
+  block). Then as ``e8m0_floor``.
 - ``nvfp4`` (NVIDIA's two-level scaling, as torchao's nvfp4_tensor.py computes it, but without clamping the
   block scale up to E4M3's smallest normal): d = fl32(amax_t / (448 * 6)) the tensor's decode scale;
   per block, s_b = cast_E4M3(fl32(fl32(amax_b / 6) / d)) (saturating at 448, its subnormals kept);
   total = fl32(d * s_b). Where total = 0 every element of the block dequantizes to 0; else
   v = fl32(x / total), q = cast_E2M1(v), dequantized q * total. A block with amax_b > 0 whose s_b is zero or
-  an E4M3 subnormal (below 2^-6) counts in ``scale_flushed``. A tensor with amax_t = 0 has nothing to lose.
+  an E4M3 subnormal (below 2^-6) counts in ``scale_flushed``. Two cases the arithmetic leaves open: s_b = 0
+  where fl32(amax_b / 6) = 0 (not 0/0 when d = 0), and d = 1 where amax_t is 0, Inf or NaN (a given, stale
+  amax; TransformerEngine's compute_global_encode_scaling_factor_FP4 does the same). A tensor whose own
+  amax_t is 0 has nothing to lose.
 
 Blocks run along the last dimension as the tensor is given (a 0-d tensor is one row of one element); a
 row's last block may be shorter than the block size and is its own block. A tensor-scaled recipe's tensor is

@@ -109,10 +109,11 @@ class _Quantized:
 
 
 def _fp32_scaled(x: torch.Tensor, amax: torch.Tensor, fmt: ElementFormat) -> _Quantized:
-    """fp32_tensor / fp32_block: s = fl32(max_E / amax) (1 where amax = 0, FLT_MAX where it overflows),
+    """fp32_tensor / fp32_block: s = fl32(max_E / amax) (1 where amax is 0, Inf or NaN; FLT_MAX where it overflows),
     v = fl32(x * s), q = cast_E(v), dequantized q / s."""
     s = _f32(fmt.max_value, amax) / amax
-    s = torch.where(amax == 0, _f32(1.0, amax), s)
+    # amax 0 (nothing to scale) or a given amax that is Inf or NaN: the unit scale, as TE's current scaling
+    s = torch.where((amax == 0) | ~torch.isfinite(amax), _f32(1.0, amax), s)
     overflowed = torch.isinf(s)
     s = torch.where(overflowed, _f32(FLT_MAX, amax), s)
     v = x * s[:, None]
@@ -141,13 +142,19 @@ def _e8m0_scaled(x: torch.Tensor, amax: torch.Tensor, fmt: ElementFormat, round_
 
 
 def _nvfp4_scaled(x: torch.Tensor, amax_b: torch.Tensor, amax_t: torch.Tensor) -> _Quantized:
-    """nvfp4: d = fl32(amax_t / 2688); s_b = cast_E4M3(fl32(fl32(amax_b / 6) / d)), not clamped up to E4M3's
-    smallest normal; total = fl32(d * s_b). total = 0: the block dequantizes to 0; else v = fl32(x / total),
-    q = cast_E2M1(v), dequantized q * total. scale_flushed: amax_b > 0 and s_b zero or subnormal."""
-    d = amax_t.reshape(1).to(torch.float32) / _f32(NVFP4_TENSOR_DIVISOR, amax_t.reshape(1))
-    wanted = (amax_b / _f32(_E2M1.max_value, amax_b)) / d
-    # amax_b = 0 (a block of zeros) with d = 0 is 0/0: its scale is 0, as it is where only d > 0
-    wanted = torch.where(amax_b == 0, torch.zeros_like(wanted), wanted)
+    """nvfp4: d = fl32(amax_t / 2688) (1 where amax_t is 0, Inf or NaN); s_b = cast_E4M3(fl32(fl32(amax_b / 6)
+    / d)), not clamped up to E4M3's smallest normal; total = fl32(d * s_b). total = 0: the block dequantizes to
+    0; else v = fl32(x / total), q = cast_E2M1(v), dequantized q * total. scale_flushed: amax_b > 0 and s_b zero
+    or subnormal."""
+    amax_t = amax_t.reshape(1).to(torch.float32)
+    d = amax_t / _f32(NVFP4_TENSOR_DIVISOR, amax_t)
+    # amax_t 0, Inf or NaN (a given, stale amax): d = 1, as TE's encode scale does; a tensor whose own amax is 0
+    # holds only zeros, so d does not matter there
+    d = torch.where((amax_t == 0) | ~torch.isfinite(amax_t), _f32(1.0, amax_t), d)
+    per_element = amax_b / _f32(_E2M1.max_value, amax_b)
+    # fl32(amax_b / 6) = 0 (a block of zeros, or of float32 subnormals below 3 * 2^-149) with d = 0 would be
+    # 0/0: the scale is 0 there, as it is wherever d > 0
+    wanted = torch.where(per_element == 0, torch.zeros_like(per_element), per_element / d)
     s_b = cast_element(wanted, _E4M3).to(torch.float32)  # E4M3 values are float32 values
     total = d * s_b
     nonzero_total = (total != 0)[:, None]

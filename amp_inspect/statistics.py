@@ -7,7 +7,8 @@ log's module records (report.py, runlog.py). docs/architecture.md walks through 
 Terms (v is the value judged: x, or ``float32(x) * scale``; the format terms are defined in formats.py):
 
 - **per**: what one tensor holds: one value (``PER_TENSOR``), one per requested format (``PER_FORMAT``,
-  columns in the order of ``formats``), one per float32 exponent field (``PER_BIN``, ``HIST_BINS`` columns).
+  columns in the order of ``formats``), one per float32 exponent field (``PER_BIN``, ``HIST_BINS`` columns), one
+  per requested recipe (``PER_RECIPE``, format readiness's statistics: ``READINESS`` below).
 - **merge**: how the statistics of disjoint sets of elements combine into the statistic of their union:
   ``SUM`` (counts and sums; a histogram adds bin by bin), ``MAX`` or ``MIN``. One rule serves every merge
   the package makes, because each is a union of disjoint elements: the chunks of one tensor (the kernels),
@@ -36,6 +37,7 @@ Torch-free and numpy-free (the log readers use it); the few helpers that make te
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,7 +47,7 @@ from .formats import FORMAT_BOUNDS, HIST_BINS
 if TYPE_CHECKING:
     import torch
 
-PER_TENSOR, PER_FORMAT, PER_BIN = "tensor", "format", "bin"
+PER_TENSOR, PER_FORMAT, PER_BIN, PER_RECIPE = "tensor", "format", "bin", "recipe"
 SUM, MAX, MIN = "sum", "max", "min"
 _UFUNCS = {SUM: "add", MAX: "fmax", MIN: "fmin"}
 _INT_DTYPES = frozenset({"int64"})
@@ -68,8 +70,8 @@ class Statistic:
     unknown_when: Callable[[Mapping[str, Any]], bool] | None = None
 
     def columns(self, num_formats: int) -> int:
-        """Its columns per tensor for ``num_formats`` formats."""
-        return {PER_TENSOR: 1, PER_FORMAT: num_formats, PER_BIN: HIST_BINS}[self.per]
+        """Its columns per tensor for ``num_formats`` formats (or recipes, for a ``PER_RECIPE`` statistic)."""
+        return {PER_TENSOR: 1, PER_FORMAT: num_formats, PER_BIN: HIST_BINS, PER_RECIPE: num_formats}[self.per]
 
     @property
     def is_count(self) -> bool:
@@ -167,6 +169,9 @@ class Output:
 
     name: str
     statistics: tuple[Statistic, ...]
+    # Per-recipe columns recipe by recipe (format readiness's counts: flushed, saturated, blocks, scale_flushed of
+    # the first recipe, then of the second, ...), after the single-valued statistics; else statistic by statistic.
+    recipe_major: bool = False
 
     @property
     def dtype(self) -> str:
@@ -203,22 +208,29 @@ class Output:
             yield tuple(run)
 
 
-def _outputs() -> tuple[Output, ...]:
-    names = list(dict.fromkeys(s.output for s in STATISTICS))
-    outputs = tuple(Output(n, tuple(s for s in STATISTICS if s.output == n)) for n in names)
+def _outputs(table: Sequence[Statistic], derived: Sequence[Derived]) -> tuple[Output, ...]:
+    """The outputs of an op whose statistics are ``table`` (in output order), with the schema's rules checked."""
+    names = list(dict.fromkeys(s.output for s in table))
+    outputs = []
+    for n in names:
+        members = tuple(s for s in table if s.output == n)
+        recipe_major = any(s.per == PER_RECIPE for s in members)
+        outputs.append(Output(n, members, recipe_major))
+        if recipe_major and [s.per for s in members] != sorted((s.per for s in members), key=lambda p: p != PER_TENSOR):
+            raise AssertionError(f"output {n!r}'s single-valued statistics do not come first")
     for o in outputs:  # the schema's own rules, checked once at import
         if len({s.dtype for s in o.statistics}) != 1 or len({s.merge for s in o.statistics}) != 1:
             raise AssertionError(f"the statistics of output {o.name!r} differ in dtype or merge")
-        if list(o.statistics) != [s for s in STATISTICS if s.output == o.name] or len(names) != len(set(names)):
-            raise AssertionError(f"output {o.name!r}'s statistics are not neighbours in STATISTICS")
-    for d in DERIVED:
-        known = set(BY_NAME) | {e.name for e in DERIVED[: DERIVED.index(d)]}
+        if list(o.statistics) != [s for s in table if s.output == o.name] or len(names) != len(set(names)):
+            raise AssertionError(f"output {o.name!r}'s statistics are not neighbours in their table")
+    for d in derived:
+        known = {s.name for s in table} | {e.name for e in derived[: list(derived).index(d)]}
         if not set(d.needs) <= known:
             raise AssertionError(f"derived {d.name!r} needs {sorted(set(d.needs) - known)}, not defined before it")
-    return outputs
+    return tuple(outputs)
 
 
-OUTPUTS: tuple[Output, ...] = _outputs()
+OUTPUTS: tuple[Output, ...] = _outputs(STATISTICS, DERIVED)
 OUTPUT_NAMES: tuple[str, ...] = tuple(o.name for o in OUTPUTS)
 # The run log's module fields by kind (runlog.py checks their types when it reads a log).
 MODULE_COUNT_FIELDS: tuple[str, ...] = tuple(s.name for s in STATISTICS if s.in_module_record and s.is_count)
@@ -278,6 +290,130 @@ def new_outputs(rows: int, formats: Sequence[str], device: Any, *, filled: bool)
     return tuple(made)
 
 
+# ---------------------------------------------------------------------------------------------- format readiness
+# The statistics of the format_readiness op (readiness.py; the recipes and their rules: recipes.py), a second table
+# of the same schema: per tensor, or per recipe asked for (columns in the order of ``recipes``). The op's counts
+# and sums hold their per-recipe columns recipe by recipe (``Output.recipe_major``).
+
+
+def _readiness_count(name: str, per: str, doc: str) -> Statistic:
+    return Statistic(name, "int64", per, SUM, "counts", 0, None, False, doc)
+
+
+READINESS: tuple[Statistic, ...] = (
+    _readiness_count("numel", PER_TENSOR, "elements"),
+    _readiness_count("nonzero", PER_TENSOR, "finite nonzero elements"),
+    _readiness_count("nonfinite", PER_TENSOR, "NaN and Inf elements, left out of every amax, count but numel and sum"),
+    _readiness_count("flushed", PER_RECIPE, "finite nonzero x whose quantized-then-dequantized value is 0"),
+    _readiness_count(
+        "saturated", PER_RECIPE,
+        "finite x whose scaled value |v| exceeds the element format's largest finite value (every recipe's cast "
+        "saturates: such a v becomes that value with its sign, never Inf or NaN)",
+    ),
+    _readiness_count("blocks", PER_RECIPE, "blocks (scales) of the tensor: 1 for a tensor-scaled recipe, 0 when empty"),
+    _readiness_count(
+        "scale_flushed", PER_RECIPE,
+        "blocks whose scale is at its limit: an fp32 scale overflowed to FLT_MAX, an E8M0 exponent clamped to "
+        "[-127, 127], an NVFP4 E4M3 block scale zero or subnormal",
+    ),
+    Statistic("sq_signal", "float64", PER_TENSOR, SUM, "sums", 0.0, None, False, "sum of x^2 over finite x, float64"),
+    Statistic(
+        "sq_error", "float64", PER_RECIPE, SUM, "sums", 0.0, None, False,
+        "sum over finite x of (x - dequant(quant(x)))^2, float64 (the kernels agree with the float64 reference to "
+        "a relative 1e-12: only the order of the sum and the rounding of q / s differ)",
+    ),
+    Statistic(
+        "amax", "float32", PER_TENSOR, MAX, "amax", 0.0, None, False,
+        "the tensor amax the tensor-scaled recipes used: the one given (delayed scaling) or the finite amax "
+        "measured (0 when there is no finite element)",
+    ),
+)  # fmt: skip
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float))
+
+
+def _fraction(part: Any, whole: Any) -> Any:
+    """part / whole as float64 (NaN where whole is 0), on numbers, tensors or numpy arrays."""
+    if _is_number(part) and _is_number(whole):
+        return part / whole if whole else math.nan
+    if hasattr(part, "double"):  # torch: an int64 quotient would be float32
+        return part.double() / whole
+    import numpy as np
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(part, dtype=np.float64) / whole
+
+
+def _sqnr_db(v: Mapping[str, Any]) -> Any:
+    """10 log10(sq_signal / sq_error): +inf where nothing was lost, NaN where no element is finite and nonzero."""
+    signal, error, nonzero = v["sq_signal"], v["sq_error"], v["nonzero"]
+    if _is_number(signal) and _is_number(error):
+        if not nonzero:
+            return math.nan
+        return math.inf if error == 0 else 10.0 * math.log10(signal / error)
+    if hasattr(signal, "log10"):  # torch; a signal of no nonzero element is 0, and 0 / 0 is NaN
+        return 10.0 * (signal / error).log10().where(nonzero != 0, math.nan)
+    import numpy as np
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.asarray(nonzero) != 0, 10.0 * np.log10(np.asarray(signal) / error), np.nan)
+
+
+READINESS_DERIVED: tuple[Derived, ...] = (
+    Derived(
+        "sqnr_db", ("sq_signal", "sq_error", "nonzero"), _sqnr_db, None, False,
+        "signal to quantization noise, 10 log10(sq_signal / sq_error) in dB: +inf where nothing was lost, NaN where "
+        "no element is finite and nonzero",
+    ),
+    Derived(
+        "flushed_fraction", ("flushed", "nonzero"), lambda v: _fraction(v["flushed"], v["nonzero"]), None, False,
+        "flushed / nonzero (NaN where nonzero is 0)",
+    ),
+    Derived(
+        "saturated_fraction", ("saturated", "nonzero"), lambda v: _fraction(v["saturated"], v["nonzero"]), None,
+        False, "saturated / nonzero (NaN where nonzero is 0)",
+    ),
+)  # fmt: skip
+
+READINESS_BY_NAME: dict[str, Statistic] = {s.name: s for s in READINESS}
+READINESS_DERIVED_BY_NAME: dict[str, Derived] = {d.name: d for d in READINESS_DERIVED}
+READINESS_OUTPUTS: tuple[Output, ...] = _outputs(READINESS, READINESS_DERIVED)
+READINESS_OUTPUT_NAMES: tuple[str, ...] = tuple(o.name for o in READINESS_OUTPUTS)
+
+
+def derive_readiness(name: str, values: Mapping[str, Any]) -> Any:
+    """Derived readiness value ``name`` of merged readiness statistics ``values`` (by name)."""
+    d = READINESS_DERIVED_BY_NAME[name]
+    return d.compute({n: values[n] if n in values else derive_readiness(n, values) for n in d.needs})
+
+
+def output_column(output: Output, statistic: str, position: int, num: int) -> int:
+    """The column of ``output`` holding ``statistic`` for format / recipe number ``position`` of ``num`` (0 for a
+    single-valued statistic)."""
+    single = [s for s in output.statistics if s.per == PER_TENSOR]
+    names = [s.name for s in output.statistics]
+    if statistic not in names:
+        raise KeyError(f"output {output.name!r} holds no statistic {statistic!r}")
+    if output.recipe_major:
+        if statistic in (s.name for s in single):
+            return [s.name for s in single].index(statistic)
+        many = [s.name for s in output.statistics if s.per != PER_TENSOR]
+        return len(single) + len(many) * position + many.index(statistic)
+    before = output.statistics[: names.index(statistic)]
+    return sum(s.columns(num) for s in before) + position
+
+
+def new_readiness_outputs(rows: int, num_recipes: int, device: Any) -> tuple[torch.Tensor, ...]:
+    """The format_readiness op's outputs for ``rows`` tensors, uninitialised (the fake kernel's). Imports torch."""
+    import torch
+
+    return tuple(
+        torch.empty(o.shape(rows, num_recipes), dtype=getattr(torch, o.dtype), device=device) for o in READINESS_OUTPUTS
+    )
+
+
 # ---------------------------------------------------------------------------------------------- the C++ tables
 
 
@@ -310,6 +446,41 @@ def layout_problem(native: Mapping[str, Any]) -> str | None:
         return f"its outputs are {theirs}, this package's {ours}"
     if any(o.statistics[0].empty != s.empty for o in OUTPUTS for s in o.statistics):
         return "an output's statistics start from different empty values"  # the C++ fills one value per output
+    return readiness_layout_problem(native)
+
+
+def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
+    """Where format readiness's tables in ``_C.layout()["readiness"]`` (csrc/readiness.h: the recipes, their element
+    formats and scale rules, the op's columns and outputs) differ from recipes.py's and ``READINESS``'s: one clause,
+    or None. A binary without the table (built before format readiness) has no such op to disagree."""
+    from . import recipes
+
+    theirs = native.get("readiness")
+    if theirs is None:
+        return None
+    ours_recipes = tuple((r.name, r.element, r.block, r.scale) for r in recipes.RECIPES)
+    if tuple(tuple(r) for r in theirs.get("recipes", ())) != ours_recipes:
+        return f"its recipes are {tuple(tuple(r) for r in theirs.get('recipes', ()))}, this package's {ours_recipes}"
+    ours_elements = tuple(
+        (f.name, f.mbits, f.emin, f.emax, struct.unpack("<I", struct.pack("<f", f.max_value))[0])
+        for f in recipes.ELEMENT_FORMATS.values()
+    )
+    if tuple(tuple(e) for e in theirs.get("element_formats", ())) != ours_elements:
+        return f"its element formats are {theirs.get('element_formats')}, this package's {ours_elements}"
+    if tuple(theirs.get("scale_rules", ())) != recipes.SCALE_RULES:
+        return f"its scale rules are {theirs.get('scale_rules')}, this package's {recipes.SCALE_RULES}"
+    limits = (recipes.E8M0_MIN_EXPONENT, recipes.E8M0_MAX_EXPONENT, recipes.NVFP4_TENSOR_DIVISOR)
+    if (*theirs.get("e8m0_exponents", ()), theirs.get("nvfp4_tensor_divisor")) != limits:
+        return f"its E8M0 range or NVFP4 divisor differ from this package's {limits}"
+    counts, sums = READINESS_OUTPUTS[0], READINESS_OUTPUTS[1]
+    ours_columns = tuple(
+        n for o in (counts, sums) for n in (sum(s.per == PER_TENSOR for s in o.statistics), o.columns(1) - o.columns(0))
+    )
+    if tuple(theirs.get("columns", ())) != ours_columns:
+        return f"its readiness columns are {theirs.get('columns')}, this package's {ours_columns}"
+    ours_outputs = tuple((o.name, o.dtype) for o in READINESS_OUTPUTS)
+    if tuple(tuple(o) for o in theirs.get("outputs", ())) != ours_outputs:
+        return f"its readiness outputs are {theirs.get('outputs')}, this package's {ours_outputs}"
     return None
 
 

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "readiness.h"
 #include "tensor_stats.h"
 
 namespace amp_inspect {
@@ -38,6 +39,8 @@ STABLE_TORCH_LIBRARY(amp_inspect, m) {
   m.def(
       "unscale_stats_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf, str[] formats) -> "
       "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
+  // Format readiness (issue 21): what each low-precision GEMM recipe would lose on each tensor (readiness_call.h).
+  m.def("format_readiness(Tensor[] tensors, int[] recipes, Tensor? tensor_amax) -> (Tensor counts, Tensor sums, Tensor amax)");
   m.def("build_info() -> str");
   // The tests' emulated CUDA ops are defined by the test-only library amp_inspect._C_emu (tensor_stats_emu.cpp).
 }
@@ -100,6 +103,8 @@ const char* columns_name(amp_inspect::OutputColumns columns) {
   return "none";
 }
 
+PyObject* readiness_layout();  // below
+
 // amp_inspect._C.layout(): the tables this binary was compiled with, for Python to check its schema of statistics
 // against (amp_inspect/statistics.py `layout_problem`): the format names and bounds as bit patterns (numerics.h
 // kFormatBounds), the count columns (kFixedCountColumns, and per format), the histogram bins and the outputs.
@@ -147,7 +152,62 @@ PyObject* layout(PyObject*, PyObject*) {
   ok = stored_formats && stored_bounds && stored_outputs &&
        put(result, "max_formats", PyLong_FromLong(kMaxFormats)) && put(result, "hist_bins", PyLong_FromLong(kHistBins)) &&
        put(result, "fixed_count_columns", PyLong_FromLong(kFixedCountColumns)) &&
-       put(result, "count_columns_per_format", PyLong_FromLong(count_columns(1) - kFixedCountColumns));
+       put(result, "count_columns_per_format", PyLong_FromLong(count_columns(1) - kFixedCountColumns)) &&
+       put(result, "readiness", readiness_layout());
+  if (!ok) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  return result;
+}
+
+// layout()["readiness"]: format readiness's tables (readiness.h), for statistics.readiness_layout_problem: the
+// recipes (name, element format, block, scale rule), the element formats (name, mbits, emin, emax, max as float32
+// bits), the scale rules, E8M0's exponent range and NVFP4's tensor divisor, the op's columns (counts fixed and per
+// recipe, sums fixed and per recipe) and outputs. Null with a Python error set when an allocation fails.
+PyObject* readiness_layout() {
+  using namespace amp_inspect;
+  PyObject* recipes = PyTuple_New(kNumRecipes);
+  PyObject* elements = PyTuple_New(kNumElementFormats);
+  PyObject* rules = PyTuple_New(kNumScaleRules);
+  bool ok = recipes != nullptr && elements != nullptr && rules != nullptr;
+  for (int r = 0; ok && r < kNumRecipes; ++r) {
+    const RecipeSpec& spec = kRecipes[r];
+    PyObject* row = tuple_of({PyUnicode_FromString(spec.name), PyUnicode_FromString(kElementNames[spec.element]),
+                              PyLong_FromLong(spec.block), PyUnicode_FromString(kScaleRuleNames[spec.scale])});
+    ok = row != nullptr;
+    if (ok) PyTuple_SetItem(recipes, r, row);
+  }
+  for (int e = 0; ok && e < kNumElementFormats; ++e) {
+    const ElementGrid& g = kElementGrids[e];
+    PyObject* row = tuple_of({PyUnicode_FromString(kElementNames[e]), PyLong_FromLong(g.mbits), PyLong_FromLong(g.emin),
+                              PyLong_FromLong(g.emax), PyLong_FromUnsignedLong(g.max_bits)});
+    ok = row != nullptr;
+    if (ok) PyTuple_SetItem(elements, e, row);
+  }
+  for (int k = 0; ok && k < kNumScaleRules; ++k) {
+    PyObject* name = PyUnicode_FromString(kScaleRuleNames[k]);
+    ok = name != nullptr;
+    if (ok) PyTuple_SetItem(rules, k, name);
+  }
+  PyObject* result = ok ? PyDict_New() : nullptr;
+  if (result == nullptr) {
+    Py_XDECREF(recipes);
+    Py_XDECREF(elements);
+    Py_XDECREF(rules);
+    return nullptr;
+  }
+  const bool stored = put(result, "recipes", recipes) & put(result, "element_formats", elements) &
+                      put(result, "scale_rules", rules);
+  ok = stored &&
+       put(result, "e8m0_exponents", tuple_of({PyLong_FromLong(kE8M0MinExponent), PyLong_FromLong(kE8M0MaxExponent)})) &&
+       put(result, "nvfp4_tensor_divisor", PyFloat_FromDouble(kNvfp4TensorDivisor)) &&
+       put(result, "columns", tuple_of({PyLong_FromLong(kReadinessFixedCounts), PyLong_FromLong(kReadinessCountsPerRecipe),
+                                        PyLong_FromLong(kReadinessFixedSums), PyLong_FromLong(kReadinessSumsPerRecipe)})) &&
+       put(result, "outputs",
+           tuple_of({tuple_of({PyUnicode_FromString("counts"), PyUnicode_FromString("int64")}),
+                     tuple_of({PyUnicode_FromString("sums"), PyUnicode_FromString("float64")}),
+                     tuple_of({PyUnicode_FromString("amax"), PyUnicode_FromString("float32")})}));
   if (!ok) {
     Py_DECREF(result);
     return nullptr;
@@ -156,7 +216,7 @@ PyObject* layout(PyObject*, PyObject*) {
 }
 
 PyMethodDef kMethods[] = {
-    {"layout", layout, METH_NOARGS, "The format table, count columns, histogram bins and outputs compiled in."},
+    {"layout", layout, METH_NOARGS, "The format table, count columns, histogram bins, outputs and readiness recipes compiled in."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,0 +1,289 @@
+// readiness_cpu.cpp: the CPU kernel of amp_inspect::format_readiness (issue 21).
+//
+// Per tensor, blocks run along rows of its last dimension. The unit of work is one 128-element block of a row
+// (the largest block a recipe uses; a row's last one may be shorter): its elements are read once into a small
+// stack buffer as float32 bits, the amaxes of its 16-element sub-blocks are taken (a 32- or 128-element block's
+// amax is the max of its sub-blocks'), and then every recipe asked for quantizes the buffer's elements while they
+// are in L1: the per-element logic is readiness.h's, the code the CUDA kernel runs. Units are grouped into chunks of
+// about kChunkElems elements, split across threads with torch::stable::parallel_for (torch's pool).
+//
+// Tensor-scaled recipes (fp8_*_tensor, nvfp4) need the tensor's amax before the pass: given (tensor_amax, delayed
+// scaling) or measured by a first pass over the tensor, only when such a recipe is asked for and no amax is given.
+// Each chunk writes its totals to a slot of its own, summed per tensor in chunk order: results do not depend on the
+// number of threads, and no lock is taken.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "readiness_call.h"
+
+namespace amp_inspect {
+namespace {
+
+constexpr int64_t kChunkElems = int64_t{1} << 16;  // one unit of parallel work, about
+constexpr int kSubBlocks = kLargestBlock / kSmallestBlock;
+constexpr int kMaxCountColumns = kReadinessFixedCounts + kReadinessCountsPerRecipe * kNumRecipes;
+constexpr int kMaxSumColumns = kReadinessFixedSums + kReadinessSumsPerRecipe * kNumRecipes;
+
+// Elements [start, start + n) of a view as float32 bits (exact widening: bf16 on its bits, fp16 by numerics.h).
+void load_bits(const ReadinessView& view, int64_t start, int64_t n, uint32_t* out) {
+  switch (view.dtype) {
+    case kFloat32:
+      std::memcpy(out, static_cast<const uint32_t*>(view.data) + start, sizeof(uint32_t) * n);
+      break;
+    case kBFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(view.data) + start;
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
+      break;
+    }
+    default: {
+      const uint16_t* p = static_cast<const uint16_t*>(view.data) + start;
+      for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);
+      break;
+    }
+  }
+}
+
+// How a view's units (128-element blocks of its rows) fall into chunks.
+struct ViewWork {
+  int64_t units_per_row;    // ceil(row_length / 128)
+  int64_t units;            // rows * units_per_row
+  int64_t units_per_chunk;  // about kChunkElems elements
+  int64_t first_chunk;      // in the call's flat list of chunks
+};
+
+struct Plan {
+  std::vector<ViewWork> work;
+  int64_t total_chunks = 0;
+
+  explicit Plan(const ReadinessCall& call) {
+    for (const ReadinessView& v : call.views) {
+      ViewWork w{};
+      w.units_per_row = (v.row_length + kLargestBlock - 1) / kLargestBlock;
+      w.units = (v.numel / v.row_length) * w.units_per_row;
+      const int64_t unit_elems = std::min<int64_t>(v.row_length, kLargestBlock);
+      w.units_per_chunk = std::max<int64_t>(1, kChunkElems / unit_elems);
+      w.first_chunk = total_chunks;
+      total_chunks += (w.units + w.units_per_chunk - 1) / w.units_per_chunk;
+      work.push_back(w);
+    }
+  }
+
+  // The view a chunk belongs to: the last whose first_chunk <= chunk.
+  int64_t view_of(int64_t chunk) const {
+    const auto it = std::upper_bound(work.begin(), work.end(), chunk,
+                                     [](int64_t c, const ViewWork& w) { return c < w.first_chunk; });
+    return static_cast<int64_t>(it - work.begin()) - 1;
+  }
+};
+
+// The element range of unit u of a view: its row's elements from the unit's block on, at most 128.
+struct UnitRange {
+  int64_t start;
+  int64_t length;
+};
+UnitRange unit_range(const ReadinessView& view, const ViewWork& w, int64_t u) {
+  const int64_t row = u / w.units_per_row;
+  const int64_t offset = (u % w.units_per_row) * kLargestBlock;
+  return {row * view.row_length + offset, std::min<int64_t>(kLargestBlock, view.row_length - offset)};
+}
+
+// Totals of one chunk, in the op's columns.
+struct ChunkTotals {
+  int64_t counts[kMaxCountColumns];
+  double sums[kMaxSumColumns];
+  uint32_t amax;  // float32 bits of the chunk's finite amax
+};
+
+// What the recipes of one tensor need beside its blocks: each recipe's grid, and for the tensor-scaled ones
+// the tensor's scale; NVFP4's decode scale.
+struct TensorRecipes {
+  const RecipeSpec* spec[kNumRecipes];
+  ElementGrid grid[kNumRecipes];
+  BlockScale tensor_scale[kNumRecipes];  // fp32_tensor only
+  uint32_t decode_bits;                  // NVFP4's d
+};
+
+TensorRecipes tensor_recipes(const ReadinessCall& call, uint32_t amax_bits) {
+  TensorRecipes t{};
+  t.decode_bits = nvfp4_decode_scale_bits(amax_bits);
+  for (int r = 0; r < call.num_recipes; ++r) {
+    t.spec[r] = &kRecipes[call.recipe_ids[r]];
+    t.grid[r] = kElementGrids[t.spec[r]->element];
+    t.tensor_scale[r] = fp32_scale(amax_bits, t.grid[r]);
+  }
+  return t;
+}
+
+// Judges elements [0, n) of a block (finite elements; non-finite ones were set to 0, which counts nothing).
+void judge_block(const uint32_t* bits, int64_t n, const ElementGrid& g, const BlockScale& s, int64_t* counts,
+                 double& sq_error) {
+  int64_t flushed = 0, saturated = 0;
+  double error = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const ElementVerdict v = judge_element(bits[i], g, s);
+    flushed += v.flushed;
+    saturated += v.saturated;
+    error += v.sq_error;
+  }
+  counts[0] += flushed;
+  counts[1] += saturated;
+  sq_error += error;
+}
+
+// One unit: read, per-tensor counts and squares, sub-block amaxes, then every recipe.
+void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall& call, const TensorRecipes& tr,
+                ChunkTotals& out) {
+  uint32_t bits[kLargestBlock];
+  load_bits(view, range.start, range.length, bits);
+  const int64_t n = range.length;
+  uint32_t sub_amax[kSubBlocks] = {};
+  int64_t nonzero = 0, nonfinite = 0;
+  double sq_signal = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = bits[i] & kAbsMask32;
+    const bool finite = is_finite32(a);
+    nonfinite += !finite;
+    nonzero += finite & (a != 0);
+    bits[i] = finite ? bits[i] : 0u;  // NaN/Inf take no part in any amax or sum
+    const double x = float32_bits_to_double(bits[i]);
+    sq_signal += x * x;
+    uint32_t& m = sub_amax[i / kSmallestBlock];
+    m = std::max(m, finite ? a : 0u);
+  }
+  out.counts[1] += nonzero;
+  out.counts[2] += nonfinite;
+  out.sums[0] += sq_signal;
+  for (const uint32_t m : sub_amax) out.amax = std::max(out.amax, m);
+  for (int r = 0; r < call.num_recipes; ++r) {
+    const RecipeSpec& spec = *tr.spec[r];
+    int64_t* counts = out.counts + kReadinessFixedCounts + kReadinessCountsPerRecipe * r;
+    double& sq_error = out.sums[kReadinessFixedSums + r];
+    if (spec.block == 0) {  // one scale for the tensor: its blocks are counted once, at the end
+      judge_block(bits, n, tr.grid[r], tr.tensor_scale[r], counts, sq_error);
+      continue;
+    }
+    const int64_t subs_per_block = spec.block / kSmallestBlock;
+    for (int64_t first = 0; first < n; first += spec.block) {
+      const int64_t sub = first / kSmallestBlock;
+      const int64_t sub_end = std::min<int64_t>((n + kSmallestBlock - 1) / kSmallestBlock, sub + subs_per_block);
+      uint32_t amax = 0;
+      for (int64_t k = sub; k < sub_end; ++k) amax = std::max(amax, sub_amax[k]);
+      const BlockScale s = block_scale(spec.scale, tr.grid[r], amax, tr.decode_bits);
+      counts[2] += 1;
+      counts[3] += s.scale_flushed;
+      judge_block(bits + first, std::min<int64_t>(spec.block, n - first), tr.grid[r], s, counts, sq_error);
+    }
+  }
+}
+
+// The finite amax of elements [start, start + n) of a view, as float32 bits.
+uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
+  constexpr int64_t kStage = 1024;
+  uint32_t bits[kStage];
+  uint32_t amax = 0;
+  for (int64_t done = 0; done < n; done += kStage) {
+    const int64_t m = std::min(kStage, n - done);
+    load_bits(view, start + done, m, bits);
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t a = bits[i] & kAbsMask32;
+      amax = std::max(amax, is_finite32(a) ? a : 0u);
+    }
+  }
+  return amax;
+}
+
+ReadinessOutputs run_readiness_cpu(const ReadinessCall& call) {
+  ReadinessOutputs out = allocate_readiness_outputs(call.num_tensors, call.num_recipes, Device(DeviceType::CPU));
+  const Plan plan(call);
+  const int64_t num_views = static_cast<int64_t>(call.views.size());
+
+  // The tensor amax each view's recipes use: given, or measured (a first pass where a recipe needs it first).
+  std::vector<uint32_t> amax_bits(num_views, 0u);
+  if (call.tensor_amax != nullptr) {
+    for (int64_t v = 0; v < num_views; ++v) amax_bits[v] = float32_as_bits(call.tensor_amax[call.views[v].out_row]);
+  } else if (call.needs_tensor_amax) {
+    std::vector<uint32_t> chunk_amax(plan.total_chunks, 0u);
+    torch::stable::parallel_for(0, plan.total_chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t v = plan.view_of(c);
+        const ViewWork& w = plan.work[v];
+        const int64_t first_unit = (c - w.first_chunk) * w.units_per_chunk;
+        const int64_t last_unit = std::min(w.units, first_unit + w.units_per_chunk);  // exclusive
+        const int64_t start = unit_range(call.views[v], w, first_unit).start;
+        const UnitRange last = unit_range(call.views[v], w, last_unit - 1);
+        chunk_amax[c] = finite_amax(call.views[v], start, last.start + last.length - start);
+      }
+    });
+    for (int64_t c = 0; c < plan.total_chunks; ++c) {
+      uint32_t& a = amax_bits[plan.view_of(c)];
+      a = std::max(a, chunk_amax[c]);
+    }
+  }
+  std::vector<TensorRecipes> recipes;
+  recipes.reserve(num_views);
+  for (int64_t v = 0; v < num_views; ++v) recipes.push_back(tensor_recipes(call, amax_bits[v]));
+
+  std::vector<ChunkTotals> totals(plan.total_chunks);
+  torch::stable::parallel_for(0, plan.total_chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t v = plan.view_of(c);
+      const ViewWork& w = plan.work[v];
+      ChunkTotals& t = totals[c];
+      std::memset(&t, 0, sizeof t);
+      const int64_t first_unit = (c - w.first_chunk) * w.units_per_chunk;
+      const int64_t last_unit = std::min(w.units, first_unit + w.units_per_chunk);
+      for (int64_t u = first_unit; u < last_unit; ++u) {
+        const UnitRange range = unit_range(call.views[v], w, u);
+        judge_unit(call.views[v], range, call, recipes[v], t);
+      }
+    }
+  });
+
+  int64_t* counts = static_cast<int64_t*>(out.counts.data_ptr());
+  double* sums = static_cast<double*>(out.sums.data_ptr());
+  float* amax = static_cast<float*>(out.amax.data_ptr());
+  const int count_columns = readiness_count_columns(call.num_recipes);
+  const int sum_columns = readiness_sum_columns(call.num_recipes);
+  for (int64_t v = 0; v < num_views; ++v) {
+    const ReadinessView& view = call.views[v];
+    const ViewWork& w = plan.work[v];
+    const int64_t last_chunk = v + 1 < num_views ? plan.work[v + 1].first_chunk : plan.total_chunks;
+    int64_t* row = counts + view.out_row * count_columns;
+    double* sum_row = sums + view.out_row * sum_columns;
+    uint32_t a = amax_bits[v];
+    for (int64_t c = w.first_chunk; c < last_chunk; ++c) {
+      for (int k = 0; k < count_columns; ++k) row[k] += totals[c].counts[k];
+      for (int k = 0; k < sum_columns; ++k) sum_row[k] += totals[c].sums[k];
+      if (call.tensor_amax == nullptr) a = std::max(a, totals[c].amax);  // measured: the max of its blocks'
+    }
+    row[0] = view.numel;
+    for (int r = 0; r < call.num_recipes; ++r) {
+      if (recipes[v].spec[r]->block != 0) continue;
+      row[kReadinessFixedCounts + kReadinessCountsPerRecipe * r + 2] = 1;  // the tensor is the block
+      row[kReadinessFixedCounts + kReadinessCountsPerRecipe * r + 3] = recipes[v].tensor_scale[r].scale_flushed;
+    }
+    amax[view.out_row] = bits_as_float32(a);
+  }
+  if (call.tensor_amax != nullptr) {  // empty tensors too: the amax used is the one given
+    for (int64_t t = 0; t < call.num_tensors; ++t) amax[t] = call.tensor_amax[t];
+  }
+  return out;
+}
+
+// The boxed kernel (TORCH_BOX) takes its arguments by value.
+std::tuple<Tensor, Tensor, Tensor> format_readiness_cpu(std::vector<Tensor> tensors, std::vector<int64_t> recipes,
+                                                        std::optional<Tensor> tensor_amax) {
+  const ReadinessOutputs out = run_readiness_cpu(prepare_readiness_call(tensors, recipes, tensor_amax));
+  return {out.counts, out.sums, out.amax};
+}
+
+}  // namespace
+}  // namespace amp_inspect
+
+STABLE_TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
+  m.impl("format_readiness", TORCH_BOX(&amp_inspect::format_readiness_cpu));
+}
