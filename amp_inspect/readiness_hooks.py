@@ -40,6 +40,7 @@ from torch.utils.hooks import RemovableHandle
 from .distributed import is_distributed, wait_all
 from .eager_stance import EagerHold
 from .naming import ROOT_NAME, clean_module_names
+from .readiness import ReadinessStats, format_readiness
 from .readiness_report import ReadinessReport
 from .recipes import check_recipes
 from .report import HostCopy, StepReport
@@ -93,12 +94,6 @@ def _measurable(t: object) -> bool:
     )
 
 
-def _format_readiness() -> Callable[..., object]:
-    from .readiness import format_readiness  # the op's Python face (helper rcpu's module)
-
-    return format_readiness
-
-
 @dataclass
 class _Row:
     """One (module, operand)'s statistics of this step, on the device: readiness_report's row layout."""
@@ -113,7 +108,7 @@ class _Row:
         torch.maximum(self.amax, other.amax, out=self.amax)
 
 
-def _rows(stats: object) -> list[_Row]:
+def _rows(stats: ReadinessStats) -> list[_Row]:
     """The rows of a ReadinessStats (fields [T, R]; per-tensor counts repeated across recipes), on its device."""
     s = stats
     counts = torch.cat(
@@ -310,7 +305,7 @@ class ReadinessHooks:
         if not operands:
             return
         with torch.no_grad():
-            stats = _format_readiness()([t.detach().contiguous() for _, t in operands], self.recipes)
+            stats = format_readiness([t.detach().contiguous() for _, t in operands], self.recipes)
         for (operand, _), row in zip(operands, _rows(stats), strict=True):
             key = (name, operand)
             if key in self._rows:

@@ -12,19 +12,10 @@ from torch import nn
 
 import amp_inspect
 from amp_inspect import readiness_hooks
+from amp_inspect.readiness import format_readiness
 from amp_inspect.readiness_hooks import ReadinessHooks, gemm_modules, is_gemm_module
 from amp_inspect.readiness_report import OperandStats
 from amp_inspect.recipes import RECIPE_NAMES
-from tests.readiness_double import real_or_double
-
-format_readiness = real_or_double()
-
-
-@pytest.fixture(autouse=True)
-def _readiness_function(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real format_readiness where it is merged; the reference-backed test double (tests/readiness_double.py)
-    until then."""
-    monkeypatch.setattr(readiness_hooks, "_format_readiness", lambda: format_readiness)
 
 
 def _model() -> nn.Module:

@@ -14,6 +14,7 @@ from torch import nn
 import amp_inspect
 from amp_inspect import cli, readiness_hooks
 from amp_inspect.html_report import write_report
+from amp_inspect.readiness import format_readiness
 from amp_inspect.readiness_report import (
     BORDERLINE,
     NOT_READY,
@@ -26,15 +27,6 @@ from amp_inspect.readiness_report import (
 )
 from amp_inspect.recipes import RECIPE_NAMES, RECIPES_BY_NAME
 from amp_inspect.runlog import RunLog, read_log
-from tests.readiness_double import real_or_double
-
-format_readiness = real_or_double()
-
-
-@pytest.fixture(autouse=True)
-def _readiness_function(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real format_readiness where it is merged; the reference-backed double (tests/readiness_double.py) until."""
-    monkeypatch.setattr(readiness_hooks, "_format_readiness", lambda: format_readiness)
 
 
 def _operand(t: torch.Tensor) -> OperandStats:
