@@ -293,10 +293,10 @@ class ReadinessReport:
             out[recipe] = {level: levels.count(level) for level in LEVELS}
         return out
 
-    def best_recipe(self) -> str | None:
-        """The recipe that keeps the most modules ready; among those, the one with fewest modules not ready, then
-        the most accurate (highest mean over modules of their worst judged operand's SQNR, capped at 100 dB), then the
-        first in the recipes' order. None without modules."""
+    def best_recipe(self, among: Sequence[str] | None = None) -> str | None:
+        """The recipe (of ``among``, default all) that keeps the most modules ready; among those, the one with fewest
+        modules not ready, then the most accurate (highest mean over modules of their worst judged operand's SQNR,
+        capped at 100 dB), then the first in the recipes' order. None without modules."""
         if not self.modules:
             return None
         counts = self.ready_counts()
@@ -309,7 +309,7 @@ class ReadinessReport:
                 self.recipes.index(recipe),
             )
 
-        return min(self.recipes, key=key)
+        return min(self.recipes if among is None else check_recipes(among), key=key)
 
     def mean_worst_sqnr(self, recipe: str) -> float:
         """The mean over modules of the lowest SQNR of their judged operands under ``recipe`` (each capped at 100 dB:
@@ -389,9 +389,10 @@ class ReadinessReport:
         lines.append(
             "ready modules: " + ", ".join(f"{recipe} {counts[recipe][READY]}/{len(self.modules)}" for recipe in shown)
         )
-        best = self.best_recipe()
+        best = self.best_recipe(shown)
         if best is not None:
-            lines.append(f"the recipe that keeps the most modules ready: {best}")
+            of = "" if len(shown) == len(self.recipes) else " (of those shown)"
+            lines.append(f"the recipe that keeps the most modules ready{of}: {best}")
         for recipe in shown:
             reasons = [(m, v) for m, v in self.verdicts()[recipe].items() if v.level != READY]
             for module, verdict in reasons[:3]:

@@ -15,6 +15,14 @@ Configurations, each with its own copy of the model (same initial weights), opti
 - ``inspecting_headroom``: InspectingGradScaler(policy="headroom") + ``attach(model, scaler)``, no check(): timed
   beside ``inspecting_scaler`` (policy="torch"), whose step it is compared with round by round.
 
+With ``--readiness`` the configurations are the cost of format readiness (``readiness_every``) instead: ``bare``,
+``check``, ``readiness_step`` (``readiness_every=1``: every step a readiness step, hooks on, X, W, dY and dW of
+every Linear measured) and ``readiness_every100`` (its timed steps are the 99 of 100 without hooks, as long as
+warmup + rounds x steps stays below 100). One readiness step against a bare step is the paired ratio of
+``readiness_step``; the step overhead averaged over a run at ``readiness_every=100`` is made from the two measured
+kinds of step, ``(99 * x_between + x_readiness) / 100 - 1`` (against bare, and against check() alone), since a
+run's steps are exactly those two kinds.
+
 They run interleaved in one process: a few warmup steps each, then rounds in which every configuration takes
 a few steps (the order rotating each round), so drift in machine load touches all of them alike. A step is
 zero_grad, forward and loss under autocast, scaled backward, check() where configured, scaler.step and
@@ -81,6 +89,9 @@ CHECK = "check"
 INSPECTING_SCALER = "inspecting_scaler"
 CHECK_EVERY10 = "check_every10"
 INSPECTING_HEADROOM = "inspecting_headroom"
+READINESS_STEP = "readiness_step"
+READINESS_EVERY100 = "readiness_every100"
+READINESS_EVERY = 100
 
 # Targets (the lead's acceptance criteria): step-time overhead of a check() every step, and the
 # InspectingGradScaler's step time relative to GradScaler's.
@@ -106,6 +117,7 @@ class StepConfig:
     attach: bool = False
     check: bool = False
     every: int = 1
+    readiness_every: int | None = None
 
 
 CONFIGS: tuple[StepConfig, ...] = (
@@ -115,12 +127,27 @@ CONFIGS: tuple[StepConfig, ...] = (
     StepConfig(CHECK_EVERY10, "attach(model, scaler, every=10) + check()", attach=True, check=True, every=10),
     StepConfig(INSPECTING_HEADROOM, 'InspectingGradScaler(policy="headroom") + attach', scaler="headroom", attach=True),
 )
+READINESS_CONFIGS: tuple[StepConfig, ...] = (
+    CONFIGS[0],
+    CONFIGS[1],
+    StepConfig(
+        READINESS_STEP, "readiness_every=1 + check(): readiness steps", attach=True, check=True, readiness_every=1
+    ),
+    StepConfig(
+        READINESS_EVERY100,
+        f"readiness_every={READINESS_EVERY} + check(): the steps between",
+        attach=True,
+        check=True,
+        readiness_every=READINESS_EVERY,
+    ),
+)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     device: str
     quick: bool
+    readiness: bool
     out_dir: Path | None
     amp_dtype: str
     warmup_steps: int  # per configuration, untimed
@@ -151,6 +178,7 @@ class BenchResult:
     agreement: list[TargetCheck] = field(default_factory=list)
     targets: list[TargetCheck] = field(default_factory=list)
     policy_cost: dict[str, object] = field(default_factory=dict)  # policy="headroom" against policy="torch"
+    readiness_cost: dict[str, object] = field(default_factory=dict)  # --readiness: the two kinds of step
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -173,7 +201,11 @@ class Trainer:
         else:
             policy = "headroom" if spec.scaler == "headroom" else "torch"
             self.scaler = amp_inspect.InspectingGradScaler(device, policy=policy)
-        self.inspector = amp_inspect.attach(model, self.scaler, every=spec.every) if spec.attach else None
+        self.inspector = (
+            amp_inspect.attach(model, self.scaler, every=spec.every, readiness_every=spec.readiness_every)
+            if spec.attach
+            else None
+        )
         self.init_scale = self.scaler.get_scale()
         self.steps = 0
         self.times: list[list[StepTimes]] = []  # one list per timed round
@@ -342,6 +374,50 @@ def policy_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], TargetC
     return cost, check
 
 
+def readiness_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], list[TargetCheck]]:
+    """--readiness: one readiness step against a bare step (paired, with the rounds' range), the steps between
+    readiness steps against check() alone, and the overhead averaged over a run at readiness_every=100 made from
+    them (module docstring), against bare and against check()."""
+    by_name = {m.config: m for m in rows}
+    step, between, check = by_name[READINESS_STEP], by_name[READINESS_EVERY100], by_name[CHECK]
+    assert step.x_bare_paired is not None and between.x_bare_paired is not None
+    n = READINESS_EVERY
+    between_vs_check = paired_ratios(between.round_medians_ms, check.round_medians_ms)
+    step_vs_check = paired_ratios(step.round_medians_ms, check.round_medians_ms)
+    averaged_vs_bare = ((n - 1) * between.x_bare_paired + step.x_bare_paired) / n - 1
+    averaged_vs_check = ((n - 1) * statistics.median(between_vs_check) + statistics.median(step_vs_check)) / n - 1
+    cost = {
+        "readiness_step_x_bare": step.x_bare_paired,
+        "readiness_step_x_bare_range": [step.x_bare_paired_min, step.x_bare_paired_max],
+        "readiness_step_x_check": statistics.median(step_vs_check),
+        "between_steps_x_check": statistics.median(between_vs_check),
+        "between_steps_x_check_range": [min(between_vs_check), max(between_vs_check)],
+        f"averaged_overhead_every{n}_vs_bare": averaged_vs_bare,
+        f"averaged_overhead_every{n}_vs_check": averaged_vs_check,
+    }
+    bare_fwd_bwd = statistics.median(by_name[BARE].fwd_bwd_ms)
+    checks = [
+        at_most(
+            "one readiness step vs a bare step (CPU target 2x)",
+            step.x_bare_paired,
+            2.0,
+            f"rounds {step.x_bare_paired_min:.2f}x to {step.x_bare_paired_max:.2f}x; check() (dW) "
+            f"{step.check_median_ms:.0f} ms, forward + backward (X, W, dY) {statistics.median(step.fwd_bwd_ms):.0f} "
+            f"ms vs bare's {bare_fwd_bwd:.0f} ms",
+        ),
+        at_most(
+            f"readiness_every={n}: step overhead averaged over a run, vs check() alone (target 1%)",
+            averaged_vs_check * 100,
+            1.0,
+            f"steps between readiness steps {statistics.median(between_vs_check):.3f}x check()'s (rounds "
+            f"{min(between_vs_check):.3f}-{max(between_vs_check):.3f}), a readiness step "
+            f"{statistics.median(step_vs_check):.2f}x; vs bare {averaged_vs_bare * 100:+.2f}%",
+            unit="%",
+        ),
+    ]
+    return cost, checks
+
+
 # ----------------------------------------------------------------------------------------------- output
 
 
@@ -375,6 +451,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 20; quick: 2)")
     parser.add_argument("--steps-per-round", type=int, default=None, help="steps per config and round (default 2)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
+    parser.add_argument("--readiness", action="store_true", help="the cost of readiness_every instead (docstring)")
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
     amp_dtype = "float16" if args.device == "cuda" else "bfloat16"
@@ -385,6 +462,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     return BenchConfig(
         args.device,
         args.quick,
+        args.readiness,
         out_dir,
         amp_dtype,
         warmup_steps=warmup,
@@ -404,7 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = make_gpt(spec, config.device, SEED)
     batches = token_batches(spec, DISTINCT_BATCHES, SEED + 1, config.device)
     amp_dtype = getattr(torch, config.amp_dtype)
-    trainers = [Trainer(c, copy.deepcopy(base), config.device, amp_dtype) for c in CONFIGS]
+    configs = READINESS_CONFIGS if config.readiness else CONFIGS
+    trainers = [Trainer(c, copy.deepcopy(base), config.device, amp_dtype) for c in configs]
     numel = sum(p.numel() for p in base.parameters())
     tensors = len(list(base.parameters()))
     model_info = {**asdict(spec), "parameters": numel, "parameter_tensors": tensors}
@@ -416,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     print(
-        f"# {len(CONFIGS)} configs interleaved: {config.warmup_steps} warmup steps each, then {config.rounds} rounds "
+        f"# {len(configs)} configs interleaved: {config.warmup_steps} warmup steps each, then {config.rounds} rounds "
         f"x {config.steps_per_round} steps each",
         flush=True,
     )
@@ -430,9 +509,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare_ms = result.measurements[0].median_ms
     result.passes = time_passes(trainers[0], config, bare_ms)
     result.agreement = check_agreement(trainers, config.device)
-    result.targets = check_targets(config.device, result.measurements, result.passes)
-    result.policy_cost, cost_check = policy_cost(result.measurements)
-    result.targets.append(cost_check)
+    if config.readiness:
+        result.readiness_cost, result.targets = readiness_cost(result.measurements)
+    else:
+        result.targets = check_targets(config.device, result.measurements, result.passes)
+        result.policy_cost, cost_check = policy_cost(result.measurements)
+        result.targets.append(cost_check)
     # Load during the run, beside the load before it: high values mean the timings shared the CPUs.
     result.machine["load_average_after"] = load_average()
 
@@ -451,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "was noisy; read the direct column and the pass table, or rerun with more --rounds on a quiet machine"
         )
     if config.out_dir is not None:
-        write_result(result, config.out_dir, f"step_{config.device}", config.quick)
+        name = f"step_{config.device}" + ("_readiness" if config.readiness else "")
+        write_result(result, config.out_dir, name, config.quick)
     return 0
 
 
