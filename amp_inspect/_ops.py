@@ -205,18 +205,18 @@ def format_readiness_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Runs format_readiness on tensors of one device (checked here); the float64 reference of
     reference_readiness.py, with one warning, where no compiled kernel serves the device."""
-    device_type = tensors[0].device.type if tensors else "cpu"
-    if tensors:
-        check_one_device(tensors, tensor_amax=tensor_amax)
+    if not tensors:  # an empty Tensor[] gives the dispatcher no key to pick a kernel by
+        return new_readiness_outputs(0, len(recipes), torch.device("cpu"))
+    device_type = tensors[0].device.type
+    check_one_device(tensors, tensor_amax=tensor_amax)
     if device_type in READINESS_KERNELS and (device_type != "cuda" or _cuda_kernel_usable(tensors[0].device)):
         return torch.ops.amp_inspect.format_readiness(tensors, recipes, tensor_amax)
-    if tensors:
-        why = f"the compiled extension did not load ({LOAD_ERROR})" if LOAD_ERROR else "the extension has none"
-        _warn_once(
-            f"readiness:{device_type}",
-            f"amp_inspect: no compiled format_readiness kernel for {device_type} tensors ({why}); the float64 "
-            "reference serves (exact, but several passes per recipe and a host sync per call).",
-        )
+    why = f"the compiled extension did not load ({LOAD_ERROR})" if LOAD_ERROR else "the extension has none"
+    _warn_once(
+        f"readiness:{device_type}",
+        f"amp_inspect: no compiled format_readiness kernel for {device_type} tensors ({why}); the float64 "
+        "reference serves (exact, but several passes per recipe and a host sync per call).",
+    )
     from .reference_readiness import format_readiness_reference
 
     return format_readiness_reference(tensors, recipes, tensor_amax)

@@ -20,7 +20,7 @@ gives the same outputs, in several passes, and syncs the host.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -157,9 +157,8 @@ ReadinessStats.__doc__ = (
     )
 )
 
-# The dataclass's fields are the schema's statistics (tests/test_schema.py holds them equal): a new statistic is its
-# schema entry and one field line here.
-_FIELDS = tuple(f.name for f in fields(ReadinessStats) if f.name not in ("recipes", "delayed"))
+# The dataclass's fields are the schema's statistics, in its order (tests/test_schema.py holds them equal): a new
+# statistic is its schema entry and one field line above.
 
 
 def _check_tensors(tensors: object) -> list[torch.Tensor]:
@@ -202,8 +201,10 @@ def _check_tensor_amax(tensor_amax: object, tensors: list[torch.Tensor]) -> torc
         )
     if tensor_amax.device != device:
         raise ValueError(f"tensor_amax is on {tensor_amax.device} and the tensors on {device}")
-    if device.type == "cpu" and not bool(torch.isfinite(tensor_amax).all() & (tensor_amax >= 0).all()):
-        raise ValueError(f"tensor_amax must be finite and >= 0, got {tensor_amax.tolist()}")  # no sync on the CPU
+    # Read on the CPU only (elsewhere that would sync). Inf and NaN are accepted: a stale amax of those gives the
+    # unit scale (recipes.py).
+    if device.type == "cpu" and bool((tensor_amax < 0).any()):
+        raise ValueError(f"tensor_amax must be >= 0, got {tensor_amax.tolist()}")
     return tensor_amax.detach()
 
 

@@ -248,10 +248,11 @@ struct BlockScale {
   int32_t scale_flushed;  // the block's scale is at its limit (counted once per block, when its amax is > 0)
 };
 
-// fp32_tensor / fp32_block: s = fl32(max_E / amax); 1 where amax = 0; FLT_MAX where the division overflows.
+// fp32_tensor / fp32_block: s = fl32(max_E / amax); 1 where amax is 0 or (a given tensor amax) Inf or NaN, as
+// TransformerEngine's compute_scale_from_amax does; FLT_MAX where the division overflows. amax_bits: |amax|.
 AMPI_HD BlockScale fp32_scale(uint32_t amax_bits, const ElementGrid& g) {
   BlockScale s{1.0, 0, 0, 0};
-  if (amax_bits == 0) return s;
+  if (amax_bits == 0 || !is_finite32(amax_bits)) return s;
   const uint32_t q = round_to_float32_bits(float32_bits_to_double(g.max_bits) / float32_bits_to_double(amax_bits));
   s.scale_flushed = q >= kInfBits32;
   s.scale = float32_bits_to_double(s.scale_flushed ? kFloatMaxBits : q);
@@ -279,24 +280,28 @@ AMPI_HD BlockScale e8m0_rceil_scale(uint32_t amax_bits, const ElementGrid& g) {
   return e8m0_scale(ceil_log2_bits(r));
 }
 
-// NVFP4's tensor decode scale d = fl32(amax_t / (448 * 6)), as float32 bits (0 where amax_t is 0 or tiny).
+// NVFP4's tensor decode scale d = fl32(amax_t / (448 * 6)), as float32 bits (amax_t_bits: |amax_t|); 1 where amax_t
+// is 0, Inf or NaN (a given, stale amax; TransformerEngine's compute_global_encode_scaling_factor_FP4 does the same;
+// a tensor whose own amax is 0 holds only zeros). A tiny amax_t (below about 2^-138) gives d = 0.
+constexpr uint32_t kFloatOneBits = 0x3F800000u;
 AMPI_HD uint32_t nvfp4_decode_scale_bits(uint32_t amax_t_bits) {
+  if (amax_t_bits == 0 || !is_finite32(amax_t_bits)) return kFloatOneBits;
   return round_to_float32_bits(float32_bits_to_double(amax_t_bits) / kNvfp4TensorDivisor);
 }
 
 // nvfp4 per block: s_b = cast_E4M3(fl32(fl32(amax_b / 6) / d)) (saturating at 448, subnormals kept, not clamped up
 // to E4M3's smallest normal), total = fl32(d * s_b). total = 0: the block dequantizes to 0. A block with
 // amax_b > 0 whose s_b is zero or an E4M3 subnormal counts as flushed scale. (amax_b = 0: s_b = 0, total = 0,
-// not counted; with d = 0, wanted = amax_b / 0 = Inf saturates to 448 and total = 0.)
+// not counted.)
 AMPI_HD BlockScale nvfp4_scale(uint32_t amax_b_bits, uint32_t decode_bits) {
   if (amax_b_bits == 0) return BlockScale{1.0, 1, 1, 0};
   const uint32_t per_six = round_to_float32_bits(float32_bits_to_double(amax_b_bits) / kNvfp4ElementMax);
-  // d = 0 (amax_t below about 2^-138): amax_b / 6 / 0 is +Inf, saturating to 448, and total = 0. Where also
-  // fl32(amax_b / 6) = 0 (amax_b = 2^-149) the rule's quotient is 0 / 0; read as the same Inf, since total = 0 for
-  // any s_b (recipes.py's rule leaves it open; the reference's float32 0 / 0 is NaN there).
-  const uint32_t wanted = decode_bits == 0 ? kInfBits32
-                                           : round_to_float32_bits(float32_bits_to_double(per_six) /
-                                                                   float32_bits_to_double(decode_bits));
+  // s_b = 0 where fl32(amax_b / 6) = 0 (amax_b = 2^-149), whatever d is (recipes.py: not 0 / 0 when d = 0).
+  // d = 0 with fl32(amax_b / 6) > 0: the quotient is +Inf, saturating to 448, and total = 0.
+  const uint32_t wanted = per_six == 0      ? 0u
+                          : decode_bits == 0 ? kInfBits32
+                                             : round_to_float32_bits(float32_bits_to_double(per_six) /
+                                                                     float32_bits_to_double(decode_bits));
   const double s_b = cast_magnitude(wanted & kAbsMask32, e4m3_grid());
   const uint32_t total = round_to_float32_bits(float32_bits_to_double(decode_bits) * s_b);
   const int32_t flushed_scale = s_b < float32_bits_to_double(kE4M3MinNormalBits);

@@ -78,7 +78,8 @@ ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const s
     if (a.is_cpu()) {  // reading it costs no sync here
       for (int64_t t = 0; t < call.num_tensors; ++t) {
         const float v = call.tensor_amax[t];
-        AMPI_CHECK(std::isfinite(v) && v >= 0, kOp, "tensor_amax[", t, "] is ", v, "; an amax is finite and >= 0");
+        // (Inf and NaN are accepted: a stale amax of those gives the unit scale, recipes.py)
+        AMPI_CHECK(!(v < 0), kOp, "tensor_amax[", t, "] is ", v, "; an amax is >= 0");
       }
     }
   }

@@ -204,7 +204,10 @@ ReadinessOutputs run_readiness_cpu(const ReadinessCall& call) {
   // The tensor amax each view's recipes use: given, or measured (a first pass where a recipe needs it first).
   std::vector<uint32_t> amax_bits(num_views, 0u);
   if (call.tensor_amax != nullptr) {
-    for (int64_t v = 0; v < num_views; ++v) amax_bits[v] = float32_as_bits(call.tensor_amax[call.views[v].out_row]);
+    // |amax|: a given -0.0 is 0 (negative amaxes are refused where they can be read without a sync)
+    for (int64_t v = 0; v < num_views; ++v) {
+      amax_bits[v] = float32_as_bits(call.tensor_amax[call.views[v].out_row]) & kAbsMask32;
+    }
   } else if (call.needs_tensor_amax) {
     std::vector<uint32_t> chunk_amax(plan.total_chunks, 0u);
     torch::stable::parallel_for(0, plan.total_chunks, 1, [&](int64_t begin, int64_t end) {

@@ -308,3 +308,109 @@ def test_a_broken_negative_scale_leaves_an_empty_modules_amax_at_plus_zero() -> 
     report = StepReport(1, stats, ["empty", "ones"], torch.tensor(-2.0))
     assert report.scale_problem is not None
     assert math.copysign(1.0, report.by_module["empty"]["amax"]) == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- format readiness
+# The second table of the schema (statistics.READINESS): the format_readiness op's statistics, per tensor and recipe.
+
+
+@needs_extension
+def test_compiled_recipe_table_equals_recipes_py() -> None:
+    from amp_inspect.recipes import ELEMENT_FORMATS, RECIPES, SCALE_RULES
+
+    theirs = _native()["readiness"]
+    assert statistics.readiness_layout_problem(_native()) is None
+    assert [r[0] for r in theirs["recipes"]] == [r.name for r in RECIPES]
+    assert [(r[2], r[3]) for r in theirs["recipes"]] == [(r.block, r.scale) for r in RECIPES]
+    assert [float32_from_bits(e[4]) for e in theirs["element_formats"]] == [
+        f.max_value for f in ELEMENT_FORMATS.values()
+    ]
+    assert theirs["scale_rules"] == SCALE_RULES
+    assert [o[0] for o in theirs["outputs"]] == list(statistics.READINESS_OUTPUT_NAMES)
+
+
+def _readiness_changed(native: dict, **changes) -> dict:
+    return {**native, "readiness": {**native["readiness"], **changes}}
+
+
+@needs_extension
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda r: {"recipes": r["recipes"][::-1]}, "its recipes are (('nvfp4'"),
+        (lambda r: {"recipes": ((*r["recipes"][0][:2], 64, r["recipes"][0][3]), *r["recipes"][1:])}, "'e4m3', 64,"),
+        (lambda r: {"element_formats": ((*r["element_formats"][0][:4], 0x43E80000), *r["element_formats"][1:])},
+         "its element formats"),
+        (lambda r: {"scale_rules": r["scale_rules"][:-1]}, "its scale rules"),
+        (lambda r: {"e8m0_exponents": (-126, 127)}, "E8M0 range"),
+        (lambda r: {"columns": (3, 5, 1, 1)}, "its readiness columns are (3, 5, 1, 1)"),
+        (lambda r: {"outputs": r["outputs"][::-1]}, "its readiness outputs"),
+    ],
+)  # fmt: skip
+def test_a_binary_of_another_recipe_table_is_named_and_refused(change, said: str) -> None:
+    native = _native()
+    changed = _readiness_changed(native, **change(native["readiness"]))
+    assert said in (statistics.readiness_layout_problem(changed) or "")
+    assert said in (layout_problem(changed) or "")  # what _native.py asks at load time: the binary is refused
+
+
+def test_a_binary_without_format_readiness_is_not_refused_for_it() -> None:
+    assert statistics.readiness_layout_problem({"formats": ()}) is None
+
+
+@needs_extension
+def test_the_readiness_op_schema_returns_the_readiness_outputs() -> None:
+    returns = torch.ops.amp_inspect.format_readiness.default._schema.returns
+    assert [r.name for r in returns] == list(statistics.READINESS_OUTPUT_NAMES)
+
+
+def test_readiness_schema_rules_and_the_contracts_columns() -> None:
+    """counts [T, 3 + 4R]: numel, nonzero, nonfinite, then per recipe flushed, saturated, blocks, scale_flushed;
+    sums [T, 1 + R]: sq_signal, then sq_error per recipe (READINESS_CONTRACT's layout, from the schema)."""
+    counts, sums, amax = statistics.READINESS_OUTPUTS
+    assert counts.recipe_major and sums.recipe_major and amax.one_dimensional
+    assert counts.shape(5, 3) == (5, 15) and sums.shape(5, 3) == (5, 4) and amax.shape(5, 3) == (5,)
+    per_recipe = ("flushed", "saturated", "blocks", "scale_flushed")
+    assert [statistics.output_column(counts, n, r, 3) for r in range(3) for n in per_recipe] == list(range(3, 15))
+    assert [statistics.output_column(counts, n, 0, 3) for n in ("numel", "nonzero", "nonfinite")] == [0, 1, 2]
+    assert [statistics.output_column(sums, "sq_error", r, 3) for r in range(3)] == [1, 2, 3]
+    for s in statistics.READINESS:
+        assert s.per in (PER_TENSOR, statistics.PER_RECIPE) and hasattr(torch, s.ufunc)
+    assert {s.name for s in statistics.READINESS if s.merge == statistics.MAX} == {"amax"}
+
+
+def test_readiness_stats_fields_are_the_schemas_statistics() -> None:
+    import dataclasses
+
+    from amp_inspect import readiness
+
+    names = [f.name for f in dataclasses.fields(readiness.ReadinessStats) if f.name not in ("recipes", "delayed")]
+    assert names == [s.name for s in statistics.READINESS]
+    for s in statistics.READINESS:
+        assert f"``{s.name}``" in (readiness.ReadinessStats.__doc__ or "")
+    for d in statistics.READINESS_DERIVED:
+        assert isinstance(getattr(readiness.ReadinessStats, d.name), property), d.name
+
+
+def test_readiness_derived_values_agree_on_numbers_arrays_and_tensors() -> None:
+    np = pytest.importorskip("numpy")
+    rows = {"sq_signal": [4.0, 1.0, 0.0], "sq_error": [0.04, 0.0, 0.0], "nonzero": [5, 2, 0], "flushed": [1, 0, 0]}
+    rows["saturated"] = [0, 2, 0]
+    tensors = {k: torch.tensor(v) for k, v in rows.items()}
+    arrays = {k: np.array(v) for k, v in rows.items()}
+    for d in statistics.READINESS_DERIVED:
+        on_tensors = statistics.derive_readiness(d.name, tensors).tolist()
+        on_arrays = list(statistics.derive_readiness(d.name, arrays))
+        on_numbers = [statistics.derive_readiness(d.name, {k: v[i] for k, v in rows.items()}) for i in range(3)]
+        for a, b, c in zip(on_tensors, on_arrays, on_numbers, strict=True):
+            assert (math.isnan(a) and math.isnan(b) and math.isnan(c)) or a == b == c, d.name
+    assert statistics.derive_readiness("sqnr_db", tensors).tolist()[:2] == [20.0, math.inf]
+
+
+@needs_extension
+def test_the_readiness_fake_kernel_has_the_schema_shapes() -> None:
+    tensors = [torch.randn(3, 5), torch.randn(7).bfloat16()]
+    real = _ops.format_readiness_op(tensors, [0, 7], None)
+    fake = torch.ops.amp_inspect.format_readiness([t.to("meta") for t in tensors], [0, 7], None)
+    for o, r, f in zip(statistics.READINESS_OUTPUTS, real, fake, strict=True):
+        assert tuple(r.shape) == tuple(f.shape) == o.shape(2, 2) and r.dtype == f.dtype == getattr(torch, o.dtype)
