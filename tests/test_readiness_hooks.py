@@ -236,3 +236,9 @@ def test_a_readiness_step_without_a_forward_says_so_once() -> None:
     hooks.end_step(2, None)  # said once
     assert hooks.last is None
     hooks.close()
+
+
+def test_ddp_ranks_merge_into_one_table(tmp_path) -> None:
+    from tests.test_distributed import run_scenario
+
+    run_scenario("ddp_readiness", 2, tmp_path, module="tests.readiness_dist")
