@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .distributed import is_distributed, wait_all
+from .distributed import is_distributed, to_local, wait_all
 from .eager_stance import EagerHold
 from .naming import ROOT_NAME, clean_module_names
 from .readiness import ReadinessStats, format_readiness
@@ -233,6 +233,7 @@ class ReadinessHooks:
         forwards = self._forwards
         for module, name in self._names.items():
             grad = getattr(getattr(module, "weight", None), "grad", None)
+            grad = to_local(grad) if isinstance(grad, torch.Tensor) else grad  # FSDP2: this rank's shard, summed below
             if forwards and _measurable(grad):
                 self._measure(name, [("dW", grad if isinstance(module, nn.Linear) else grad.t())])
         self._disarm()
