@@ -83,6 +83,7 @@ from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: 
 
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
+from amp_inspect.readiness import format_readiness  # noqa: E402
 
 BARE = "bare"
 CHECK = "check"
@@ -276,6 +277,49 @@ PASSES: tuple[tuple[str, str, Callable[[list[torch.Tensor]], Callable[[], object
 )
 
 
+def readiness_operands(model: nn.Module, batch: torch.Tensor, device: str, amp_dtype: torch.dtype) -> list[list]:
+    """The tensors one readiness step measures, grouped as the readiness hooks call format_readiness: (X, W) per
+    Linear call, dY per call, dW per Linear. Taken from one step of ``model`` with hooks of this function's own."""
+    calls: list[list[torch.Tensor]] = []
+    handles = []
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+    def pre(module: nn.Module, args: tuple) -> None:
+        calls.append([args[0].detach().clone(), module.weight.detach()])
+
+    def post(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: calls.append([g.detach().clone()]))
+
+    for m in linears:
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    model.zero_grad(set_to_none=True)
+    next_token_loss(model, batch, device, amp_dtype).backward()
+    for h in handles:
+        h.remove()
+    calls += [[m.weight.grad.detach()] for m in linears if m.weight.grad is not None]
+    return calls
+
+
+def readiness_passes(
+    trainer: Trainer, config: BenchConfig, batch: torch.Tensor, bare_step_ms: float
+) -> list[PassTiming]:
+    """--readiness: one readiness step's format_readiness calls alone (every recipe), and tensor_stats on the same
+    tensors, timed like the passes over the gradients (their share of bare's median step)."""
+    calls = readiness_operands(trainer.model, batch, config.device, trainer.amp_dtype)
+    elements = sum(t.numel() for call in calls for t in call)
+    work = {
+        "format_readiness (a readiness step)": lambda: [format_readiness(call) for call in calls],
+        "tensor_stats, same tensors": lambda: [amp_inspect.tensor_stats(call) for call in calls],
+    }
+    rows = []
+    for name, fn in work.items():
+        times = time_calls(fn, config.device, 1, max(3, config.kernel_repeats // 10))
+        median = statistics.median(times)
+        what = f"{len(calls)} calls, {elements / 1e6:.1f}M elements: X, W, dY, dW of every Linear"
+        rows.append(PassTiming(name, what, median, min(times), median / bare_step_ms))
+    return rows
+
+
 def time_passes(trainer: Trainer, config: BenchConfig, bare_step_ms: float) -> list[PassTiming]:
     """The passes over the gradients of the last step, alone (the share of the step the inspection takes)."""
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
@@ -374,7 +418,9 @@ def policy_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], TargetC
     return cost, check
 
 
-def readiness_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], list[TargetCheck]]:
+def readiness_cost(
+    rows: list[StepMeasurement], passes: list[PassTiming]
+) -> tuple[dict[str, object], list[TargetCheck]]:
     """--readiness: one readiness step against a bare step (paired, with the rounds' range), the steps between
     readiness steps against check() alone, and the overhead averaged over a run at readiness_every=100 made from
     them (module docstring), against bare and against check()."""
@@ -396,6 +442,11 @@ def readiness_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], list
         f"averaged_overhead_every{n}_vs_check": averaged_vs_check,
     }
     bare_fwd_bwd = statistics.median(by_name[BARE].fwd_bwd_ms)
+    # The same two figures from the measurement work alone (its calls timed apart, less exposed to the machine's
+    # load than whole steps): a readiness step is a bare step plus that work.
+    work = next(p for p in passes if p.method.startswith("format_readiness"))
+    cost["work_share_of_bare_step"] = work.share_of_step
+    cost[f"work_averaged_every{n}"] = work.share_of_step / n
     checks = [
         at_most(
             "one readiness step vs a bare step (CPU target 2x)",
@@ -412,6 +463,20 @@ def readiness_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], list
             f"steps between readiness steps {statistics.median(between_vs_check):.3f}x check()'s (rounds "
             f"{min(between_vs_check):.3f}-{max(between_vs_check):.3f}), a readiness step "
             f"{statistics.median(step_vs_check):.2f}x; vs bare {averaged_vs_bare * 100:+.2f}%",
+            unit="%",
+        ),
+        at_most(
+            "from the measurement work alone: a readiness step vs a bare step (CPU target 2x)",
+            1 + work.share_of_step,
+            2.0,
+            f"format_readiness over one readiness step's tensors {work.median_ms:.0f} ms (min {work.min_ms:.0f}) on a "
+            f"bare step of {by_name[BARE].median_ms:.0f} ms",
+        ),
+        at_most(
+            f"from the measurement work alone: readiness_every={n} averaged over a run (target 1%)",
+            work.share_of_step / n * 100,
+            1.0,
+            f"{work.share_of_step * 100:.0f}% of a bare step, once every {n} steps",
             unit="%",
         ),
     ]
@@ -508,9 +573,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.measurements = measurements_of(trainers)
     bare_ms = result.measurements[0].median_ms
     result.passes = time_passes(trainers[0], config, bare_ms)
+    if config.readiness:
+        result.passes += readiness_passes(trainers[0], config, batches[0], bare_ms)
     result.agreement = check_agreement(trainers, config.device)
     if config.readiness:
-        result.readiness_cost, result.targets = readiness_cost(result.measurements)
+        result.readiness_cost, result.targets = readiness_cost(result.measurements, result.passes)
     else:
         result.targets = check_targets(config.device, result.measurements, result.passes)
         result.policy_cost, cost_check = policy_cost(result.measurements)
