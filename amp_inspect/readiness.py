@@ -135,6 +135,17 @@ class ReadinessStats:
         merged = {s.name: getattr(torch, s.ufunc)(getattr(self, s.name), getattr(other, s.name)) for s in READINESS}
         return ReadinessStats(self.recipes, delayed=self.delayed or other.delayed, **merged)
 
+    def select(self, rows: Sequence[int] | slice) -> ReadinessStats:
+        """The statistics of some of the tensors (``rows``: their positions, or a slice), e.g. one module's."""
+        device = self.amax.device
+        index = rows if isinstance(rows, slice) else torch.as_tensor(list(rows), dtype=torch.long, device=device)
+        picked = {s.name: getattr(self, s.name)[index] for s in READINESS}
+        return ReadinessStats(self.recipes, delayed=self.delayed, **picked)
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        """The statistics by name, in schema order (derived values not included)."""
+        return self._values()
+
     def total(self) -> ReadinessStats:
         """The T tensors as one (e.g. a module's operand split over several tensors): one row, each statistic merged
         over the rows by its merge."""
@@ -203,7 +214,7 @@ def _check_tensor_amax(tensor_amax: object, tensors: list[torch.Tensor]) -> torc
         raise ValueError(f"tensor_amax is on {tensor_amax.device} and the tensors on {device}")
     # Read on the CPU only (elsewhere that would sync). Inf and NaN are accepted: a stale amax of those gives the
     # unit scale (recipes.py).
-    if device.type == "cpu" and bool((tensor_amax < 0).any()):
+    if device.type == "cpu" and not torch.compiler.is_compiling() and bool((tensor_amax < 0).any()):
         raise ValueError(f"tensor_amax must be >= 0, got {tensor_amax.tolist()}")
     return tensor_amax.detach()
 

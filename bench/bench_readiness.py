@@ -6,7 +6,8 @@ of the same round (the ratios printed are the median and the range of those per-
 
 Sets: ``act-4M``, an activation-like [4096, 1024] tensor (normal values, a few rows scaled by powers of two), in
 float32 and bfloat16; ``gpt2-style``, the 76 weight-shaped tensors of the benchmarks' small GPT (~14M elements).
-Methods: ``vector_norm`` (one read: the roofline proxy), ``all_recipes`` (the 8 recipes, the tensor amax measured
+Methods: ``vector_norm`` (one read: the roofline proxy), ``tensor_stats`` (the gradient pass's fused op, for
+scale), ``all_recipes`` (the 8 recipes, the tensor amax measured
 by a first pass), ``all_recipes_delayed`` (the 8, tensor amax given: one pass), ``mxfp8_e4m3`` (one block recipe),
 ``fp8_tensor_delayed`` (fp8_e4m3_tensor, amax given), and with ``--reference`` the float64 reference.
 
@@ -57,6 +58,7 @@ def methods(tensors: list[torch.Tensor], reference: bool) -> dict[str, Callable[
     op = _ops.format_readiness_op
     made: dict[str, Callable[[], object]] = {
         ROOFLINE: lambda: [torch.linalg.vector_norm(t) for t in tensors],
+        "tensor_stats": lambda: amp_inspect.tensor_stats(tensors),  # the gradient pass's op, for scale
         "all_recipes": lambda: op(tensors, all_recipes, None),
         "all_recipes_delayed": lambda: op(tensors, all_recipes, amax),
         "mxfp8_e4m3": lambda: op(tensors, [RECIPE_NAMES.index("mxfp8_e4m3")], None),
@@ -123,5 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    amp_inspect.format_readiness  # noqa: B018 - the package face names it (imported lazily)
     main()

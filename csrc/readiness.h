@@ -9,15 +9,21 @@
 // with another table is refused (statistics.readiness_layout_problem).
 //
 // Exactness, and immunity to flush-to-zero / denormals-are-zero modes (torch.set_flush_denormal, nvcc's
-// -ftz=true): every float32 value a rule computes with fl32(...) is computed here as a float64 operation on
-// exactly widened float32 operands and rounded to float32 by round_to_float32_bits, on the integer bits. A
-// float64 product of two float32 values is exact and the float64 quotient rounded again to float32 is the
-// correctly rounded float32 quotient (double rounding is innocuous for +, -, *, / from a format of at least
-// 2p + 2 bits, 53 >= 2 * 24 + 2), and no float64 here is ever subnormal (the smallest is about 2^-300), so
-// neither the FPU's rounding of float64 nor a DAZ mode on float32 inputs ever sees a subnormal. The one
-// conversion left to the hardware is an element's scaled value v (per element, so it should be one
-// instruction): a result below float32's normal range may be flushed there, and such a v (< 2^-126) casts to 0
-// in every element format (their smallest subnormal is 2^-16 or more) either way. Never build with fast-math.
+// -ftz=true). Every float32 value a rule computes with fl32(...) is computed one of two ways, with the same result:
+// - on the bits (judge_element, cast_magnitude, round_to_float32_bits): a float64 operation on exactly widened
+//   float32 operands, rounded to float32 on the integer bits. A float64 product of two float32 values is exact, and
+//   the float64 quotient rounded again to float32 is the correctly rounded float32 quotient (double rounding is
+//   innocuous for +, -, *, / from a format of at least 2p + 2 bits, 53 >= 2 * 24 + 2); no float64 here is ever
+//   subnormal (the smallest is about 2^-300), so no FPU mode sees a subnormal. The one conversion left to the
+//   hardware is an element's scaled value v: a result below float32's normal range may be flushed there, and such
+//   a v (< 2^-126) casts to 0 in every element format (their smallest subnormal is 2^-16 or more) either way.
+// - by the hardware's float32 operation where that is certainly IEEE's: both operands normal floats and the result
+//   normal (fl32_divide, fl32_multiply check it and fall back to the bits), or, per element, x no float32 subnormal
+//   and the scale a normal float (judge_element_fast; the kernels check per block). These are the fast paths.
+// Never build with fast-math.
+// Contraction into fused multiply-adds (GCC's default for C++, nvcc's --fmad=true) changes no result: every product
+// here that meets an addition is exact in float64 (q times a power of two, or q's 2 bits times a 24-bit scale),
+// but the squared errors added into sums, whose rounding the sums' stated tolerance already allows.
 //
 // Torch-free and host+device (AMPI_HD from numerics.h); the tables (kRecipes, kElementGrids) are host-only:
 // the host copies what a call needs into the kernels' arguments, as it does with numerics.h's kFormatBounds.
@@ -93,7 +99,6 @@ static_assert(kLargestBlock % kSmallestBlock == 0, "sub-blocks tile a largest bl
 constexpr int32_t kE8M0MinExponent = -127;  // E8M0 encodes 2^-127 .. 2^127 (0xFF is NaN)
 constexpr int32_t kE8M0MaxExponent = 127;
 constexpr double kNvfp4TensorDivisor = 448.0 * 6.0;  // E4M3's max times E2M1's max
-constexpr double kNvfp4ElementMax = 6.0;             // E2M1's max, the divisor of a block's amax
 constexpr uint32_t kE4M3MinNormalBits = 0x3C800000u;  // 2^-6: an NVFP4 block scale below it is subnormal
 constexpr uint32_t kFloatMaxBits = 0x7F7FFFFFu;       // FLT_MAX, the fp32 scale where max_E / amax overflows
 
@@ -236,6 +241,42 @@ AMPI_HD double cast_magnitude(uint32_t abs_bits, const ElementGrid& g) {
   return static_cast<double>(q) * pow2(quantum_field - kExponentBias32 - g.mbits);
 }
 
+// cast_E(v) as float32 bits: |v| (bits `abs_bits`, finite or Inf) rounded to nearest, ties to even, on grid g,
+// saturating at its max; the same values as cast_magnitude, for judge_element_fast. In g's normal range the
+// rounding is on the bits (adding just under half a quantum, plus the kept last bit for ties to even, carries into
+// the exponent where it must); below 2^emin, float32's own rounding of |v| + 2^(emin - mbits + 23), whose ulp is
+// the grid's subnormal quantum, less that constant (exact). No operand or result there is a float32 subnormal but
+// |v| itself, and a |v| below 2^-126 rounds to 0 whether DAZ reads it as 0 or not.
+AMPI_HD uint32_t cast_abs_bits(uint32_t abs_bits, const ElementGrid& g) {
+  const uint32_t a = abs_bits > g.max_bits ? g.max_bits : abs_bits;
+  const int32_t shift = kMantissaBits32 - g.mbits;
+  const uint32_t rounded = (a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) & ~((1u << shift) - 1u);
+  const float quantum_shift = bits_as_float32(static_cast<uint32_t>(g.emin - g.mbits + kMantissaBits32 + kExponentBias32)
+                                              << kMantissaBits32);
+  const float below = (bits_as_float32(a) + quantum_shift) - quantum_shift;
+  const uint32_t lowest_normal = static_cast<uint32_t>(g.emin + kExponentBias32) << kMantissaBits32;
+  return a >= lowest_normal ? rounded : float32_as_bits(below);
+}
+
+// fl32(a / b) and fl32(a * b) of finite float32 values a >= 0, b > 0 (bits), as bits: the hardware's float32
+// result where it is certainly IEEE's (both operands normal and the result normal or Inf, so that neither DAZ nor
+// flush-to-zero can have touched it; nvcc's default -prec-div=true makes its division IEEE's), else the float64
+// result rounded on the bits. The block scales' arithmetic: per block, so the fast case matters on the CPU.
+AMPI_HD uint32_t fl32_divide(uint32_t a, uint32_t b) {
+  if (a >= kImplicitBit32 && b >= kImplicitBit32) {
+    const uint32_t q = float32_as_bits(bits_as_float32(a) / bits_as_float32(b));
+    if (q >= kImplicitBit32) return q;
+  }
+  return round_to_float32_bits(float32_bits_to_double(a) / float32_bits_to_double(b));
+}
+AMPI_HD uint32_t fl32_multiply(uint32_t a, uint32_t b) {
+  if (a >= kImplicitBit32 && b >= kImplicitBit32) {
+    const uint32_t p = float32_as_bits(bits_as_float32(a) * bits_as_float32(b));
+    if (p >= kImplicitBit32) return p;
+  }
+  return round_to_float32_bits(float32_bits_to_double(a) * float32_bits_to_double(b));
+}
+
 // ---- block scales ----
 
 // What one block's scale does to its elements. `divide` 0: v = fl32(x * scale), dequantized q / scale (the fp32
@@ -248,12 +289,20 @@ struct BlockScale {
   int32_t scale_flushed;  // the block's scale is at its limit (counted once per block, when its amax is > 0)
 };
 
+// Whether a scale may take judge_element_fast: a normal float32 (judge_element_fast's comment says why). Every
+// scale is a float32 value, so comparing it as a float64 with float32's normal range decides.
+constexpr double kFloatMinNormal = 1.1754943508222875e-38;  // 2^-126
+constexpr double kFloatMax = 3.4028234663852886e+38;
+AMPI_HD bool scale_is_normal_float(const BlockScale& s) {
+  return !s.all_zero && s.scale >= kFloatMinNormal && s.scale <= kFloatMax;
+}
+
 // fp32_tensor / fp32_block: s = fl32(max_E / amax); 1 where amax is 0 or (a given tensor amax) Inf or NaN, as
 // TransformerEngine's compute_scale_from_amax does; FLT_MAX where the division overflows. amax_bits: |amax|.
 AMPI_HD BlockScale fp32_scale(uint32_t amax_bits, const ElementGrid& g) {
   BlockScale s{1.0, 0, 0, 0};
   if (amax_bits == 0 || !is_finite32(amax_bits)) return s;
-  const uint32_t q = round_to_float32_bits(float32_bits_to_double(g.max_bits) / float32_bits_to_double(amax_bits));
+  const uint32_t q = fl32_divide(g.max_bits, amax_bits);
   s.scale_flushed = q >= kInfBits32;
   s.scale = float32_bits_to_double(s.scale_flushed ? kFloatMaxBits : q);
   return s;
@@ -275,7 +324,7 @@ AMPI_HD BlockScale e8m0_floor_scale(uint32_t amax_bits, const ElementGrid& g) {
 // rounds to 0 wanted an exponent below -127: clamped, so counted (as the float64 reference reads the rule).
 AMPI_HD BlockScale e8m0_rceil_scale(uint32_t amax_bits, const ElementGrid& g) {
   if (amax_bits == 0) return BlockScale{pow2(-kE8M0MinExponent), 0, 0, 0};
-  const uint32_t r = round_to_float32_bits(float32_bits_to_double(amax_bits) / float32_bits_to_double(g.max_bits));
+  const uint32_t r = fl32_divide(amax_bits, g.max_bits);
   if (r == 0) return BlockScale{pow2(-kE8M0MinExponent), 0, 0, 1};
   return e8m0_scale(ceil_log2_bits(r));
 }
@@ -284,9 +333,10 @@ AMPI_HD BlockScale e8m0_rceil_scale(uint32_t amax_bits, const ElementGrid& g) {
 // is 0, Inf or NaN (a given, stale amax; TransformerEngine's compute_global_encode_scaling_factor_FP4 does the same;
 // a tensor whose own amax is 0 holds only zeros). A tiny amax_t (below about 2^-138) gives d = 0.
 constexpr uint32_t kFloatOneBits = 0x3F800000u;
+constexpr uint32_t kNvfp4TensorDivisorBits = 0x45280000u;  // 2688 = 1.3125 * 2^11
 AMPI_HD uint32_t nvfp4_decode_scale_bits(uint32_t amax_t_bits) {
   if (amax_t_bits == 0 || !is_finite32(amax_t_bits)) return kFloatOneBits;
-  return round_to_float32_bits(float32_bits_to_double(amax_t_bits) / kNvfp4TensorDivisor);
+  return fl32_divide(amax_t_bits, kNvfp4TensorDivisorBits);
 }
 
 // nvfp4 per block: s_b = cast_E4M3(fl32(fl32(amax_b / 6) / d)) (saturating at 448, subnormals kept, not clamped up
@@ -295,16 +345,13 @@ AMPI_HD uint32_t nvfp4_decode_scale_bits(uint32_t amax_t_bits) {
 // not counted.)
 AMPI_HD BlockScale nvfp4_scale(uint32_t amax_b_bits, uint32_t decode_bits) {
   if (amax_b_bits == 0) return BlockScale{1.0, 1, 1, 0};
-  const uint32_t per_six = round_to_float32_bits(float32_bits_to_double(amax_b_bits) / kNvfp4ElementMax);
+  const uint32_t per_six = fl32_divide(amax_b_bits, e2m1_grid().max_bits);  // amax_b / 6
   // s_b = 0 where fl32(amax_b / 6) = 0 (amax_b = 2^-149), whatever d is (recipes.py: not 0 / 0 when d = 0).
   // d = 0 with fl32(amax_b / 6) > 0: the quotient is +Inf, saturating to 448, and total = 0.
-  const uint32_t wanted = per_six == 0      ? 0u
-                          : decode_bits == 0 ? kInfBits32
-                                             : round_to_float32_bits(float32_bits_to_double(per_six) /
-                                                                     float32_bits_to_double(decode_bits));
-  const double s_b = cast_magnitude(wanted & kAbsMask32, e4m3_grid());
-  const uint32_t total = round_to_float32_bits(float32_bits_to_double(decode_bits) * s_b);
-  const int32_t flushed_scale = s_b < float32_bits_to_double(kE4M3MinNormalBits);
+  const uint32_t wanted = per_six == 0 ? 0u : decode_bits == 0 ? kInfBits32 : fl32_divide(per_six, decode_bits);
+  const uint32_t s_b = cast_abs_bits(wanted, e4m3_grid());  // an E4M3 value, as float32 bits
+  const uint32_t total = s_b == 0 || decode_bits == 0 ? 0u : fl32_multiply(decode_bits, s_b);
+  const int32_t flushed_scale = s_b < kE4M3MinNormalBits;
   if (total == 0) return BlockScale{1.0, 1, 1, flushed_scale};
   return BlockScale{float32_bits_to_double(total), 1, 0, flushed_scale};
 }
@@ -347,6 +394,28 @@ AMPI_HD ElementVerdict judge_element(uint32_t bits, const ElementGrid& g, const 
   const double dequantized = s.divide ? signed_q * s.scale : signed_q / s.scale;
   const double error = x - dequantized;
   return ElementVerdict{(a != 0) & (q == 0.0), v_abs > g.max_bits, error * error};
+}
+
+// judge_element for the common case, in float32 where the rule says fl32 and with the integer cast: the same
+// verdict where x is no float32 subnormal and the scale (`scale32`, the float32 of s.scale) is a normal float32
+// (scale_is_normal_float), so that the hardware's float32 product or quotient is fl32's whatever the FTZ / DAZ
+// mode (its result may be flushed only below 2^-126, which casts to 0 either way). Kernels take it per block where
+// the block holds no float32 subnormal; the CPU kernel's loops vectorise it.
+// v = x / scale32 (`divide`, NVFP4) or x * scale32; dequantized q / dequant (`dequant_divides`: the fp32 rules,
+// dequant = s) or q * dequant (NVFP4: the total scale; E8M0: 2^X, the same value as q / 2^-X, a multiplication in
+// place of a division). A kernel may keep one scale per element, as the CPU kernel's loop over a 128-element block
+// of 16- or 32-element blocks does.
+AMPI_HD ElementVerdict judge_element_fast(uint32_t bits, const ElementGrid& g, bool divide, float scale32,
+                                          bool dequant_divides, double dequant) {
+  const float x = bits_as_float32(bits);
+  const float v = divide ? x / scale32 : x * scale32;
+  const uint32_t v_abs = float32_as_bits(v) & kAbsMask32;
+  const uint32_t q_bits = cast_abs_bits(v_abs, g) | (bits & kSignMask32);
+  const double q = static_cast<double>(bits_as_float32(q_bits));
+  const double dequantized = dequant_divides ? q / dequant : q * dequant;
+  const double error = static_cast<double>(x) - dequantized;
+  return ElementVerdict{((bits & kAbsMask32) != 0) & ((q_bits & kAbsMask32) == 0), v_abs > g.max_bits,
+                        error * error};
 }
 
 }  // namespace amp_inspect

@@ -4,13 +4,23 @@
 // (the largest block a recipe uses; a row's last one may be shorter): its elements are read once into a small
 // stack buffer as float32 bits, the amaxes of its 16-element sub-blocks are taken (a 32- or 128-element block's
 // amax is the max of its sub-blocks'), and then every recipe asked for quantizes the buffer's elements while they
-// are in L1: the per-element logic is readiness.h's, the code the CUDA kernel runs. Units are grouped into chunks of
-// about kChunkElems elements, split across threads with torch::stable::parallel_for (torch's pool).
+// are in L1. The per-element logic is readiness.h's: judge_element_fast in vectorised loops (AVX-512 / AVX2 clones)
+// where a unit holds no float32 subnormal and its scales are normal floats, else the exact judge_element (the one the
+// CUDA kernel runs); the two give the same verdicts. Units are grouped into chunks of about kChunkElems elements,
+// split across threads with torch::stable::parallel_for (torch's pool). Cost: bench/README.md.
 //
 // Tensor-scaled recipes (fp8_*_tensor, nvfp4) need the tensor's amax before the pass: given (tensor_amax, delayed
 // scaling) or measured by a first pass over the tensor, only when such a recipe is asked for and no amax is given.
 // Each chunk writes its totals to a slot of its own, summed per tensor in chunk order: results do not depend on the
 // number of threads, and no lock is taken.
+//
+// no-trapping-math, for the whole file (before any header, so that every inline function it calls has the same
+// options and inlines): without it GCC keeps a select between float results as a branch (a float operation might
+// trap) and does not vectorise the element loops. It changes no value: IEEE results, their rounding and their
+// order stay as written (it is not fast-math).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 
@@ -28,22 +38,32 @@ constexpr int kSubBlocks = kLargestBlock / kSmallestBlock;
 constexpr int kMaxCountColumns = kReadinessFixedCounts + kReadinessCountsPerRecipe * kNumRecipes;
 constexpr int kMaxSumColumns = kReadinessFixedSums + kReadinessSumsPerRecipe * kNumRecipes;
 
+// The vectorised loops, cloned for AVX-512 and AVX2 (and no-trapping-math: see the top of the file).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AMPI_READINESS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define AMPI_READINESS_CLONES
+#endif
+
+AMPI_READINESS_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
+}
+AMPI_READINESS_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);  // exact whatever the FTZ mode (numerics.h)
+}
+
 // Elements [start, start + n) of a view as float32 bits (exact widening: bf16 on its bits, fp16 by numerics.h).
 void load_bits(const ReadinessView& view, int64_t start, int64_t n, uint32_t* out) {
   switch (view.dtype) {
     case kFloat32:
       std::memcpy(out, static_cast<const uint32_t*>(view.data) + start, sizeof(uint32_t) * n);
       break;
-    case kBFloat16: {
-      const uint16_t* p = static_cast<const uint16_t*>(view.data) + start;
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
+    case kBFloat16:
+      widen_bf16(static_cast<const uint16_t*>(view.data) + start, n, out);
       break;
-    }
-    default: {
-      const uint16_t* p = static_cast<const uint16_t*>(view.data) + start;
-      for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);
+    default:
+      widen_fp16(static_cast<const uint16_t*>(view.data) + start, n, out);
       break;
-    }
   }
 }
 
@@ -118,20 +138,170 @@ TensorRecipes tensor_recipes(const ReadinessCall& call, uint32_t amax_bits) {
   return t;
 }
 
-// Judges elements [0, n) of a block (finite elements; non-finite ones were set to 0, which counts nothing).
-void judge_block(const uint32_t* bits, int64_t n, const ElementGrid& g, const BlockScale& s, int64_t* counts,
-                 double& sq_error) {
-  int64_t flushed = 0, saturated = 0;
-  double error = 0.0;
+// Block totals of one recipe.
+struct BlockVerdicts {
+  int64_t flushed;
+  int64_t saturated;
+  double sq_error;
+};
+
+// The sum of v[0, n) (n <= kLargestBlock) in float64, in a fixed order: kSumLanes running sums, then the rest. A
+// float64 `sum += v[i]` loop is not vectorised (without fast-math the compiler keeps its order); these lanes are.
+constexpr int kSumLanes = 8;
+using DoubleLanes = double __attribute__((vector_size(kSumLanes * sizeof(double))));
+__attribute__((always_inline)) inline double sum_in_lanes(const double* v, int64_t n) {
+  DoubleLanes lanes = {};
+  int64_t i = 0;
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    DoubleLanes x;
+    std::memcpy(&x, v + i, sizeof x);
+    lanes += x;
+  }
+  double total = 0.0;
+  for (int l = 0; l < kSumLanes; ++l) total += lanes[l];
+  for (; i < n; ++i) total += v[i];
+  return total;
+}
+
+// One scale per element of a unit (its block's): the float32 v is computed with, and the float64 the dequantized value
+// is computed with (judge_element_fast), for judge_fast.
+struct UnitScales {
+  float scale32[kLargestBlock];
+  double dequant[kLargestBlock];
+};
+
+// judge_element_fast over a unit's elements, each under its own block's scale, the scale's kind fixed so the loop
+// has no branch: vectorised (AVX-512 / AVX2 clones), int32 lane counters (at most 128 elements), the squared errors
+// staged and summed in lanes.
+template <bool kDivide, bool kDequantDivides>
+__attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* __restrict bits, int64_t n,
+                                                              const ElementGrid& g, const UnitScales& s) {
+  int32_t flushed = 0, saturated = 0;
+  double squares[kLargestBlock];
   for (int64_t i = 0; i < n; ++i) {
-    const ElementVerdict v = judge_element(bits[i], g, s);
+    const ElementVerdict v = judge_element_fast(bits[i], g, kDivide, s.scale32[i], kDequantDivides, s.dequant[i]);
     flushed += v.flushed;
     saturated += v.saturated;
-    error += v.sq_error;
+    squares[i] = v.sq_error;
   }
-  counts[0] += flushed;
-  counts[1] += saturated;
-  sq_error += error;
+  return {flushed, saturated, sum_in_lanes(squares, n)};
+}
+
+// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t).
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                    const UnitScales& s) {
+  return judge_fast<false, true>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                            const UnitScales& s) {
+  return judge_fast<false, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                      const UnitScales& s) {
+  return judge_fast<true, false>(bits, n, g, s);
+}
+
+// The exact judge_element over elements [0, n) of a block: for blocks where judge_element_fast's conditions fail.
+BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g, const BlockScale& s) {
+  BlockVerdicts v{0, 0, 0.0};
+  for (int64_t i = 0; i < n; ++i) {
+    const ElementVerdict e = judge_element(bits[i], g, s);
+    v.flushed += e.flushed;
+    v.saturated += e.saturated;
+    v.sq_error += e.sq_error;
+  }
+  return v;
+}
+
+// One recipe on a unit (finite elements; non-finite ones were set to 0, which counts nothing): each block's scale
+// (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
+// block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
+// verdicts do not depend on the FPU's flush-to-zero mode.
+AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, const RecipeSpec& spec, const ElementGrid& g,
+                  const uint32_t* sub_amax, const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
+                  double& sq_error) {
+  constexpr int kMaxBlocks = kLargestBlock / kSmallestBlock;
+  BlockScale scales[kMaxBlocks];
+  const int64_t block = spec.block == 0 ? kLargestBlock : spec.block;
+  const int64_t subs_per_block = block / kSmallestBlock;
+  const int64_t subs = (n + kSmallestBlock - 1) / kSmallestBlock;
+  const int64_t blocks = (n + block - 1) / block;
+  bool fast = !has_subnormal;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (spec.block == 0) {  // one scale for the tensor: its blocks are counted once, at the end
+      scales[b] = tensor_scale;
+    } else {
+      uint32_t amax = 0;
+      for (int64_t k = b * subs_per_block; k < std::min(subs, (b + 1) * subs_per_block); ++k) {
+        amax = std::max(amax, sub_amax[k]);
+      }
+      scales[b] = block_scale(spec.scale, g, amax, decode_bits);
+      counts[2] += 1;
+      counts[3] += scales[b].scale_flushed;
+    }
+    fast = fast && scale_is_normal_float(scales[b]);
+  }
+  BlockVerdicts v{0, 0, 0.0};
+  if (fast) {
+    const bool power_of_two = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
+    UnitScales per_element;
+    for (int64_t b = 0; b < blocks; ++b) {  // block by block: no division per element
+      const double scale = scales[b].scale;
+      const float scale32 = static_cast<float>(scale);        // exact: a float32 value
+      const double dequant = power_of_two ? 1.0 / scale : scale;  // 2^X exactly, for 2^-X
+      const int64_t end = std::min(n, (b + 1) * block);
+      for (int64_t i = b * block; i < end; ++i) {
+        per_element.dequant[i] = dequant;
+        per_element.scale32[i] = scale32;
+      }
+    }
+    v = scales[0].divide ? judge_fast_divide(bits, n, g, per_element)
+        : power_of_two   ? judge_fast_power_of_two(bits, n, g, per_element)
+                         : judge_fast_fp32(bits, n, g, per_element);
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
+      v.flushed += part.flushed;
+      v.saturated += part.saturated;
+      v.sq_error += part.sq_error;
+    }
+  }
+  counts[0] += v.flushed;
+  counts[1] += v.saturated;
+  sq_error += v.sq_error;
+}
+
+// The first look at a unit's bits: counts nonzero, nonfinite and float32-subnormal elements, sets NaN/Inf to 0 (they
+// take no part in any amax or sum), and returns the sum of squares; sub_amax gets each 16-element sub-block's amax.
+// Branch-free (both widenings of x computed, one kept), so the cloned loops vectorise.
+struct UnitScan {
+  int32_t nonzero, nonfinite, subnormal;
+  double sq_signal;
+};
+AMPI_READINESS_CLONES UnitScan scan_unit(uint32_t* __restrict bits, int64_t n, uint32_t* __restrict sub_amax) {
+  int32_t nonzero = 0, nonfinite = 0, subnormal = 0;
+  double squares[kLargestBlock];
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = bits[i] & kAbsMask32;
+    const bool finite = is_finite32(a);
+    nonfinite += !finite;
+    nonzero += finite & (a != 0);
+    const bool tiny = a < kImplicitBit32;
+    subnormal += (a != 0) & tiny;
+    bits[i] = finite ? bits[i] : 0u;
+    // x exactly as float64: the hardware's widening of a normal float32 (no DAZ there), or mantissa * 2^-149
+    const double wide = static_cast<double>(bits_as_float32(finite && !tiny ? a : 0u));
+    const double small = static_cast<double>(static_cast<int32_t>(a & kMantissaMask32)) * kFloatSubnormalUnit;
+    const double x = tiny ? small : wide;
+    squares[i] = x * x;
+  }
+  for (int64_t first = 0; first < n; first += kSmallestBlock) {  // a register per sub-block, not memory
+    uint32_t m = 0;
+    const int64_t end = std::min<int64_t>(n, first + kSmallestBlock);
+    for (int64_t i = first; i < end; ++i) m = std::max(m, bits[i] & kAbsMask32);
+    sub_amax[first / kSmallestBlock] = m;
+  }
+  return {nonzero, nonfinite, subnormal, sum_in_lanes(squares, n)};
 }
 
 // One unit: read, per-tensor counts and squares, sub-block amaxes, then every recipe.
@@ -141,47 +311,21 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
   load_bits(view, range.start, range.length, bits);
   const int64_t n = range.length;
   uint32_t sub_amax[kSubBlocks] = {};
-  int64_t nonzero = 0, nonfinite = 0;
-  double sq_signal = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = bits[i] & kAbsMask32;
-    const bool finite = is_finite32(a);
-    nonfinite += !finite;
-    nonzero += finite & (a != 0);
-    bits[i] = finite ? bits[i] : 0u;  // NaN/Inf take no part in any amax or sum
-    const double x = float32_bits_to_double(bits[i]);
-    sq_signal += x * x;
-    uint32_t& m = sub_amax[i / kSmallestBlock];
-    m = std::max(m, finite ? a : 0u);
-  }
-  out.counts[1] += nonzero;
-  out.counts[2] += nonfinite;
-  out.sums[0] += sq_signal;
+  const UnitScan scan = scan_unit(bits, n, sub_amax);
+  const int32_t subnormal = scan.subnormal;
+  out.counts[1] += scan.nonzero;
+  out.counts[2] += scan.nonfinite;
+  out.sums[0] += scan.sq_signal;
   for (const uint32_t m : sub_amax) out.amax = std::max(out.amax, m);
   for (int r = 0; r < call.num_recipes; ++r) {
-    const RecipeSpec& spec = *tr.spec[r];
     int64_t* counts = out.counts + kReadinessFixedCounts + kReadinessCountsPerRecipe * r;
-    double& sq_error = out.sums[kReadinessFixedSums + r];
-    if (spec.block == 0) {  // one scale for the tensor: its blocks are counted once, at the end
-      judge_block(bits, n, tr.grid[r], tr.tensor_scale[r], counts, sq_error);
-      continue;
-    }
-    const int64_t subs_per_block = spec.block / kSmallestBlock;
-    for (int64_t first = 0; first < n; first += spec.block) {
-      const int64_t sub = first / kSmallestBlock;
-      const int64_t sub_end = std::min<int64_t>((n + kSmallestBlock - 1) / kSmallestBlock, sub + subs_per_block);
-      uint32_t amax = 0;
-      for (int64_t k = sub; k < sub_end; ++k) amax = std::max(amax, sub_amax[k]);
-      const BlockScale s = block_scale(spec.scale, tr.grid[r], amax, tr.decode_bits);
-      counts[2] += 1;
-      counts[3] += s.scale_flushed;
-      judge_block(bits + first, std::min<int64_t>(spec.block, n - first), tr.grid[r], s, counts, sq_error);
-    }
+    judge_recipe(bits, n, subnormal != 0, *tr.spec[r], tr.grid[r], sub_amax, tr.tensor_scale[r], tr.decode_bits,
+                 counts, out.sums[kReadinessFixedSums + r]);
   }
 }
 
-// The finite amax of elements [start, start + n) of a view, as float32 bits.
-uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
+// The finite amax of elements [start, start + n) of a view, as float32 bits (cloned: SSE2 has no unsigned max).
+AMPI_READINESS_CLONES uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
   constexpr int64_t kStage = 1024;
   uint32_t bits[kStage];
   uint32_t amax = 0;

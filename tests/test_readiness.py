@@ -21,6 +21,7 @@ from amp_inspect import _ops
 from amp_inspect.readiness import ReadinessStats
 from amp_inspect.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
 from amp_inspect.reference_readiness import format_readiness_reference
+from amp_inspect.statistics import READINESS
 from tests.test_random_bits import random_tensor
 from tests.test_readiness_reference import grid_boundaries, nvfp4_tensor
 
@@ -179,6 +180,9 @@ def test_flush_to_zero_mode_does_not_change_the_results() -> None:
     tensors = [t for t in edge_tensors() if t.numel()]
     tensors.append(torch.tensor([1e-40, 2e-39, -5e-41] + [0.0] * 13 + [1e-38] * 16))
     tensors.append(torch.tensor([2.0**-130, 2.0**-135, 2.0**-149] * 40))  # fp32 scales multiply subnormals
+    rng = np.random.default_rng(14)
+    tensors += [random_tensor(rng, 40 * 96, dtype).reshape(40, 96) for dtype in DTYPES]  # every binade
+    tensors += [(torch.randn(16, 64, generator=torch.Generator().manual_seed(e)) * 2.0**e) for e in (-140, -125, -100)]
     normal = OP(tensors, ALL, None)
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot set flush-to-zero")
@@ -240,6 +244,17 @@ def test_mxfp8_blocks_are_torchs_cast_of_the_power_of_two_scaled_block() -> None
 def test_opcheck(args) -> None:
     results = torch.library.opcheck(OP, args)
     assert set(results.values()) == {"SUCCESS"}, results
+
+
+def test_torch_compile_traces_the_op_through_its_fake_kernel() -> None:
+    """Compiled (aot_eager: the fake kernel traces it, the real one runs), format_readiness gives the eager numbers."""
+    x = torch.randn(8, 48, generator=torch.Generator().manual_seed(13))
+
+    def sqnr(t: torch.Tensor) -> torch.Tensor:
+        return amp_inspect.format_readiness([t], ("mxfp8_e4m3", "nvfp4"), tensor_amax=t.abs().amax().reshape(1)).sqnr_db
+
+    compiled = torch.compile(sqnr, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), sqnr(x))
 
 
 def test_the_fake_kernel_has_the_ops_shapes_and_refuses_two_devices() -> None:
@@ -335,6 +350,8 @@ def test_merge_and_total_follow_the_schema() -> None:
     assert torch.equal(total.blocks, whole.blocks) and torch.equal(total.amax, whole.amax)
     with pytest.raises(ValueError, match="cannot merge readiness"):
         whole.merge(amp_inspect.format_readiness([x]))
+    picked = both.select([1]).merge(both.select(slice(0, 1)))  # a module's rows, merged
+    assert torch.equal(picked.flushed, whole.flushed) and list(both.as_dict()) == [s.name for s in READINESS]
 
 
 @pytest.mark.parametrize(
