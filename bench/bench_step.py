@@ -320,6 +320,30 @@ def readiness_passes(
     return rows
 
 
+def readiness_cpu_seconds(trainer: Trainer, config: BenchConfig, batch: torch.Tensor, repeats: int = 5) -> dict:
+    """--readiness on the CPU: process CPU time (both torch threads) of a bare step and of one readiness step's
+    measurement work, ``repeats`` of each alternating. CPU time counts only while this process runs, so on a machine
+    shared with other jobs it moves far less than wall time does (cache sharing still moves it)."""
+    calls = readiness_operands(trainer.model, batch, config.device, trainer.amp_dtype)
+    bare, work = [], []
+    for _ in range(repeats):
+        start = time.process_time()
+        trainer.step([batch])
+        bare.append(time.process_time() - start)
+        start = time.process_time()
+        for call in calls:
+            format_readiness(call)
+        work.append(time.process_time() - start)
+    ratio = statistics.median(work) / statistics.median(bare)
+    return {
+        "bare_step_cpu_s": bare,
+        "readiness_work_cpu_s": work,
+        "work_over_bare_step": ratio,
+        "readiness_step_x_bare": 1 + ratio,
+        f"averaged_overhead_every{READINESS_EVERY}": ratio / READINESS_EVERY,
+    }
+
+
 def time_passes(trainer: Trainer, config: BenchConfig, bare_step_ms: float) -> list[PassTiming]:
     """The passes over the gradients of the last step, alone (the share of the step the inspection takes)."""
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
@@ -578,6 +602,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.agreement = check_agreement(trainers, config.device)
     if config.readiness:
         result.readiness_cost, result.targets = readiness_cost(result.measurements, result.passes)
+        if config.device == "cpu":
+            cpu = readiness_cpu_seconds(trainers[0], config, batches[0])
+            result.readiness_cost["cpu_time"] = cpu
+            bare_s, work_s = statistics.median(cpu["bare_step_cpu_s"]), statistics.median(cpu["readiness_work_cpu_s"])
+            spread = f"bare {min(cpu['bare_step_cpu_s']):.2f}-{max(cpu['bare_step_cpu_s']):.2f} s, work "
+            spread += f"{min(cpu['readiness_work_cpu_s']):.2f}-{max(cpu['readiness_work_cpu_s']):.2f} s"
+            result.targets += [
+                at_most(
+                    "CPU time: a readiness step vs a bare step (target 2x)",
+                    cpu["readiness_step_x_bare"],
+                    2.0,
+                    f"work {work_s:.2f} s on a bare step of {bare_s:.2f} s (medians of 5; {spread})",
+                ),
+                at_most(
+                    f"CPU time: readiness_every={READINESS_EVERY} averaged over a run (target 1%)",
+                    cpu[f"averaged_overhead_every{READINESS_EVERY}"] * 100,
+                    1.0,
+                    f"the work is {cpu['work_over_bare_step']:.2f} bare steps, once every {READINESS_EVERY} steps",
+                    unit="%",
+                ),
+            ]
     else:
         result.targets = check_targets(config.device, result.measurements, result.passes)
         result.policy_cost, cost_check = policy_cost(result.measurements)
