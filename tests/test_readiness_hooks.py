@@ -242,3 +242,19 @@ def test_ddp_ranks_merge_into_one_table(tmp_path) -> None:
     from tests.test_distributed import run_scenario
 
     run_scenario("ddp_readiness", 2, tmp_path, module="tests.readiness_dist")
+
+
+def test_with_an_inspecting_grad_scaler_and_no_check_the_step_ends_at_update() -> None:
+    model = _model()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    insp = amp_inspect.attach(model, scaler, readiness_every=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        scaler.scale(model(torch.randn(4, 16)).square().mean()).backward()
+        scaler.step(opt)
+        scaler.update()  # the step's end: the readiness table of steps 0 and 2
+        opt.zero_grad()
+    assert insp.readiness().step == 2
+    assert scaler.last_report.step == 2 and scaler.last_report.readiness is insp.readiness()
+    assert list(insp.readiness().modules["2"]) == ["X", "W", "dY", "dW"]
+    insp.detach()
