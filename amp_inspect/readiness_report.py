@@ -345,7 +345,17 @@ class ReadinessReport:
     @classmethod
     def from_record(cls, record: Mapping[str, Any], step: int | None = None) -> ReadinessReport:
         """From a run log's ``"readiness"`` entry; ValueError saying what is wrong with it."""
-        recipes = check_recipes(record.get("recipes"))
+        try:
+            return cls._from_record(record, step)
+        except TypeError as error:  # a value of the wrong kind (None, an object) where a number or name belongs
+            raise ValueError(f"a readiness entry of the log is malformed ({error})") from None
+
+    @classmethod
+    def _from_record(cls, record: Mapping[str, Any], step: int | None) -> ReadinessReport:
+        names = record.get("recipes")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f'readiness "recipes" must be a list of recipe names, got {names!r:.60}')
+        recipes = check_recipes(names)
         modules: dict[str, dict[str, OperandStats]] = {}
         raw = record.get("modules")
         if not isinstance(raw, Mapping):

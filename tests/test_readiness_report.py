@@ -223,6 +223,24 @@ def test_a_malformed_readiness_entry_is_an_invalid_line(tmp_path: Path) -> None:
         assert [r["step"] for r in read_log(path)] == [0]
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"recipes": [{}], "modules": {}},
+        {"recipes": ["nvfp4"], "modules": {"fc": {"X": {"flushed": [None]}}}},
+        {"recipes": ["nvfp4"], "modules": {"fc": {"Q": {}}}},
+    ],
+)
+def test_a_malformed_readiness_entry_is_one_sentence_from_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture, entry: dict
+) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"schema": 1, "log": "amp_inspect", "step": 0, "readiness": entry}) + "\n")
+    assert cli.main(["readiness", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("amp-inspect readiness: ") and "\n" not in err
+
+
 def test_cli_prints_the_table_of_the_last_readiness_step(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     log = _train(tmp_path, readiness_every=2)
     assert cli.main(["readiness", str(log)]) == 0
