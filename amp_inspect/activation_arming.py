@@ -14,12 +14,11 @@ the hooks were bypassed: the finding says so rather than stay silently empty.
 from __future__ import annotations
 
 import warnings
-from contextlib import ExitStack
 
-import torch
 from torch import nn
 
 from .activations import ActivationWatcher
+from .eager_stance import EagerHold
 from .naming import module_names
 from .report import StepReport
 from .wrappers import is_compiled
@@ -50,7 +49,7 @@ class ActivationArming:
                 RuntimeWarning,
                 stacklevel=5,  # the caller of attach()
             )
-        self._eager: ExitStack | None = None  # the force_eager stance while armed, undone on disarming
+        self._eager = EagerHold()  # the force_eager stance while armed (eager_stance.py), let go on disarming
         self._armed_until = -1
         self._findings: dict[int, str] = {}  # findings of steps that had no report yet
         self._warned_no_forward = False
@@ -127,14 +126,11 @@ class ActivationArming:
 
     def _arm(self) -> None:
         assert self.watcher is not None
-        if self._compiled and self._eager is None:
-            self._eager = ExitStack()
-            self._eager.enter_context(torch.compiler.set_stance("force_eager"))
+        if self._compiled:
+            self._eager.take()
         self.watcher.arm()
 
     def _disarm(self) -> None:
         assert self.watcher is not None
         self.watcher.disarm()
-        if self._eager is not None:
-            self._eager.close()  # the stance before arming
-            self._eager = None
+        self._eager.release()  # the stance before arming, once no other holder needs it

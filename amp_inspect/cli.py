@@ -4,6 +4,7 @@ amp-inspect demo                 train a small GPT into trouble and watch amp_in
 amp-inspect report LOG -o FILE   one self-contained HTML report (with PNG plots) from a run log
                                  (existing outputs only with --force; a run log never)
 amp-inspect summary LOG          skip rate, scale events, offenders and advice from a run log
+amp-inspect readiness LOG        per module and GEMM operand, what FP8 / MXFP8 / MXFP4 / NVFP4 would lose
 amp-inspect doctor [--log LOG]   check the environment (and a run) for classic AMP mistakes
 amp-inspect bench                the fused pass against one read of the gradients and Python checks
 amp-inspect info                 what was built and whether a GPU is visible
@@ -104,6 +105,31 @@ def _summary(args: argparse.Namespace) -> int:
         return 1
     summary = summarize([StepRecord.from_log_record(r) for r in records])
     print_summary(summary, records[-1])
+    return 0
+
+
+@_file_command("readiness", lambda args: args.log)
+def _readiness(args: argparse.Namespace) -> int:
+    from .readiness_report import from_log
+    from .runlog import read_log
+
+    tables = from_log(read_log(args.log))
+    if not tables:
+        print(
+            f"{shown_name(str(args.log), limit=None)}: no readiness table in this log (attach with readiness_every=N "
+            "to measure one every N steps)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.step is not None:
+        chosen = [t for t in tables if t.step == args.step]
+        if not chosen:
+            steps = ", ".join(str(t.step) for t in tables[-5:])
+            print(f"{args.log}: no readiness table at step {args.step} (the last ones: {steps})", file=sys.stderr)
+            return 1
+        tables = chosen
+    recipes = args.recipes.split(",") if args.recipes else None
+    print("\n".join(tables[-1].lines(recipes)))
     return 0
 
 
@@ -229,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     summary = sub.add_parser("summary", help="skip rate, scale events, offenders and advice from a run log")
     summary.add_argument("log", type=Path)
     summary.set_defaults(func=_summary)
+
+    readiness = sub.add_parser(
+        "readiness", help="per module and GEMM operand, what FP8 / MXFP8 / MXFP4 / NVFP4 would lose (readiness_every)"
+    )
+    readiness.add_argument("log", type=Path, help="a run log written with attach(..., readiness_every=N, log=PATH)")
+    readiness.add_argument("--step", type=int, help="the readiness step to show (default: the last one)")
+    readiness.add_argument("--recipes", help="comma-separated recipes to show (default: all)")
+    readiness.set_defaults(func=_readiness)
 
     add_doctor_arguments(sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes"))
 

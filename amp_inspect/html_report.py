@@ -27,6 +27,7 @@ import numpy as np
 from . import __version__
 from .history import StepRecord, Summary, summarize
 from .plots import FIGURES, save_all, unavailable
+from .readiness_plot import html_section as readiness_section
 from .runlog import is_run_log, read_log
 from .scale_timeline import POLICY_TORCH, scale_text, shown_changes
 from .series import RunSeries
@@ -227,8 +228,10 @@ def render_html(
     *,
     source: str,
     summary_error: str | None = None,
+    readiness: str | None = None,
 ) -> str:
-    """The page as a string: ``pngs`` maps figure names to PNG bytes (embedded as data URIs)."""
+    """The page as a string: ``pngs`` maps figure names to PNG bytes (embedded as data URIs); ``readiness`` the
+    format-readiness section (readiness_plot.html_section), when the log has one."""
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -336,6 +339,8 @@ def render_html(
             f"<figcaption>{_e(caption)}</figcaption></figure></section>"
         )
 
+    if readiness is not None:
+        out.append(readiness)
     out.append(f'<section><h2>Hardware</h2><p class="note">{_e(_hardware_text(series))}</p></section>')
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     out.append(f"<footer>amp_inspect {_e(__version__)}, {stamp}</footer></main></body></html>")
@@ -389,6 +394,8 @@ def write_report(
     out_html.parent.mkdir(parents=True, exist_ok=True)
     paths = save_all(series, targets[1].parent)
     pngs = {name: path.read_bytes() for name, path in paths.items()}
-    page = render_html(series, summary, pngs, source=str(log_path), summary_error=error)
+    page = render_html(
+        series, summary, pngs, source=str(log_path), summary_error=error, readiness=readiness_section(records)
+    )
     out_html.write_text(page, encoding="utf-8")
     return out_html

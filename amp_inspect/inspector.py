@@ -41,6 +41,7 @@ from .history import StepRecord, Summary
 from .naming import ParamEntry
 from .options import AttachOptions, takes_attach_options
 from .parameter_watch import ParameterWatch
+from .readiness_hooks import ReadinessHooks, ReadinessReport
 from .report import StepReport
 from .run_advice import RunAdvice
 from .run_log_sink import RunLogSink
@@ -84,6 +85,7 @@ class Inspector:
         self._sink = RunLogSink.of_rank(opts.log, opts.log_all_ranks, report_group, opts.hist_every, self)
         self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
         self._arming = ActivationArming(model, opts.activations, opts.arm_steps, self.formats, self, self.step)
+        self._readiness = ReadinessHooks.of_options(model, opts, self, self.step, report_group)  # readiness_every
         self._scaler = ScalerLink()
         self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if scaler is not None:
@@ -225,6 +227,7 @@ class Inspector:
     def _after_step(self) -> None:
         """End of a step: activation findings of the step, then reports whose copies are complete."""
         self._arming.end_step(self.step, self.last_report)
+        self._readiness.end_step(self.step, self.last_report)  # readiness_every: the table into the step's report
         self._steps.collect(False, self._follow_step)
 
     def _follow_step(self, report: StepReport, record: StepRecord) -> None:
@@ -251,6 +254,10 @@ class Inspector:
         """Skip rate, scale events and advice on the scaler's settings, from the history."""
         return self._advice.summary(self.history, self.scaler)
 
+    def readiness(self) -> ReadinessReport | None:
+        """The last readiness step's table (``readiness_every``; docs/readiness.md); None before one, or when off."""
+        return self._readiness.last
+
     def doctor(self, optimizer: torch.optim.Optimizer | None = None, autocast_dtype: Any = None) -> DoctorReport:
         """The AMP doctor on this model, its scaler, the history so far and the clipping watch (when on)."""
         return self._advice.doctor(self.history, self.scaler, optimizer, autocast_dtype)
@@ -273,6 +280,7 @@ class Inspector:
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
         self._arming.close()
+        self._readiness.close()
         self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
         self._context.remove()
         self._ddp.release(self)

@@ -42,6 +42,9 @@ class AttachOptions:
             finding and the summary's advice).
         watch_clipping: record clip_grad_norm_ / clip_grad_value_ calls made while the gradients are still
             scaled (before scaler.unscale_): ``insp.doctor()`` reports them. Needs the scaler.
+        readiness_every: every N-th step (a multiple of ``every``), measure what each FP8 / MXFP8 / MXFP4 / NVFP4
+            recipe would lose on every Linear's GEMM operands (X, W, dY, dW): ``insp.readiness()``,
+            ``report.readiness``, the log, ``amp-inspect readiness`` (docs/readiness.md). None: off.
 
     Distributed runs (attach after ``init_process_group`` and after wrapping the model):
         group: the process group to combine FSDP2 shards over. Default: the shard group of their mesh. On a
@@ -69,6 +72,7 @@ class AttachOptions:
     timeout: float = DEFAULT_TIMEOUT_S
     ddp_hook: bool = True
     log_all_ranks: bool = False
+    readiness_every: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int("every", self.every)
@@ -83,6 +87,13 @@ class AttachOptions:
             raise ValueError(f"hist_every must be an int ({what}), got {hist_every!r}")
         _positive_int("arm_steps", self.arm_steps)
         _positive_int("collapse_skips", self.collapse_skips)
+        if self.readiness_every is not None:
+            _positive_int("readiness_every", self.readiness_every)
+            if self.readiness_every % self.every:
+                raise ValueError(
+                    f"readiness_every must be a multiple of every ({self.every}) so that readiness steps are inspected "
+                    f"steps, got {self.readiness_every}"
+                )
         if self.log is not None and not isinstance(self.log, str | os.PathLike):
             raise TypeError(f"log must be a path (str or os.PathLike) or None, got {type(self.log).__name__}")
         for name in ("watch_clipping", "ddp_hook", "log_all_ranks"):

@@ -148,6 +148,7 @@ class StepReport:
         self.skips = scale is not None if skips is None else bool(skips)
         self.sparse_modules = list(dict.fromkeys(sparse_modules))  # rows judged on stored values (numel too)
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
+        self.readiness: Any = None  # readiness_every: this step's ReadinessReport (readiness_report.py)
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
@@ -210,7 +211,8 @@ class StepReport:
 
     def ready(self) -> bool:
         """Whether host values can be read without waiting for the device."""
-        return self._snapshot.ready() and (self._origin is None or self._origin.ready())
+        ready = self._snapshot.ready() and (self._origin is None or self._origin.ready())
+        return ready and (self.readiness is None or self.readiness.ready())
 
     # ---- host values, computed once on first use ----
     # Two levels: the step's verdict (cheap, vectorised: what the history keeps every step), and the
@@ -414,6 +416,8 @@ class StepReport:
         if origin is not None:
             record["inf_by_rank"] = {str(rank): modules for rank, modules in origin.items()}
             record["inf_origin"] = self.inf_origin
+        if self.readiness is not None:
+            record["readiness"] = self.readiness.to_record()
         if with_hist:
             from .runlog import sparse_hist
 

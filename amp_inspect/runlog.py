@@ -23,6 +23,8 @@ Record schema, as the Inspector writes it (one line per inspected step)::
                                        # (amp_inspect/scale_timeline.py)
      "inf_by_rank": {rank: {module: count}},  # distributed runs only: NaN/Inf per rank and module
      "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
+     "readiness": {"recipes": [recipe names], "modules": {name: {operand: {...}}}},  # optional: readiness_every
+                                       # steps, each operand's format-readiness statistics (readiness_report.py)
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
 
 A sparse hist is ``sparse_hist(row)`` of the 256-bin exponent histogram defined in amp_inspect/stats.py:
@@ -232,6 +234,10 @@ def _check_record(record: Mapping[str, Any]) -> None:
         "hardware": lambda v: v is None or isinstance(v, dict),  # read with plots._float: anything else is NaN
         "headroom": lambda v: v is None or (isinstance(v, dict) and all(_is_headroom(v.get(k)) for k in _UP_DOWN)),
         "scale_decision": lambda v: v is None or _is_decision(v),
+        # readiness_report.ReadinessReport.from_record checks the rest where it is read
+        "readiness": lambda v: (
+            isinstance(v, dict) and isinstance(v.get("recipes"), list) and isinstance(v.get("modules"), dict)
+        ),
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(

@@ -15,6 +15,14 @@ Configurations, each with its own copy of the model (same initial weights), opti
 - ``inspecting_headroom``: InspectingGradScaler(policy="headroom") + ``attach(model, scaler)``, no check(): timed
   beside ``inspecting_scaler`` (policy="torch"), whose step it is compared with round by round.
 
+With ``--readiness`` the configurations are the cost of format readiness (``readiness_every``) instead: ``bare``,
+``check``, ``readiness_step`` (``readiness_every=1``: every step a readiness step, hooks on, X, W, dY and dW of
+every Linear measured) and ``readiness_every100`` (its timed steps are the 99 of 100 without hooks, as long as
+warmup + rounds x steps stays below 100). One readiness step against a bare step is the paired ratio of
+``readiness_step``; the step overhead averaged over a run at ``readiness_every=100`` is made from the two measured
+kinds of step, ``(99 * x_between + x_readiness) / 100 - 1`` (against bare, and against check() alone), since a
+run's steps are exactly those two kinds.
+
 They run interleaved in one process: a few warmup steps each, then rounds in which every configuration takes
 a few steps (the order rotating each round), so drift in machine load touches all of them alike. A step is
 zero_grad, forward and loss under autocast, scaled backward, check() where configured, scaler.step and
@@ -77,12 +85,16 @@ from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: 
 
 import amp_inspect  # noqa: E402
 from amp_inspect import _ops  # noqa: E402
+from amp_inspect.readiness import format_readiness  # noqa: E402
 
 BARE = "bare"
 CHECK = "check"
 INSPECTING_SCALER = "inspecting_scaler"
 CHECK_EVERY10 = "check_every10"
 INSPECTING_HEADROOM = "inspecting_headroom"
+READINESS_STEP = "readiness_step"
+READINESS_EVERY100 = "readiness_every100"
+READINESS_EVERY = 100
 
 # Targets (the lead's acceptance criteria): step-time overhead of a check() every step, and the
 # InspectingGradScaler's step time relative to GradScaler's.
@@ -108,6 +120,7 @@ class StepConfig:
     attach: bool = False
     check: bool = False
     every: int = 1
+    readiness_every: int | None = None
 
 
 CONFIGS: tuple[StepConfig, ...] = (
@@ -117,12 +130,27 @@ CONFIGS: tuple[StepConfig, ...] = (
     StepConfig(CHECK_EVERY10, "attach(model, scaler, every=10) + check()", attach=True, check=True, every=10),
     StepConfig(INSPECTING_HEADROOM, 'InspectingGradScaler(policy="headroom") + attach', scaler="headroom", attach=True),
 )
+READINESS_CONFIGS: tuple[StepConfig, ...] = (
+    CONFIGS[0],
+    CONFIGS[1],
+    StepConfig(
+        READINESS_STEP, "readiness_every=1 + check(): readiness steps", attach=True, check=True, readiness_every=1
+    ),
+    StepConfig(
+        READINESS_EVERY100,
+        f"readiness_every={READINESS_EVERY} + check(): the steps between",
+        attach=True,
+        check=True,
+        readiness_every=READINESS_EVERY,
+    ),
+)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     device: str
     quick: bool
+    readiness: bool
     out_dir: Path | None
     amp_dtype: str
     warmup_steps: int  # per configuration, untimed
@@ -153,6 +181,7 @@ class BenchResult:
     agreement: list[TargetCheck] = field(default_factory=list)
     targets: list[TargetCheck] = field(default_factory=list)
     policy_cost: dict[str, object] = field(default_factory=dict)  # policy="headroom" against policy="torch"
+    readiness_cost: dict[str, object] = field(default_factory=dict)  # --readiness: the two kinds of step
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -175,7 +204,11 @@ class Trainer:
         else:
             policy = "headroom" if spec.scaler == "headroom" else "torch"
             self.scaler = amp_inspect.InspectingGradScaler(device, policy=policy)
-        self.inspector = amp_inspect.attach(model, self.scaler, every=spec.every) if spec.attach else None
+        self.inspector = (
+            amp_inspect.attach(model, self.scaler, every=spec.every, readiness_every=spec.readiness_every)
+            if spec.attach
+            else None
+        )
         self.init_scale = self.scaler.get_scale()
         self.steps = 0
         self.times: list[list[StepTimes]] = []  # one list per timed round
@@ -236,6 +269,73 @@ PASSES: tuple[tuple[str, str, Callable[[list[torch.Tensor]], Callable[[], object
     ("gradscaler_check", "GradScaler's unscale pass (_amp_foreach_non_finite_check_and_unscale_)", gradscaler_check),
     ("foreach_norm", "torch._foreach_norm(grads): one read pass, the roofline proxy", foreach_norm),
 )
+
+
+def readiness_operands(model: nn.Module, batch: torch.Tensor, device: str, amp_dtype: torch.dtype) -> list[list]:
+    """The tensors one readiness step measures, grouped as the readiness hooks call format_readiness: (X, W) per
+    Linear call, dY per call, dW per Linear. Taken from one step of ``model`` with hooks of this function's own."""
+    calls: list[list[torch.Tensor]] = []
+    handles = []
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+    def pre(module: nn.Module, args: tuple) -> None:
+        calls.append([args[0].detach().clone(), module.weight.detach()])
+
+    def post(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: calls.append([g.detach().clone()]))
+
+    for m in linears:
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    model.zero_grad(set_to_none=True)
+    next_token_loss(model, batch, device, amp_dtype).backward()
+    for h in handles:
+        h.remove()
+    calls += [[m.weight.grad.detach()] for m in linears if m.weight.grad is not None]
+    return calls
+
+
+def readiness_passes(
+    trainer: Trainer, config: BenchConfig, batch: torch.Tensor, bare_step_ms: float
+) -> list[PassTiming]:
+    """--readiness: one readiness step's format_readiness calls alone (every recipe), and tensor_stats on the same
+    tensors, timed like the passes over the gradients (their share of bare's median step)."""
+    calls = readiness_operands(trainer.model, batch, config.device, trainer.amp_dtype)
+    elements = sum(t.numel() for call in calls for t in call)
+    work = {
+        "format_readiness (a readiness step)": lambda: [format_readiness(call) for call in calls],
+        "tensor_stats, same tensors": lambda: [amp_inspect.tensor_stats(call) for call in calls],
+    }
+    rows = []
+    for name, fn in work.items():
+        times = time_calls(fn, config.device, 1, max(3, config.kernel_repeats // 10))
+        median = statistics.median(times)
+        what = f"{len(calls)} calls, {elements / 1e6:.1f}M elements: X, W, dY, dW of every Linear"
+        rows.append(PassTiming(name, what, median, min(times), median / bare_step_ms))
+    return rows
+
+
+def readiness_cpu_seconds(trainer: Trainer, config: BenchConfig, batch: torch.Tensor, repeats: int = 5) -> dict:
+    """--readiness on the CPU: process CPU time (both torch threads) of a bare step and of one readiness step's
+    measurement work, ``repeats`` of each alternating. CPU time counts only while this process runs, so on a machine
+    shared with other jobs it moves far less than wall time does (cache sharing still moves it)."""
+    calls = readiness_operands(trainer.model, batch, config.device, trainer.amp_dtype)
+    bare, work = [], []
+    for _ in range(repeats):
+        start = time.process_time()
+        trainer.step([batch])
+        bare.append(time.process_time() - start)
+        start = time.process_time()
+        for call in calls:
+            format_readiness(call)
+        work.append(time.process_time() - start)
+    ratio = statistics.median(work) / statistics.median(bare)
+    return {
+        "bare_step_cpu_s": bare,
+        "readiness_work_cpu_s": work,
+        "work_over_bare_step": ratio,
+        "readiness_step_x_bare": 1 + ratio,
+        f"averaged_overhead_every{READINESS_EVERY}": ratio / READINESS_EVERY,
+    }
 
 
 def time_passes(trainer: Trainer, config: BenchConfig, bare_step_ms: float) -> list[PassTiming]:
@@ -336,6 +436,71 @@ def policy_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], TargetC
     return cost, check
 
 
+def readiness_cost(
+    rows: list[StepMeasurement], passes: list[PassTiming]
+) -> tuple[dict[str, object], list[TargetCheck]]:
+    """--readiness: one readiness step against a bare step (paired, with the rounds' range), the steps between
+    readiness steps against check() alone, and the overhead averaged over a run at readiness_every=100 made from
+    them (module docstring), against bare and against check()."""
+    by_name = {m.config: m for m in rows}
+    step, between, check = by_name[READINESS_STEP], by_name[READINESS_EVERY100], by_name[CHECK]
+    assert step.x_bare_paired is not None and between.x_bare_paired is not None
+    n = READINESS_EVERY
+    between_vs_check = paired_ratios(between.round_medians_ms, check.round_medians_ms)
+    step_vs_check = paired_ratios(step.round_medians_ms, check.round_medians_ms)
+    averaged_vs_bare = ((n - 1) * between.x_bare_paired + step.x_bare_paired) / n - 1
+    averaged_vs_check = ((n - 1) * statistics.median(between_vs_check) + statistics.median(step_vs_check)) / n - 1
+    cost = {
+        "readiness_step_x_bare": step.x_bare_paired,
+        "readiness_step_x_bare_range": [step.x_bare_paired_min, step.x_bare_paired_max],
+        "readiness_step_x_check": statistics.median(step_vs_check),
+        "between_steps_x_check": statistics.median(between_vs_check),
+        "between_steps_x_check_range": [min(between_vs_check), max(between_vs_check)],
+        f"averaged_overhead_every{n}_vs_bare": averaged_vs_bare,
+        f"averaged_overhead_every{n}_vs_check": averaged_vs_check,
+    }
+    bare_fwd_bwd = statistics.median(by_name[BARE].fwd_bwd_ms)
+    # The same two figures from the measurement work alone (its calls timed apart, less exposed to the machine's
+    # load than whole steps): a readiness step is a bare step plus that work.
+    work = next(p for p in passes if p.method.startswith("format_readiness"))
+    cost["work_share_of_bare_step"] = work.share_of_step
+    cost[f"work_averaged_every{n}"] = work.share_of_step / n
+    checks = [
+        at_most(
+            "one readiness step vs a bare step (CPU target 2x)",
+            step.x_bare_paired,
+            2.0,
+            f"rounds {step.x_bare_paired_min:.2f}x to {step.x_bare_paired_max:.2f}x; check() (dW) "
+            f"{step.check_median_ms:.0f} ms, forward + backward (X, W, dY) {statistics.median(step.fwd_bwd_ms):.0f} "
+            f"ms vs bare's {bare_fwd_bwd:.0f} ms",
+        ),
+        at_most(
+            f"readiness_every={n}: step overhead averaged over a run, vs check() alone (target 1%)",
+            averaged_vs_check * 100,
+            1.0,
+            f"steps between readiness steps {statistics.median(between_vs_check):.3f}x check()'s (rounds "
+            f"{min(between_vs_check):.3f}-{max(between_vs_check):.3f}), a readiness step "
+            f"{statistics.median(step_vs_check):.2f}x; vs bare {averaged_vs_bare * 100:+.2f}%",
+            unit="%",
+        ),
+        at_most(
+            "from the measurement work alone: a readiness step vs a bare step (CPU target 2x)",
+            1 + work.share_of_step,
+            2.0,
+            f"format_readiness over one readiness step's tensors {work.median_ms:.0f} ms (min {work.min_ms:.0f}) on a "
+            f"bare step of {by_name[BARE].median_ms:.0f} ms",
+        ),
+        at_most(
+            f"from the measurement work alone: readiness_every={n} averaged over a run (target 1%)",
+            work.share_of_step / n * 100,
+            1.0,
+            f"{work.share_of_step * 100:.0f}% of a bare step, once every {n} steps",
+            unit="%",
+        ),
+    ]
+    return cost, checks
+
+
 # ----------------------------------------------------------------------------------------------- output
 
 
@@ -369,6 +534,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 20; quick: 2)")
     parser.add_argument("--steps-per-round", type=int, default=None, help="steps per config and round (default 2)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
+    parser.add_argument("--readiness", action="store_true", help="the cost of readiness_every instead (docstring)")
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
     amp_dtype = "float16" if args.device == "cuda" else "bfloat16"
@@ -379,6 +545,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     return BenchConfig(
         args.device,
         args.quick,
+        args.readiness,
         out_dir,
         amp_dtype,
         warmup_steps=warmup,
@@ -398,7 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = make_gpt(spec, config.device, SEED)
     batches = token_batches(spec, DISTINCT_BATCHES, SEED + 1, config.device)
     amp_dtype = getattr(torch, config.amp_dtype)
-    trainers = [Trainer(c, copy.deepcopy(base), config.device, amp_dtype) for c in CONFIGS]
+    configs = READINESS_CONFIGS if config.readiness else CONFIGS
+    trainers = [Trainer(c, copy.deepcopy(base), config.device, amp_dtype) for c in configs]
     numel = sum(p.numel() for p in base.parameters())
     tensors = len(list(base.parameters()))
     model_info = {**asdict(spec), "parameters": numel, "parameter_tensors": tensors}
@@ -410,7 +578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     print(
-        f"# {len(CONFIGS)} configs interleaved: {config.warmup_steps} warmup steps each, then {config.rounds} rounds "
+        f"# {len(configs)} configs interleaved: {config.warmup_steps} warmup steps each, then {config.rounds} rounds "
         f"x {config.steps_per_round} steps each",
         flush=True,
     )
@@ -423,10 +591,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.measurements = measurements_of(trainers)
     bare_ms = result.measurements[0].median_ms
     result.passes = time_passes(trainers[0], config, bare_ms)
+    if config.readiness:
+        result.passes += readiness_passes(trainers[0], config, batches[0], bare_ms)
     result.agreement = check_agreement(trainers, config.device)
-    result.targets = check_targets(config.device, result.measurements, result.passes)
-    result.policy_cost, cost_check = policy_cost(result.measurements)
-    result.targets.append(cost_check)
+    if config.readiness:
+        result.readiness_cost, result.targets = readiness_cost(result.measurements, result.passes)
+        if config.device == "cpu":
+            cpu = readiness_cpu_seconds(trainers[0], config, batches[0])
+            result.readiness_cost["cpu_time"] = cpu
+            bare_s, work_s = statistics.median(cpu["bare_step_cpu_s"]), statistics.median(cpu["readiness_work_cpu_s"])
+            spread = f"bare {min(cpu['bare_step_cpu_s']):.2f}-{max(cpu['bare_step_cpu_s']):.2f} s, work "
+            spread += f"{min(cpu['readiness_work_cpu_s']):.2f}-{max(cpu['readiness_work_cpu_s']):.2f} s"
+            result.targets += [
+                at_most(
+                    "CPU time: a readiness step vs a bare step (target 2x)",
+                    cpu["readiness_step_x_bare"],
+                    2.0,
+                    f"work {work_s:.2f} s on a bare step of {bare_s:.2f} s (medians of 5; {spread})",
+                ),
+                at_most(
+                    f"CPU time: readiness_every={READINESS_EVERY} averaged over a run (target 1%)",
+                    cpu[f"averaged_overhead_every{READINESS_EVERY}"] * 100,
+                    1.0,
+                    f"the work is {cpu['work_over_bare_step']:.2f} bare steps, once every {READINESS_EVERY} steps",
+                    unit="%",
+                ),
+            ]
+    else:
+        result.targets = check_targets(config.device, result.measurements, result.passes)
+        result.policy_cost, cost_check = policy_cost(result.measurements)
+        result.targets.append(cost_check)
     # Load during the run, beside the load before it: high values mean the timings shared the CPUs.
     result.machine["load_average_after"] = load_average()
 
@@ -445,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "was noisy; read the direct column and the pass table, or rerun with more --rounds on a quiet machine"
         )
     if config.out_dir is not None:
-        write_result(result, config.out_dir, f"step_{config.device}", config.quick)
+        name = f"step_{config.device}" + ("_readiness" if config.readiness else "")
+        write_result(result, config.out_dir, name, config.quick)
     return 0
 
 

@@ -34,6 +34,8 @@ TORCH_FREE = (
     "amp_inspect.headroom",
     "amp_inspect.history",
     "amp_inspect.printable",
+    "amp_inspect.readiness_report",
+    "amp_inspect.recipes",
     "amp_inspect.runlog",
     "amp_inspect.scale_policy",
     "amp_inspect.scale_timeline",
@@ -123,7 +125,7 @@ def test_read_log_and_version_without_torch(tmp_path: Path) -> None:
     assert result.stdout.splitlines()[0] == f"4 {amp_inspect.__version__}"
 
 
-@pytest.mark.parametrize("command", ["summary", "report"])
+@pytest.mark.parametrize("command", ["summary", "report", "readiness"])
 def test_summary_and_report_commands_leave_torch_out(tmp_path: Path, command: str) -> None:
     if command == "report":
         pytest.importorskip("matplotlib", reason="the report needs matplotlib")
@@ -141,11 +143,11 @@ def test_summary_and_report_commands_leave_torch_out(tmp_path: Path, command: st
     """
     result = _run_without_torch(tmp_path, code)
     _assert_torch_free(result)
-    assert "exit 0" in result.stdout
+    assert ("exit 1" if command == "readiness" else "exit 0") in result.stdout  # this log has no readiness table
     if command == "summary":
         assert "4 inspected steps, 1 skipped" in result.stdout
         assert "non-finite not caused by the scale" in result.stdout
-    else:
+    elif command == "report":
         assert (tmp_path / "out" / "r.html").is_file()
 
 
