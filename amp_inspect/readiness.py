@@ -62,19 +62,19 @@ class ReadinessStats:
     def sqnr_db(self) -> torch.Tensor:
         """10 log10(sq_signal / sq_error), float64 [T, R]: +inf where nothing was lost, NaN where no element is
         finite and nonzero."""
-        return derive_readiness("sqnr_db", self._values())
+        return derive_readiness("sqnr_db", self._statistics())
 
     @property
     def flushed_fraction(self) -> torch.Tensor:
         """flushed / nonzero, float64 [T, R] (NaN where nonzero is 0)."""
-        return derive_readiness("flushed_fraction", self._values())
+        return derive_readiness("flushed_fraction", self._statistics())
 
     @property
     def saturated_fraction(self) -> torch.Tensor:
         """saturated / nonzero, float64 [T, R] (NaN where nonzero is 0)."""
-        return derive_readiness("saturated_fraction", self._values())
+        return derive_readiness("saturated_fraction", self._statistics())
 
-    def _values(self) -> dict[str, torch.Tensor]:
+    def _statistics(self) -> dict[str, torch.Tensor]:
         return {s.name: getattr(self, s.name) for s in READINESS}
 
     def __len__(self) -> int:
@@ -144,7 +144,7 @@ class ReadinessStats:
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         """The statistics by name, in schema order (derived values not included)."""
-        return self._values()
+        return self._statistics()
 
     def total(self) -> ReadinessStats:
         """The T tensors as one (e.g. a module's operand split over several tensors): one row, each statistic merged
