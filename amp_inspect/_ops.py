@@ -183,7 +183,9 @@ if LOAD_ERROR is None:
         return _empty_outputs(tensors, formats)
 
 
-if LOAD_ERROR is None:
+# A binary built before format readiness has no such op (its layout has no readiness table, which _native accepts:
+# tensor_stats serves, format_readiness takes the reference); registering a fake for it would fail the import.
+if LOAD_ERROR is None and hasattr(torch.ops.amp_inspect, "format_readiness"):
 
     @torch.library.register_fake(READINESS_OP_NAME)
     def _format_readiness_fake(tensors, recipes, tensor_amax):
