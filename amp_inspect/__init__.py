@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .scale_policy import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
     from .scaler import InspectingGradScaler
     from .stats import TensorStats, tensor_stats
+    from .updates import UpdateTensorStats, update_stats
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,8 @@ _MODULE_OF = {
     "read_log": "runlog",
     "register_policy": "scale_policy",
     "tensor_stats": "stats",
+    "UpdateTensorStats": "updates",
+    "update_stats": "updates",  # the function; a submodule named update_stats would shadow it
     "watch_clipping": "checks",
 }
 
@@ -78,6 +81,7 @@ __all__ = [
     "ScalePolicy",
     "Summary",
     "TensorStats",
+    "UpdateTensorStats",
     "attach",
     "ddp_comm_hook",
     "doctor",
@@ -85,6 +89,7 @@ __all__ = [
     "read_log",
     "register_policy",
     "tensor_stats",
+    "update_stats",
     "watch_clipping",
 ]
 

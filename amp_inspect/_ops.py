@@ -11,11 +11,12 @@ import torch
 
 from ._torch_compat import non_finite_check_and_unscale_
 from .reference import tensor_stats_reference
-from .statistics import new_outputs, new_readiness_outputs
+from .statistics import new_outputs, new_readiness_outputs, new_update_outputs
 
 OP_NAME = "amp_inspect::tensor_stats"
 UNSCALE_OP_NAME = "amp_inspect::unscale_stats_"
 READINESS_OP_NAME = "amp_inspect::format_readiness"
+UPDATE_OP_NAME = "amp_inspect::update_stats"
 
 # Loading the compiled libraries runs the op's registrations; CUDA_OFF: why the CUDA kernels are not loaded.
 from ._native import CUDA_LOADED, CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
@@ -225,6 +226,49 @@ def format_readiness_op(
     from .reference_readiness import format_readiness_reference
 
     return format_readiness_reference(tensors, recipes, tensor_amax)
+
+
+# As for format readiness: a binary built before update_stats has no such op, and registering its fake would fail.
+if LOAD_ERROR is None and hasattr(torch.ops.amp_inspect, "update_stats"):
+
+    @torch.library.register_fake(UPDATE_OP_NAME)
+    def _update_stats_fake(before, after, grads, exp_avg_sq):
+        _check_fake_devices("update_stats", [*before, *after, *grads, *exp_avg_sq])
+        device = before[0].device if before else torch.device("cpu")
+        return new_update_outputs(len(before), device, filled=False)
+
+
+def _update_kernels() -> frozenset[str]:
+    """The device types the compiled extension has an update_stats kernel for (asked once, at import)."""
+    op = getattr(torch.ops.amp_inspect, "update_stats", None) if LOAD_ERROR is None else None
+    if op is None:  # a binary built before update_stats
+        return frozenset()
+    return frozenset(key.lower() for key in ("CPU", "CUDA") if op.default.has_kernel_for_dispatch_key(key))
+
+
+UPDATE_KERNELS = _update_kernels()
+
+
+def update_stats_op(
+    before: list[torch.Tensor], after: list[torch.Tensor], grads: list[torch.Tensor], exp_avg_sq: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Runs update_stats on checked inputs (update_stats.py); the pure-torch reference of reference_update.py, with
+    one warning, where no compiled kernel serves the device."""
+    if not before:  # an empty Tensor[] gives the dispatcher no key to pick a kernel by
+        return new_update_outputs(0, torch.device("cpu"), filled=True)
+    device_type = before[0].device.type
+    check_one_device([*before, *after, *grads, *exp_avg_sq])
+    if device_type in UPDATE_KERNELS and (device_type != "cuda" or _cuda_kernel_usable(before[0].device)):
+        return torch.ops.amp_inspect.update_stats(before, after, grads, exp_avg_sq)
+    why = f"the compiled extension did not load ({LOAD_ERROR})" if LOAD_ERROR else "the extension has none"
+    _warn_once(
+        f"update:{device_type}",
+        f"amp_inspect: no compiled update_stats kernel for {device_type} tensors ({why}); the pure-torch reference "
+        "serves (same outputs, about 15 torch ops per tensor where the kernel makes one pass; no host sync).",
+    )
+    from .reference_update import update_stats_reference
+
+    return update_stats_reference(before, after, grads, exp_avg_sq)
 
 
 def check_one_device(tensors: list[torch.Tensor], **others: torch.Tensor | None) -> None:

@@ -8,7 +8,8 @@ Terms (v is the value judged: x, or ``float32(x) * scale``; the format terms are
 
 - **per**: what one tensor holds: one value (``PER_TENSOR``), one per requested format (``PER_FORMAT``,
   columns in the order of ``formats``), one per float32 exponent field (``PER_BIN``, ``HIST_BINS`` columns), one
-  per requested recipe (``PER_RECIPE``, format readiness's statistics: ``READINESS`` below).
+  per requested recipe (``PER_RECIPE``, format readiness's statistics: ``READINESS`` below); the optimizer
+  update's statistics (``UPDATE``) are one value per parameter tensor.
 - **merge**: how the statistics of disjoint sets of elements combine into the statistic of their union:
   ``SUM`` (counts and sums; a histogram adds bin by bin), ``MAX`` or ``MIN``. One rule serves every merge
   the package makes, because each is a union of disjoint elements: the chunks of one tensor (the kernels),
@@ -412,6 +413,99 @@ def new_readiness_outputs(rows: int, num_recipes: int, device: Any) -> tuple[tor
     return tuple(
         torch.empty(o.shape(rows, num_recipes), dtype=getattr(torch, o.dtype), device=device) for o in READINESS_OUTPUTS
     )
+
+
+# ---------------------------------------------------------------------------------------------- optimizer updates
+# The statistics of the update_stats op (update_stats.py): what optimizer.step() did to each parameter, from the
+# parameter before the step (``before``), after it (``after``), its gradient and optionally Adam's second moment
+# (``exp_avg_sq``), one row per parameter tensor. A gradient element is **with grad** when it is finite and nonzero;
+# an update is **lost** when such an element's weight did not change (after == before as values, so +0 and -0 are
+# equal: the update was rounded away in the weight's dtype); **state underflow** counts with-grad elements whose
+# exp_avg_sq is zero or a subnormal of its own dtype (Adam then divides by eps alone).
+
+
+def _update_count(name: str, doc: str) -> Statistic:
+    return Statistic(name, "int64", PER_TENSOR, SUM, "counts", 0, None, False, doc)
+
+
+UPDATE: tuple[Statistic, ...] = (
+    _update_count("numel", "elements"),
+    _update_count("with_grad", "elements whose gradient is finite and nonzero"),
+    _update_count(
+        "lost", "with-grad elements whose weight did not change (after == before as values: +0 equals -0)"
+    ),
+    _update_count("changed", "elements whose weight changed (after != before; NaN counts as changed)"),
+    _update_count("weight_nonfinite", "elements whose weight after the step is NaN or Inf"),
+    _update_count("weight_subnormal", "elements whose weight after the step is a nonzero subnormal of its dtype"),
+    _update_count(
+        "state_underflow",
+        "with-grad elements whose exp_avg_sq is zero or a subnormal of its dtype (0 when no state is given)",
+    ),
+    Statistic(
+        "sq_change", "float64", PER_TENSOR, SUM, "sums", 0.0, None, False,
+        "sum of (after - before)^2 over elements with finite before and after, the difference in float64",
+    ),
+    Statistic(
+        "sq_weight", "float64", PER_TENSOR, SUM, "sums", 0.0, None, False,
+        "sum of before^2 over finite before, float64",
+    ),
+    Statistic(
+        "amax", "float32", PER_TENSOR, MAX, "amax", 0.0, None, False,
+        "max |after| over finite after (0 when there is none)",
+    ),
+)  # fmt: skip
+
+
+def _update_ratio(v: Mapping[str, Any]) -> Any:
+    """sqrt(sq_change / sq_weight): NaN where sq_weight is 0 (a weight of zeros has no scale to compare with)."""
+    change, weight = v["sq_change"], v["sq_weight"]
+    if _is_number(change) and _is_number(weight):
+        return math.sqrt(change / weight) if weight else math.nan
+    if hasattr(change, "sqrt"):  # torch: 0 / 0 is NaN, x / 0 is inf, which the where replaces
+        return (change / weight).sqrt().where(weight != 0, math.nan)
+    import numpy as np
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.asarray(weight) != 0, np.sqrt(np.asarray(change) / weight), np.nan)
+
+
+UPDATE_DERIVED: tuple[Derived, ...] = (
+    Derived(
+        "update_ratio", ("sq_change", "sq_weight"), _update_ratio, None, False,
+        "||after - before|| / ||before|| over the finite elements (NaN where sq_weight is 0)",
+    ),
+    Derived(
+        "lost_fraction", ("lost", "with_grad"), lambda v: _fraction(v["lost"], v["with_grad"]), None, False,
+        "lost / with_grad (NaN where with_grad is 0)",
+    ),
+)  # fmt: skip
+
+UPDATE_BY_NAME: dict[str, Statistic] = {s.name: s for s in UPDATE}
+UPDATE_DERIVED_BY_NAME: dict[str, Derived] = {d.name: d for d in UPDATE_DERIVED}
+UPDATE_OUTPUTS: tuple[Output, ...] = _outputs(UPDATE, UPDATE_DERIVED)
+UPDATE_OUTPUT_NAMES: tuple[str, ...] = tuple(o.name for o in UPDATE_OUTPUTS)
+
+
+def derive_update(name: str, values: Mapping[str, Any]) -> Any:
+    """Derived update value ``name`` of merged update statistics ``values`` (by name)."""
+    d = UPDATE_DERIVED_BY_NAME[name]
+    return d.compute({n: values[n] if n in values else derive_update(n, values) for n in d.needs})
+
+
+def new_update_outputs(rows: int, device: Any, *, filled: bool) -> tuple[torch.Tensor, ...]:
+    """The update_stats op's outputs for ``rows`` tensors: each statistic's ``empty`` value (``filled``) or
+    uninitialised (the fake kernel's). Imports torch."""
+    import torch
+
+    made = []
+    for o in UPDATE_OUTPUTS:
+        shape, dtype = o.shape(rows, 0), getattr(torch, o.dtype)
+        made.append(
+            torch.full(shape, float(o.statistics[0].empty), dtype=dtype, device=device)
+            if filled
+            else torch.empty(shape, dtype=dtype, device=device)
+        )
+    return tuple(made)
 
 
 # ---------------------------------------------------------------------------------------------- the C++ tables

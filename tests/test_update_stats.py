@@ -1,0 +1,242 @@
+"""amp_inspect.update_stats (what optimizer.step() did to each parameter) against hand-made oracles: each weight
+compared before and after by the test itself, and values whose class (lost, subnormal, underflowing state) is known
+by construction. The same cases run through the public face (the compiled kernel where one serves, else the
+reference) and through the pure-torch reference alone (amp_inspect/reference_update.py)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import amp_inspect
+from amp_inspect import _ops
+from amp_inspect.reference_update import update_stats_reference
+from amp_inspect.statistics import UPDATE, UPDATE_DERIVED
+from amp_inspect.updates import UpdateTensorStats
+
+NAN, INF = float("nan"), float("inf")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def through_reference(before, after, grads, exp_avg_sq=None) -> UpdateTensorStats:
+    return UpdateTensorStats.from_op_outputs(update_stats_reference(before, after, grads, exp_avg_sq or []))
+
+
+FACES = pytest.mark.parametrize("measure", [amp_inspect.update_stats, through_reference], ids=["face", "reference"])
+
+
+def oracle(before: torch.Tensor, after: torch.Tensor, grad: torch.Tensor) -> dict[str, int]:
+    """Each element judged by Python floats, one at a time."""
+    b, a, g = (t.double().flatten().tolist() for t in (before, after, grad))
+    with_grad = [math.isfinite(x) and x != 0 for x in g]
+    return {
+        "with_grad": sum(with_grad),
+        "lost": sum(w and x == y for w, x, y in zip(with_grad, b, a, strict=True)),
+        "changed": sum(x != y for x, y in zip(b, a, strict=True)),
+    }
+
+
+def adamw_step(dtype: torch.dtype, lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    w = torch.nn.Parameter((1 + 0.1 * torch.randn(4096)).to(dtype))
+    opt = torch.optim.AdamW([w], lr=lr, weight_decay=0.0)
+    w.grad = torch.randn(4096).to(dtype)
+    before = w.detach().clone()
+    opt.step()
+    return before, w.detach().clone(), w.grad
+
+
+@FACES
+def test_bf16_weights_lose_an_adamw_step_of_1e_5(measure) -> None:
+    before, after, grad = adamw_step(torch.bfloat16, 1e-5)
+    want = oracle(before, after, grad)
+    got = measure([before], [after], [grad])
+    assert want["lost"] > 0.9 * want["with_grad"]  # half an ulp of weights near 1 is 2^-9, the step ~1e-5
+    assert got.lost.tolist() == [want["lost"]] and got.with_grad.tolist() == [want["with_grad"]]
+    assert got.changed.tolist() == [want["changed"]]
+    assert got.lost_fraction.tolist() == [want["lost"] / want["with_grad"]]
+
+
+@FACES
+def test_fp32_weights_lose_nothing_of_the_same_step(measure) -> None:
+    before, after, grad = adamw_step(torch.float32, 1e-5)
+    want = oracle(before, after, grad)
+    got = measure([before], [after], [grad])
+    assert want["lost"] == 0 and got.lost.tolist() == [0]
+    assert got.changed.tolist() == [want["changed"]] == [4096]
+    assert got.lost_fraction.tolist() == [0.0]
+
+
+@FACES
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plus_and_minus_zero_are_the_same_weight(measure, dtype) -> None:
+    before = torch.tensor([0.0, -0.0, 0.0], dtype=dtype)
+    after = torch.tensor([-0.0, 0.0, 1.0], dtype=dtype)
+    grad = torch.tensor([1.0, 1.0, 1.0], dtype=dtype)
+    got = measure([before], [after], [grad])
+    assert got.lost.tolist() == [2] and got.changed.tolist() == [1]
+    assert got.sq_weight.tolist() == [0.0] and math.isnan(got.update_ratio.item())  # no weight to compare with
+
+
+@FACES
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf_weights(measure, dtype) -> None:
+    before = torch.tensor([NAN, 2.0, 1.0, INF, 3.0], dtype=dtype)
+    after = torch.tensor([NAN, NAN, 1.5, INF, -INF], dtype=dtype)
+    grad = torch.ones(5, dtype=dtype)
+    got = measure([before], [after], [grad])
+    # NaN != NaN: changed and not lost; Inf == Inf: unchanged and lost.
+    assert got.changed.tolist() == [4] and got.lost.tolist() == [1]
+    assert got.weight_nonfinite.tolist() == [4]
+    assert got.sq_change.tolist() == [0.25]  # only the element finite before and after
+    assert got.sq_weight.tolist() == [4.0 + 1.0 + 9.0]  # finite before
+    assert got.amax.tolist() == [1.5]
+
+
+@FACES
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_zero_or_nonfinite_gradient_is_not_with_grad(measure, dtype) -> None:
+    before = torch.ones(5, dtype=dtype)
+    after = before.clone()
+    grad = torch.tensor([0.0, -0.0, NAN, INF, 1e-3], dtype=dtype)
+    got = measure([before], [after], [grad])
+    assert got.with_grad.tolist() == [1] and got.lost.tolist() == [1] and got.changed.tolist() == [0]
+
+
+@FACES
+def test_state_underflow_in_fp16_but_not_in_fp32(measure) -> None:
+    # 1e-6 is a subnormal of float16 (its smallest normal is 2^-14 ~ 6.1e-5), a normal float32; zero in both.
+    state = [0.0, 1e-6, 1e-2, 1e-6]
+    grad = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last has no gradient: not counted
+    before = torch.ones(4)
+    after = before - 1e-3
+    fp16 = measure([before], [after], [grad], [torch.tensor(state, dtype=torch.float16)])
+    assert torch.tensor(state, dtype=torch.float16)[1].item() != 0  # subnormal, not flushed
+    fp32 = measure([before], [after], [grad], [torch.tensor(state, dtype=torch.float32)])
+    bf16 = measure([before], [after], [grad], [torch.tensor(state, dtype=torch.bfloat16)])
+    none = measure([before], [after], [grad])
+    assert fp16.state_underflow.tolist() == [2]
+    assert fp32.state_underflow.tolist() == [1] and bf16.state_underflow.tolist() == [1]
+    assert none.state_underflow.tolist() == [0]
+
+
+@FACES
+def test_weight_subnormal_in_its_own_dtype(measure) -> None:
+    # 1e-39 is a subnormal of float32 and bfloat16 (smallest normal 2^-126); 1e-5 of float16 only.
+    values = [1e-39, 1e-5, 0.0, -1e-39]
+    want = {torch.float32: 2, torch.bfloat16: 2, torch.float16: 1}  # float16 rounds 1e-39 to 0
+    for dtype, n in want.items():
+        after = torch.tensor(values, dtype=dtype)
+        got = measure([torch.ones(4, dtype=dtype)], [after], [torch.ones(4, dtype=dtype)])
+        assert got.weight_subnormal.tolist() == [n], dtype
+
+
+@FACES
+def test_update_ratio(measure) -> None:
+    before = torch.tensor([3.0, 4.0])
+    after = torch.tensor([3.03, 4.04])
+    got = measure([before], [after], [torch.ones(2)])
+    b, a = before.double(), after.double()  # the float32 values, differenced in float64
+    want = math.sqrt(float(((a - b) ** 2).sum()) / 25.0)
+    assert got.update_ratio.tolist() == [want] and abs(want - 0.01) < 1e-6
+    assert got.sq_change.dtype == torch.float64 and got.update_ratio.dtype == torch.float64
+
+
+@FACES
+def test_several_tensors_of_every_dtype_and_empty_ones(measure) -> None:
+    torch.manual_seed(1)
+    before = [torch.randn(n).to(d) for n, d in ((10, torch.float32), (0, torch.bfloat16), (33, torch.float16))]
+    after = [(b.float() + 1e-3 * torch.randn(b.shape)).to(b.dtype) for b in before]
+    grads = [torch.randn(b.shape).to(torch.bfloat16) for b in before]
+    got = measure(before, after, grads)
+    assert got.numel.tolist() == [10, 0, 33]
+    for i, (b, a, g) in enumerate(zip(before, after, grads, strict=True)):
+        want = oracle(b, a, g)
+        assert (got.with_grad[i].item(), got.lost[i].item(), got.changed[i].item()) == tuple(want.values())
+        finite = np.abs(a.float().numpy())
+        assert got.amax[i].item() == (finite.max() if finite.size else 0.0)
+    assert math.isnan(got.lost_fraction[1].item()) and got.sq_weight[1].item() == 0.0
+    assert len(measure([], [], [])) == 0
+
+
+def test_update_stats_is_the_function_whatever_was_imported_first() -> None:
+    import amp_inspect.updates  # noqa: F401
+
+    assert callable(amp_inspect.update_stats) and amp_inspect.update_stats.__module__ == "amp_inspect.updates"
+    assert amp_inspect.UpdateTensorStats is UpdateTensorStats
+
+
+def test_the_dataclass_holds_the_schema_and_its_outputs_round_trip() -> None:
+    assert list(UpdateTensorStats.__dataclass_fields__) == [s.name for s in UPDATE]
+    for entry in [*UPDATE, *UPDATE_DERIVED]:
+        assert f"``{entry.name}``" in (UpdateTensorStats.__doc__ or "")
+    before, after, grad = adamw_step(torch.bfloat16, 1e-3)
+    stats = amp_inspect.update_stats([before, after], [after, before], [grad, grad])
+    for x, y in zip(UpdateTensorStats.from_op_outputs(stats.outputs()).outputs(), stats.outputs(), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_merge_of_pieces_is_the_statistic_of_their_union() -> None:
+    before, after, grad = adamw_step(torch.bfloat16, 1e-4)
+    whole = amp_inspect.update_stats([before], [after], [grad])
+    halves = [amp_inspect.update_stats([before[s]], [after[s]], [grad[s]]) for s in (slice(0, 1000), slice(1000, None))]
+    merged = halves[0].merge(halves[1])
+    for s in UPDATE:
+        x, y = getattr(merged, s.name), getattr(whole, s.name)
+        assert torch.equal(x, y) if s.is_count or s.merge == "max" else torch.allclose(x, y, rtol=1e-12, atol=0)
+    cut = [slice(0, 1000), slice(1000, None)]
+    two = amp_inspect.update_stats([before[s] for s in cut], [after[s] for s in cut], [grad[s] for s in cut])
+    assert torch.equal(two.total().lost, whole.lost) and torch.equal(two.select([1]).numel, halves[1].numel)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "words"),
+    [
+        ((torch.ones(2), [torch.ones(2)], [torch.ones(2)]), TypeError, "wrap a single tensor"),
+        (([torch.ones(2)], [], [torch.ones(2)]), ValueError, "one tensor per parameter"),
+        (([torch.ones(2)], [torch.ones(2)], [torch.ones(2)], [torch.ones(2)] * 2), ValueError, "one tensor per"),
+        (([torch.ones(2)], [torch.ones(2, dtype=torch.bfloat16)], [torch.ones(2)]), TypeError, "keeps the dtype"),
+        (([torch.ones(2)], [torch.ones(3)], [torch.ones(2)]), ValueError, "has shape [3]"),
+        (([torch.ones(2)], [torch.ones(2)], [torch.ones(2, 1)]), ValueError, "grads[0] has shape"),
+        (([torch.ones(2, dtype=torch.float64)],) * 3, TypeError, "takes float32, bfloat16 or float16"),
+        (([torch.ones(2)], [torch.ones(2)], [1.0]), TypeError, "grads[0] is a float"),
+        (([torch.ones(2)], [torch.ones(2)], [torch.ones(2, device="meta")]), ValueError, "one device"),
+    ],
+)
+def test_bad_inputs_are_one_sentence(args, error, words) -> None:
+    with pytest.raises(error) as caught:
+        amp_inspect.update_stats(*args)
+    message = str(caught.value)
+    assert words in message and "\n" not in message and message.count(". ") == 0
+
+
+def test_inputs_are_left_as_they_were() -> None:
+    before, after, grad = adamw_step(torch.bfloat16, 1e-3)
+    copies = [t.clone() for t in (before, after, grad)]
+    amp_inspect.update_stats([before], [after], [grad], [grad.float().square()])
+    assert all(torch.equal(x, y) for x, y in zip((before, after, grad), copies, strict=True))
+
+
+def test_without_a_kernel_the_reference_serves_with_one_warning(monkeypatch) -> None:
+    monkeypatch.setattr(_ops, "UPDATE_KERNELS", frozenset())
+    monkeypatch.setattr(_ops, "_warned", set())
+    before, after, grad = adamw_step(torch.bfloat16, 1e-5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = amp_inspect.update_stats([before], [after], [grad])
+        amp_inspect.update_stats([before], [after], [grad])
+    said = [str(w.message) for w in caught if "update_stats" in str(w.message)]
+    assert len(said) == 1 and "reference serves" in said[0]
+    assert first.lost.tolist() == [oracle(before, after, grad)["lost"]]
+
+
+def test_with_a_kernel_no_warning_is_given() -> None:
+    if "cpu" not in _ops.UPDATE_KERNELS:
+        pytest.skip(f"no compiled CPU kernel for update_stats: {_ops.LOAD_ERROR or 'the extension has none'}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        amp_inspect.update_stats([torch.ones(2)], [torch.ones(2)], [torch.ones(2)])
