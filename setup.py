@@ -222,6 +222,7 @@ def _extensions():
     # Format readiness (readiness_*.cpp) joins the CPU library beside tensor_stats.
     cpu_sources = ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp", "readiness_call.cpp")
     sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness_cpu.cpp")]
+    sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cpu.cpp"]  # update_stats (issue 22)
     # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
     # _C_cuda does), loaded after _C, whose schema library its ops join.
     emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
