@@ -30,9 +30,10 @@ enum UpdateCount : int32_t {
   kUpdWeightNonfinite,
   kUpdWeightSubnormal,
   kUpdStateUnderflow,
-  kUpdateCountColumns
 };
-enum UpdateSum : int32_t { kUpdSqChange = 0, kUpdSqWeight, kUpdateSumColumns };
+enum UpdateSum : int32_t { kUpdSqChange = 0, kUpdSqWeight };
+constexpr int kUpdateCountColumns = kUpdStateUnderflow + 1;
+constexpr int kUpdateSumColumns = kUpdSqWeight + 1;
 constexpr const char* kUpdateCountNames[kUpdateCountColumns] = {
     "numel", "with_grad", "lost", "changed", "weight_nonfinite", "weight_subnormal", "state_underflow"};
 constexpr const char* kUpdateSumNames[kUpdateSumColumns] = {"sq_change", "sq_weight"};
