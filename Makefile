@@ -65,13 +65,16 @@ bench: setup
 
 # The CUDA kernels run on the CPU (csrc/cuda_emu.h), each CUDA thread a host thread, under ThreadSanitizer:
 # a missing barrier is reported as a data race, a wrong index or merge as a mismatch with the serial reference.
-# The stats kernels (tsan_driver.cpp), then format readiness's (readiness_tsan_driver.cpp).
+# The stats kernels (tsan_driver.cpp), then format readiness's (readiness_tsan_driver.cpp), then update_stats'
+# (update_tsan_driver.cpp).
 test-emu-tsan:
 	mkdir -p build
 	g++ -std=c++20 -O1 -g -Wno-unknown-pragmas -fsanitize=thread -pthread -Icsrc tests/emu/tsan_driver.cpp -o build/emu_tsan
 	TSAN_OPTIONS="halt_on_error=1" build/emu_tsan
 	g++ -std=c++20 -O1 -g -Wno-unknown-pragmas -fsanitize=thread -pthread -Icsrc tests/emu/readiness_tsan_driver.cpp -o build/readiness_emu_tsan
 	TSAN_OPTIONS="halt_on_error=1" build/readiness_emu_tsan
+	g++ -std=c++20 -O1 -g -Wno-unknown-pragmas -fsanitize=thread -pthread -Icsrc tests/emu/update_tsan_driver.cpp -o build/update_emu_tsan
+	TSAN_OPTIONS="halt_on_error=1" build/update_emu_tsan
 
 # On a machine with a GPU and torch already installed (no network): see bench/gpu_check.sh.
 gpu-check:

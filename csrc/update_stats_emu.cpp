@@ -13,32 +13,12 @@
 #include "tensor_stats.h"
 #include "update_stats_kernel_call.h"
 // The emulation shim and the kernel come last: the shim's macros must not meet the torch headers.
-#pragma GCC optimize("fp-contract=off")  // float64 products and sums round as the GPU's (no FMA contraction)
-#include "cuda_emu.h"
-#include "update_stats_kernels.cuh"
+#include "update_stats_emu_backend.h"
 
 namespace amp_inspect {
 namespace {
 
 constexpr const char* kEmulatedOp = "amp_inspect._update_stats_emulated";
-
-struct UpdateEmulatedBackend {
-  int64_t blocks_override = 0;  // > 0: exactly this many blocks (more than the chunks on purpose: such blocks idle)
-
-  void zero(void* at, int64_t bytes) {
-    if (bytes > 0) std::memset(at, 0, static_cast<size_t>(bytes));
-  }
-  template <class Kernel>
-  int64_t blocks(Kernel, int64_t work) const {
-    constexpr int64_t kDefaultBlocks = 4;  // each block is 256 host threads: more would only be slower
-    if (blocks_override > 0) return blocks_override;
-    return work < kDefaultBlocks ? work : kDefaultBlocks;
-  }
-  template <class Kernel>
-  void launch(Kernel kernel, int64_t grid, const update_kernels::UpdateParams& params) {
-    if (grid > 0) cuda_emu::launch(grid, update_kernels::kThreads, kernel, params);
-  }
-};
 
 std::tuple<Tensor, Tensor, Tensor> update_stats_emulated(std::vector<Tensor> before, std::vector<Tensor> after,
                                                          std::vector<Tensor> grads, std::vector<Tensor> exp_avg_sq,
