@@ -25,7 +25,7 @@ import torch
 
 from .statistics import UPDATE, UPDATE_OUTPUTS, new_update_outputs
 
-COUNT_NAMES = tuple(s.name for s in UPDATE if s.output == "counts")
+COUNT_NAMES = tuple(s.name for s in UPDATE if s.output == "counts")  # the counts output's columns, in order
 
 
 def _subnormal_or_zero(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -45,15 +45,15 @@ def _one_tensor(
         underflow = torch.zeros((), dtype=torch.int64, device=after.device)
     else:
         underflow = (with_grad & _subnormal_or_zero(state.detach().reshape(-1), state.dtype)).sum()
-    counts = [
-        torch.tensor(after.numel(), dtype=torch.int64, device=after.device),
-        with_grad.sum(),
-        (with_grad & same).sum(),
-        (~same).sum(),
-        (~finite_after).sum(),
-        subnormal.sum(),
-        underflow,
-    ]
+    counts = {  # by name, put in the schema's column order below
+        "numel": torch.full((), after.numel(), dtype=torch.int64, device=after.device),  # a fill, not a host copy
+        "with_grad": with_grad.sum(),
+        "lost": (with_grad & same).sum(),
+        "changed": (~same).sum(),
+        "weight_nonfinite": (~finite_after).sum(),
+        "weight_subnormal": subnormal.sum(),
+        "state_underflow": underflow,
+    }
     b64, a64 = before.double(), after.double()
     finite_before = torch.isfinite(before)
     both = finite_before & finite_after
@@ -64,7 +64,7 @@ def _one_tensor(
     ]
     magnitudes = torch.where(finite_after, after.abs().float(), torch.zeros((), device=after.device))
     amax = magnitudes.amax() if after.numel() else torch.zeros((), dtype=torch.float32, device=after.device)
-    return [c.to(torch.int64) for c in counts], sums, amax
+    return [counts[name].to(torch.int64) for name in COUNT_NAMES], sums, amax
 
 
 def update_stats_reference(
