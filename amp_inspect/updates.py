@@ -10,7 +10,10 @@ weights near 1 round away any update below 2^-9); **state underflow** counts wit
 ||after - before|| / ||before|| over the finite elements.
 
 Cost: where a compiled kernel serves the device, one read of before, after, grad (and exp_avg_sq) per tensor,
-no temporaries but contiguous copies of non-contiguous inputs, and no host sync. Elsewhere the pure-torch
+no temporaries but contiguous copies of non-contiguous inputs, and no host sync. The CPU kernel's element loop is
+scalar: about 4-5 ns per element on one thread (4Mi elements with state, bf16 or fp32, CPU time on a shared
+2-core machine), 6-10x a ``torch._foreach_norm`` read of the same four inputs and 10-19x faster than the
+reference. Elsewhere the pure-torch
 reference (reference_update.py) gives the same outputs in about 15 torch ops per tensor, without a host sync.
 
 The module is ``updates``, not ``update_stats``, so that ``amp_inspect.update_stats`` is the function whatever was
