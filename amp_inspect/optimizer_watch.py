@@ -4,7 +4,8 @@ issue 22). update_report.py turns the statistics into ``UpdateStats`` and its ve
 On a measured step, and only then, the optimizer's step hooks (``register_step_pre_hook`` /
 ``register_step_post_hook``, one pair per optimizer) do this:
 
-- before the step: a snapshot of every parameter of the optimizer that has a gradient (``p.detach().clone()``, in
+- before the step (for a step given a closure, as Lightning's and LBFGS's are: after the closure's first call, which
+  makes the gradients): a snapshot of every parameter of the optimizer that has a gradient (``p.detach().clone()``, in
   the parameter's own dtype; an FSDP2 DTensor by this rank's shard), and a reference to its gradient as the
   optimizer sees it: after GradScaler's unscale, which ``scaler.step`` makes before it calls ``optimizer.step``;
 - after the step: one ``update_stats`` pass per device over (before, after, gradient, and Adam's ``exp_avg_sq``
@@ -69,10 +70,14 @@ def optimizers_of(optimizer: object) -> list[torch.optim.Optimizer]:
         items = list(items)  # type: ignore[call-overload]
     except TypeError:
         items = [optimizer]
+    out = []
     for item in items:
         if not isinstance(item, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer or a list of them, got {type(item).__name__}")
-    return items
+        # accelerate's AcceleratedOptimizer (also the HF Trainer's) wraps the optimizer whose step() runs the hooks.
+        inner = getattr(item, "optimizer", None)
+        out.append(inner if isinstance(inner, torch.optim.Optimizer) else item)
+    return out
 
 
 @dataclass
@@ -104,11 +109,14 @@ class _Hook:
         self._watch = weakref.ref(watch)
         self._after = after
 
-    def __call__(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    def __call__(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         watch = self._watch()
-        if watch is not None:
-            (watch._after_step if self._after else watch._before_step)(optimizer)
-        return None
+        if watch is None:
+            return None
+        if self._after:
+            watch._after_step(optimizer)
+            return None
+        return watch._before_step(optimizer, args, kwargs)
 
     def __reduce__(self) -> tuple[type, tuple]:
         return (_Inert, ())
@@ -191,7 +199,25 @@ class OptimizerWatch:
 
     # ---- the hooks ----
 
-    def _before_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The snapshot, now; or, for a step given a closure (Lightning's, LBFGS), once the closure's first call has
+        made the gradients (and the check() the loop makes inside it): the step's arguments with the closure wrapped."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
+        if not callable(closure):
+            self._snapshot(optimizer)
+            return None
+
+        def measured_closure() -> Any:
+            loss = closure()
+            if id(optimizer) not in self._snapshots:  # LBFGS calls it again mid-step: the first call is before it
+                self._snapshot(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured_closure}
+        return (args[0], measured_closure, *args[2:]), kwargs
+
+    def _snapshot(self, optimizer: torch.optim.Optimizer) -> None:
         step = self._running_step()
         if step is None or step % self.every:  # type: ignore[operator]
             return

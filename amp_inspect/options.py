@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 ACTIVATION_MODES = ("on_skip", "always", "off")
+TRAINER_OPTIMIZER = "trainer"  # the callbacks' optimizer= when update_every is given: the trainer's optimizers
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class AttachOptions:
         readiness_every: every N-th step (a multiple of ``every``), measure what each FP8 / MXFP8 / MXFP4 / NVFP4
             recipe would lose on every Linear's GEMM operands (X, W, dY, dW): ``insp.readiness()``,
             ``report.readiness``, the log, ``amp-inspect readiness`` (docs/readiness.md). None: off.
-        optimizer: the optimizer (or a list of optimizers) whose steps ``update_every`` measures.
+        optimizer: the optimizer (or a list of optimizers) whose steps ``update_every`` measures (the Lightning
+            and Hugging Face callbacks take the trainer's: leave it out there).
         update_every: every N-th step (a multiple of ``every``), measure what ``optimizer.step()`` did: updates
             rounded away in the weights' dtype, Adam state underflow, the update-to-weight ratio per module
             (``insp.last_update``, ``report.update``, the log, the summary; docs/usage.md). Costs a copy of the
@@ -110,7 +112,7 @@ class AttachOptions:
                     f"update_every must be a multiple of every ({self.every}) so that measured steps are inspected "
                     f"steps, got {self.update_every}"
                 )
-        if self.optimizer is not None:
+        if self.optimizer is not None and self.optimizer != TRAINER_OPTIMIZER:
             from .optimizer_watch import optimizers_of  # imports torch: only when an optimizer is given
 
             object.__setattr__(self, "optimizer", optimizers_of(self.optimizer))

@@ -319,3 +319,43 @@ def test_an_optimizer_that_is_not_one_is_refused() -> None:
     model = Net()
     with pytest.raises(ValueError, match="update_every must be a multiple of every"):
         amp_inspect.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), update_every=3, every=2)
+
+
+def test_a_step_given_a_closure_is_measured_after_the_closure_made_the_gradients() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    seen: dict[str, dict] = {}
+
+    def closure() -> torch.Tensor:  # as Lightning's: forward, backward and the check inside optimizer.step
+        opt.zero_grad()
+        loss = model(torch.ones(4, 16, dtype=torch.bfloat16)).float().pow(2).mean()
+        loss.backward()
+        insp.check()
+        seen["before"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        seen["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        return loss
+
+    opt.step(closure)
+    _check_exact(insp.history[-1].update, _oracle(model, seen["before"], seen["grads"]))
+
+
+def test_an_inspecting_grad_scaler_without_check() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**8)
+    insp = amp_inspect.attach(model, scaler, optimizer=opt, update_every=2)
+    oracles = {}
+    for step in range(3):
+        scaler.scale(model(torch.randn(4, 16).to(torch.bfloat16)).float().pow(2).mean()).backward()
+        scaler.unscale_(opt)  # its pass is the inspection; no check()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        scaler.step(opt)
+        scaler.update()
+        oracles[step] = _oracle(model, before, grads)
+        opt.zero_grad()
+    measured = {r.step: r.update for r in insp.history if r.update is not None}
+    assert sorted(measured) == [0, 2]
+    for step, update in measured.items():
+        _check_exact(update, oracles[step])
