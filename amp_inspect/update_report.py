@@ -98,7 +98,7 @@ class UpdateStats:
         self.complete = complete  # False while optimizers of the step may still add their statistics
         # (copy of counts / sums / amax / applied, the module of each row, the (dtype, state dtype) of each row)
         self._pending: list[tuple[_Pending, Sequence[str], Sequence[tuple[str, str | None]]]] = []
-        self._modules: dict[str, dict[str, Any]] = {m: dict(r) for m, r in (modules or {}).items()}
+        self._modules: dict[str, dict[str, Any]] = {m: _with_derived(r) for m, r in (modules or {}).items()}
         self._skipped = False
 
     def add(self, copy: _Pending, names: Sequence[str], dtypes: Sequence[tuple[str, str | None]]) -> None:
