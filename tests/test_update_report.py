@@ -101,3 +101,21 @@ def test_update_ratio_range() -> None:
     assert not update_verdicts([UpdateStats(0, {"fc": _record(0, 100, dtype="fp32", ratio=1e-3)})])
     (high,) = update_verdicts([UpdateStats(0, {"fc": _record(0, 100, dtype="fp32", ratio=0.05)})])
     assert high.code == "update-ratio" and "above 0.01" in high.seen and "fc 5.0e-02" in high.seen
+
+
+def test_the_html_report_plots_the_update_ratio_beside_the_heatmaps(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from amp_inspect.html_report import write_report
+
+    log = _log(tmp_path, torch.bfloat16)
+    page = write_report(log, tmp_path / "report.html").read_text()
+    assert '<section id="updates">' in page and "update-to-weight ratio" in page
+    assert page.index('id="heatmap_over_time"') < page.index('id="updates"') < page.index('id="fractions"')
+    assert "were rounded away" in page  # the verdict among the findings
+
+
+def test_a_log_without_updates_has_no_update_section(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from amp_inspect.update_plot import html_section
+
+    assert html_section([{"step": 0}]) is None
