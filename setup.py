@@ -222,10 +222,12 @@ def _extensions():
     # Format readiness (readiness_*.cpp) joins the CPU library beside tensor_stats.
     cpu_sources = ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp", "readiness_call.cpp")
     sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness_cpu.cpp")]
+    sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cpu.cpp"]  # update_stats (issue 22)
     # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
     # _C_cuda does), loaded after _C, whose schema library its ops join.
     emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
     emu_sources += [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_emu.cpp"]  # format readiness's CUDA kernels
+    emu_sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_emu.cpp"]  # update_stats' CUDA kernel
     emu = CppExtension(EMU_EXTENSION, emu_sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)
     # py_limited_api: compiled with Py_LIMITED_API (CPython 3.10's), linked without libtorch_python.
     if NVCC is None:
@@ -251,7 +253,8 @@ def _extensions():
     cuda = CUDAExtension(
         "amp_inspect._C_cuda",
         [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"]
-        + [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_cuda_op.cpp", f"{CSRC}/readiness_cuda.cu"],
+        + [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_cuda_op.cpp", f"{CSRC}/readiness_cuda.cu"]
+        + [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cuda_op.cpp", f"{CSRC}/update_stats_cuda.cu"],
         extra_compile_args={"cxx": [*cxx, *defines, "-DUSE_CUDA"], "nvcc": nvcc},
         py_limited_api=True,
         **_pip_toolkit_paths(),

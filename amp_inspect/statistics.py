@@ -540,7 +540,7 @@ def layout_problem(native: Mapping[str, Any]) -> str | None:
         return f"its outputs are {theirs}, this package's {ours}"
     if any(o.statistics[0].empty != s.empty for o in OUTPUTS for s in o.statistics):
         return "an output's statistics start from different empty values"  # the C++ fills one value per output
-    return readiness_layout_problem(native)
+    return readiness_layout_problem(native) or update_layout_problem(native)
 
 
 def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
@@ -575,6 +575,22 @@ def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
     ours_outputs = tuple((o.name, o.dtype) for o in READINESS_OUTPUTS)
     if tuple(tuple(o) for o in theirs.get("outputs", ())) != ours_outputs:
         return f"its readiness outputs are {theirs.get('outputs')}, this package's {ours_outputs}"
+    return None
+
+
+def update_layout_problem(native: Mapping[str, Any]) -> str | None:
+    """Where update_stats's columns in ``_C.layout()["update"]`` (csrc/update_stats.h) differ from ``UPDATE``'s:
+    one clause, or None. A binary without the table (built before update_stats) has no such op to disagree."""
+    theirs = native.get("update")
+    if theirs is None:
+        return None
+    for output in UPDATE_OUTPUTS[:2]:  # counts and sums, column by column
+        ours = tuple(s.name for s in output.statistics)
+        if tuple(theirs.get(output.name, ())) != ours:
+            return f"its update {output.name} columns are {theirs.get(output.name)}, this package's {ours}"
+    ours_outputs = tuple((o.name, o.dtype) for o in UPDATE_OUTPUTS)
+    if tuple(tuple(o) for o in theirs.get("outputs", ())) != ours_outputs:
+        return f"its update outputs are {theirs.get('outputs')}, this package's {ours_outputs}"
     return None
 
 

@@ -10,6 +10,7 @@
 
 #include "readiness.h"
 #include "tensor_stats.h"
+#include "update_stats.h"
 
 namespace amp_inspect {
 namespace {
@@ -41,6 +42,10 @@ STABLE_TORCH_LIBRARY(amp_inspect, m) {
       "(Tensor counts, Tensor hist, Tensor amax, Tensor amin_nonzero, Tensor sumsq)");
   // Format readiness (issue 21): what each low-precision GEMM recipe would lose on each tensor (readiness_call.h).
   m.def("format_readiness(Tensor[] tensors, int[] recipes, Tensor? tensor_amax) -> (Tensor counts, Tensor sums, Tensor amax)");
+  // What optimizer.step() did to each parameter (issue 22): lost updates, state underflow (update_stats_call.h).
+  m.def(
+      "update_stats(Tensor[] before, Tensor[] after, Tensor[] grads, Tensor[] exp_avg_sq) -> "
+      "(Tensor counts, Tensor sums, Tensor amax)");
   m.def("build_info() -> str");
   // The tests' emulated CUDA ops are defined by the test-only library amp_inspect._C_emu (tensor_stats_emu.cpp).
 }
@@ -104,6 +109,7 @@ const char* columns_name(amp_inspect::OutputColumns columns) {
 }
 
 PyObject* readiness_layout();  // below
+PyObject* update_layout();     // below
 
 // amp_inspect._C.layout(): the tables this binary was compiled with, for Python to check its schema of statistics
 // against (amp_inspect/statistics.py `layout_problem`): the format names and bounds as bit patterns (numerics.h
@@ -153,7 +159,7 @@ PyObject* layout(PyObject*, PyObject*) {
        put(result, "max_formats", PyLong_FromLong(kMaxFormats)) && put(result, "hist_bins", PyLong_FromLong(kHistBins)) &&
        put(result, "fixed_count_columns", PyLong_FromLong(kFixedCountColumns)) &&
        put(result, "count_columns_per_format", PyLong_FromLong(count_columns(1) - kFixedCountColumns)) &&
-       put(result, "readiness", readiness_layout());
+       put(result, "readiness", readiness_layout()) && put(result, "update", update_layout());
   if (!ok) {
     Py_DECREF(result);
     return nullptr;
@@ -208,6 +214,41 @@ PyObject* readiness_layout() {
            tuple_of({tuple_of({PyUnicode_FromString("counts"), PyUnicode_FromString("int64")}),
                      tuple_of({PyUnicode_FromString("sums"), PyUnicode_FromString("float64")}),
                      tuple_of({PyUnicode_FromString("amax"), PyUnicode_FromString("float32")})}));
+  if (!ok) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  return result;
+}
+
+// layout()["update"]: update_stats's columns (update_stats.h), for statistics.update_layout_problem: the names of
+// the counts' and the sums' columns in order, and the outputs. Null with a Python error set when an allocation fails.
+PyObject* update_layout() {
+  using namespace amp_inspect;
+  PyObject* counts = PyTuple_New(kUpdateCountColumns);
+  PyObject* sums = PyTuple_New(kUpdateSumColumns);
+  bool ok = counts != nullptr && sums != nullptr;
+  for (int k = 0; ok && k < kUpdateCountColumns; ++k) {
+    PyObject* name = PyUnicode_FromString(kUpdateCountNames[k]);
+    ok = name != nullptr;
+    if (ok) PyTuple_SetItem(counts, k, name);
+  }
+  for (int k = 0; ok && k < kUpdateSumColumns; ++k) {
+    PyObject* name = PyUnicode_FromString(kUpdateSumNames[k]);
+    ok = name != nullptr;
+    if (ok) PyTuple_SetItem(sums, k, name);
+  }
+  PyObject* result = ok ? PyDict_New() : nullptr;
+  if (result == nullptr) {
+    Py_XDECREF(counts);
+    Py_XDECREF(sums);
+    return nullptr;
+  }
+  const bool stored = put(result, "counts", counts) & put(result, "sums", sums);
+  ok = stored && put(result, "outputs",
+                     tuple_of({tuple_of({PyUnicode_FromString("counts"), PyUnicode_FromString("int64")}),
+                               tuple_of({PyUnicode_FromString("sums"), PyUnicode_FromString("float64")}),
+                               tuple_of({PyUnicode_FromString("amax"), PyUnicode_FromString("float32")})}));
   if (!ok) {
     Py_DECREF(result);
     return nullptr;

@@ -240,3 +240,134 @@ def test_with_a_kernel_no_warning_is_given() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         amp_inspect.update_stats([torch.ones(2)], [torch.ones(2)], [torch.ones(2)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the compiled CPU kernel (csrc/update_stats_cpu.cpp on csrc/update_stats.h) against the reference
+#
+# Exactness: counts and amax equal the reference's exactly. sq_change and sq_weight are float64 sums of the same
+# float64 terms (each a difference or square of floats widened exactly), added in another order: n nonnegative
+# terms summed in float64 are within (n - 1) * 2^-53 of the exact sum relative to it, so the two agree to a
+# relative ``sums_rtol(n) = 2 * n * 2^-53``.
+
+needs_kernel = pytest.mark.skipif("cpu" not in _ops.UPDATE_KERNELS, reason="no compiled CPU update_stats kernel")
+OP = torch.ops.amp_inspect.update_stats if "cpu" in _ops.UPDATE_KERNELS else None
+
+
+def sums_rtol(numel: int) -> float:
+    return 2 * max(numel, 1) * 2.0**-53
+
+
+def assert_kernel_matches_reference(before, after, grads, states=()) -> None:
+    got = OP(before, after, grads, list(states))
+    want = update_stats_reference(before, after, grads, list(states))
+    assert got[0].dtype == torch.int64 and got[1].dtype == torch.float64 and got[2].dtype == torch.float32
+    assert torch.equal(got[0], want[0]), (got[0] - want[0]).nonzero().tolist()
+    assert torch.equal(got[2], want[2]), (got[2], want[2])
+    numel = max([t.numel() for t in before], default=1)
+    assert torch.allclose(got[1], want[1], rtol=sums_rtol(numel), atol=0), (got[1], want[1])
+
+
+def random_step(rng: np.random.Generator, n: int, weight: torch.dtype, grad: torch.dtype, state: torch.dtype | None):
+    """Random bit patterns (NaN, Inf, subnormals, zeros of both signs among them); about half the weights kept,
+    some turned into the other zero, so lost, changed and +0 / -0 all occur."""
+    from tests.test_random_bits import random_tensor
+
+    before = random_tensor(rng, n, weight)
+    keep = torch.from_numpy(rng.random(n) < 0.5)
+    after = torch.where(keep, before, random_tensor(rng, n, weight))
+    zeros = torch.from_numpy(rng.random(n) < 0.05)
+    before = torch.where(zeros, torch.zeros((), dtype=weight), before)
+    after = torch.where(zeros & torch.from_numpy(rng.random(n) < 0.5), torch.full((), -0.0, dtype=weight), after)
+    g = random_tensor(rng, n, grad)
+    g = torch.where(torch.from_numpy(rng.random(n) < 0.1), torch.zeros((), dtype=grad), g)
+    s = None if state is None else random_tensor(rng, n, state).abs()
+    return before, after, g, s
+
+
+@needs_kernel
+@pytest.mark.parametrize("weight", DTYPES)
+@pytest.mark.parametrize("grad", DTYPES)
+@pytest.mark.parametrize("state", [*DTYPES, None])
+def test_kernel_equals_reference_on_random_bits(weight, grad, state) -> None:
+    rng = np.random.default_rng([DTYPES.index(weight), DTYPES.index(grad), 3 if state is None else DTYPES.index(state)])
+    # Sizes around the kernel's 512-element stage and 64Ki-element chunk, and an empty tensor.
+    sizes = (1, 511, 512, 513, 0, (1 << 16) + 3)
+    steps = [random_step(rng, n, weight, grad, state) for n in sizes]
+    before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
+    assert_kernel_matches_reference(before, after, grads, [] if state is None else states)
+
+
+@needs_kernel
+def test_kernel_equals_reference_on_the_hand_made_cases_and_layouts() -> None:
+    before, after, grad = adamw_step(torch.bfloat16, 1e-5)
+    assert_kernel_matches_reference([before], [after], [grad], [grad.float().square()])
+    x = torch.randn(64, 48)
+    # A transposed (non-contiguous) parameter and its step: the op reads each in its logical order.
+    assert_kernel_matches_reference([x.t()], [(x + 1e-3).t().contiguous()], [torch.randn(48, 64)])
+    assert_kernel_matches_reference([torch.zeros(0, 3)], [torch.zeros(0, 3)], [torch.zeros(0, 3)])
+    # An empty Tensor[] gives the dispatcher no key: the face answers it without the op.
+    got = amp_inspect.update_stats([], [], []).outputs()
+    assert [tuple(t.shape) for t in got] == [(0, 7), (0, 2), (0,)]
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (([torch.ones(2)], [torch.ones(2)], [], []), "one tensor per parameter"),
+        (([torch.ones(2)], [torch.ones(2, dtype=torch.float16)], [torch.ones(2)], []), "keeps the dtype"),
+        (([torch.ones(2)], [torch.ones(3)], [torch.ones(2)], []), "after[0] has another shape"),
+        (([torch.ones(2)], [torch.ones(2)], [torch.ones(2, dtype=torch.float64)], []), "grads[0] has dtype"),
+        (([torch.ones(2)], [torch.ones(2)], [torch.ones(2)], [torch.ones(1)]), "exp_avg_sq[0] has another shape"),
+    ],
+)
+def test_kernel_refuses_bad_inputs_in_one_sentence(args, words) -> None:
+    with pytest.raises(RuntimeError) as caught:
+        OP(*args)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "args",
+    [
+        ([torch.randn(5, 3)], [torch.randn(5, 3)], [torch.randn(5, 3)], []),
+        (
+            [torch.randn(7).bfloat16(), torch.zeros(0)],
+            [torch.randn(7).bfloat16(), torch.zeros(0)],
+            [torch.randn(7), torch.zeros(0)],
+            [torch.rand(7).half(), torch.zeros(0)],
+        ),
+    ],
+)
+def test_opcheck(args) -> None:
+    results = torch.library.opcheck(OP, args)
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@needs_kernel
+def test_torch_compile_traces_the_op_through_its_fake_kernel() -> None:
+    before, after, grad = adamw_step(torch.bfloat16, 1e-5)
+
+    def lost(b: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return amp_inspect.update_stats([b], [a], [g]).lost
+
+    compiled = torch.compile(lost, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(before, after, grad), lost(before, after, grad))
+
+
+def test_the_binary_reports_the_schema_columns() -> None:
+    if not _ops.extension_loaded():
+        pytest.skip(f"no compiled extension: {_ops.LOAD_ERROR}")
+    from amp_inspect import _C
+    from amp_inspect.statistics import update_layout_problem
+
+    native = _C.layout()
+    if "update" not in native:
+        pytest.skip("a binary built before update_stats")
+    assert update_layout_problem(native) is None
+    swapped = dict(
+        native, update=dict(native["update"], counts=("numel", "lost", "with_grad", *native["update"]["counts"][3:]))
+    )
+    assert "update counts columns" in (update_layout_problem(swapped) or "")

@@ -1,0 +1,93 @@
+// update_stats.h: the element logic of amp_inspect::update_stats (issue 22), what optimizer.step() did to one
+// element of a parameter, written once for the CPU kernel (update_stats_cpu.cpp) and any CUDA one.
+//
+// Torch-free, __host__ __device__. Every input (before, after, grad, exp_avg_sq; float32, bfloat16 or float16) is
+// widened exactly to float32 bits by numerics.h's loaders, and every test is an integer compare on those bits:
+// exact and immune to flush-to-zero modes. Definitions (amp_inspect/statistics.py `UPDATE`, the same table):
+//   with_grad        : grad finite and nonzero
+//   lost             : with_grad and after == before as values (+0 == -0; NaN equals nothing)
+//   changed          : not (after == before as values): NaN counts as changed
+//   weight_nonfinite : after is NaN or Inf
+//   weight_subnormal : after is nonzero and below the smallest normal of the parameter's dtype
+//   state_underflow  : with_grad and exp_avg_sq below the smallest normal of its dtype (zero included)
+//   sq_change        : (after - before)^2 in float64, where both are finite
+//   sq_weight        : before^2 in float64, where before is finite
+//   amax             : max |after| over finite after, kept as |bits| (monotone in the value for finite floats)
+#pragma once
+
+#include <cstdint>
+
+#include "numerics.h"
+
+namespace amp_inspect {
+
+// The counts output's columns, in the order of statistics.py's UPDATE (checked through _C.layout()).
+enum UpdateCount : int32_t {
+  kUpdNumel = 0,
+  kUpdWithGrad,
+  kUpdLost,
+  kUpdChanged,
+  kUpdWeightNonfinite,
+  kUpdWeightSubnormal,
+  kUpdStateUnderflow,
+};
+enum UpdateSum : int32_t { kUpdSqChange = 0, kUpdSqWeight };
+constexpr int kUpdateCountColumns = kUpdStateUnderflow + 1;
+constexpr int kUpdateSumColumns = kUpdSqWeight + 1;
+constexpr const char* kUpdateCountNames[kUpdateCountColumns] = {
+    "numel", "with_grad", "lost", "changed", "weight_nonfinite", "weight_subnormal", "state_underflow"};
+constexpr const char* kUpdateSumNames[kUpdateSumColumns] = {"sq_change", "sq_weight"};
+
+// The smallest normal of an input dtype as float32 |bits|: float32 and bfloat16 share float32's exponent range
+// (2^-126); float16's is 2^-14. A widened value below it (and nonzero) is a subnormal of its own dtype.
+AMPI_HD uint32_t min_normal_bits(int32_t dtype) { return dtype == kFloat16 ? 0x38800000u : 0x00800000u; }
+
+// The totals of some elements of one tensor, merged by adding (amax by max).
+struct UpdateTally {
+  int64_t counts[kUpdateCountColumns];  // kUpdNumel is filled by the caller from the tensor's size
+  double sums[kUpdateSumColumns];
+  uint32_t amax_bits;
+};
+
+AMPI_HD void clear_tally(UpdateTally& t) {
+  for (int k = 0; k < kUpdateCountColumns; ++k) t.counts[k] = 0;
+  for (int k = 0; k < kUpdateSumColumns; ++k) t.sums[k] = 0.0;
+  t.amax_bits = 0u;
+}
+
+AMPI_HD void merge_tally(UpdateTally& into, const UpdateTally& from) {
+  for (int k = 0; k < kUpdateCountColumns; ++k) into.counts[k] += from.counts[k];
+  for (int k = 0; k < kUpdateSumColumns; ++k) into.sums[k] += from.sums[k];
+  into.amax_bits = into.amax_bits > from.amax_bits ? into.amax_bits : from.amax_bits;
+}
+
+// The same value: equal bits, or both zeros; never a NaN (the bits of finite floats and Inf are unique per value).
+AMPI_HD bool same_value(uint32_t a, uint32_t b) {
+  const uint32_t abs_a = a & kAbsMask32, abs_b = b & kAbsMask32;
+  const bool nan = abs_a > kInfBits32 || abs_b > kInfBits32;
+  return !nan && (a == b || (abs_a | abs_b) == 0u);
+}
+
+// One element, all four inputs as float32 bits (`state` ignored without `has_state`); the *_normal arguments are
+// min_normal_bits of the parameter's and of the state's dtypes.
+AMPI_HD void tally_update_element(UpdateTally& t, uint32_t before, uint32_t after, uint32_t grad, uint32_t state,
+                                  bool has_state, uint32_t weight_normal, uint32_t state_normal) {
+  const uint32_t abs_before = before & kAbsMask32, abs_after = after & kAbsMask32, abs_grad = grad & kAbsMask32;
+  const bool with_grad = is_finite32(abs_grad) && abs_grad != 0u;
+  const bool same = same_value(before, after);
+  const bool finite_before = is_finite32(abs_before), finite_after = is_finite32(abs_after);
+  t.counts[kUpdWithGrad] += with_grad;
+  t.counts[kUpdLost] += with_grad && same;
+  t.counts[kUpdChanged] += !same;
+  t.counts[kUpdWeightNonfinite] += !finite_after;
+  t.counts[kUpdWeightSubnormal] += abs_after != 0u && abs_after < weight_normal;
+  t.counts[kUpdStateUnderflow] += has_state && with_grad && (state & kAbsMask32) < state_normal;
+  const double b = static_cast<double>(bits_as_float32(before)), a = static_cast<double>(bits_as_float32(after));
+  const double change = a - b;
+  t.sums[kUpdSqChange] += finite_before && finite_after ? change * change : 0.0;
+  t.sums[kUpdSqWeight] += finite_before ? b * b : 0.0;
+  const uint32_t magnitude = finite_after ? abs_after : 0u;
+  t.amax_bits = t.amax_bits > magnitude ? t.amax_bits : magnitude;
+}
+
+}  // namespace amp_inspect
