@@ -115,7 +115,7 @@ class AttachOptions:
         if self.optimizer is not None and self.optimizer != TRAINER_OPTIMIZER:
             from .optimizer_watch import optimizers_of  # imports torch: only when an optimizer is given
 
-            object.__setattr__(self, "optimizer", optimizers_of(self.optimizer))
+            object.__setattr__(self, "optimizer", tuple(optimizers_of(self.optimizer)))  # frozen: hashable
         if self.log is not None and not isinstance(self.log, str | os.PathLike):
             raise TypeError(f"log must be a path (str or os.PathLike) or None, got {type(self.log).__name__}")
         for name in ("watch_clipping", "ddp_hook", "log_all_ranks"):

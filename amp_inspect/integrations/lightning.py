@@ -100,7 +100,7 @@ class AmpInspectCallback(pl.Callback):
         self._logged_step: int | None = None  # the step whose report was logged last (each is logged once)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        kwargs = attach_kwargs(self.options, getattr(trainer, "optimizers", None))  # update_every: the trainer's optimizers
+        kwargs = attach_kwargs(self.options, getattr(trainer, "optimizers", None))  # update_every: the trainer's
         self.inspector = Inspector(pl_module, precision_scaler(trainer), **kwargs)
         self._follower = ReportFollower(self.inspector)
         self._logged_step = None
