@@ -359,3 +359,9 @@ def test_an_inspecting_grad_scaler_without_check() -> None:
     assert sorted(measured) == [0, 2]
     for step, update in measured.items():
         _check_exact(update, oracles[step])
+
+
+def test_fsdp2_shards_sum_across_ranks(tmp_path) -> None:
+    from tests.test_distributed import run_scenario
+
+    run_scenario("fsdp2_update", 2, tmp_path, module="tests.update_dist")
