@@ -7,6 +7,10 @@ the two classic kinds of trouble, on purpose, while amp_inspect watches.
   module whose forward output overflowed first.
 - Another block's MLP branch is damped more and more over the run: its gradients drift into fp16's
   subnormal range and then to zero.
+- On a CPU, one more block's output projection (``blocks.2.mlp.fc2``) is fine-tuned as many recipes do it: its
+  weights in bf16 without a master copy, at lr 1e-5. Its updates are rounded away, and ``update_every`` (the
+  optimizer's steps measured every 10 steps) says so. (On a GPU it stays fp32: torch's GradScaler cannot unscale
+  bf16 gradients on CUDA.)
 
 On a GPU it runs fp16 autocast. On a CPU it runs bf16 autocast and judges everything against fp16; to meet
 fp16's trouble there, the spiking logits are stored in fp16 and the gradients are rounded through fp16
@@ -37,6 +41,8 @@ CONTEXT = 64
 SPIKE_TOKEN = 7  # batches holding this token (in the overflowing block's input) make its logits spike
 SPIKE_GAIN = 1e5
 SPIKE_PROBABILITY = 0.08
+LOSSY_LR = 1e-5  # blocks.2.mlp.fc2's learning rate: below half a bf16 ulp of most of its weights
+UPDATE_EVERY = 10  # what the optimizer did, measured every 10 steps
 
 
 def _round_through_fp16(param: torch.Tensor) -> None:
@@ -126,11 +132,19 @@ def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from
     if device == "cpu":
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(_round_through_fp16)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    lossy = model.blocks[2].mlp.fc2  # bf16 weights, no master copy, a fine-tuning learning rate: updates lost
+    if device == "cpu":
+        lossy.to(torch.bfloat16)
+    lossy_ids = {id(p) for p in lossy.parameters()}
+    groups = [
+        {"params": [p for p in model.parameters() if id(p) not in lossy_ids]},
+        {"params": list(lossy.parameters()), "lr": LOSSY_LR},
+    ]
+    opt = torch.optim.AdamW(groups, lr=3e-4)
     scaler = torch.amp.GradScaler(device, growth_interval=10)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "run.jsonl"  # out_dir is new or empty: nothing to overwrite
-    insp = attach(model, scaler, log=log_path, hist_every=5)
+    insp = attach(model, scaler, log=log_path, hist_every=5, optimizer=opt, update_every=UPDATE_EVERY)
 
     numel = sum(p.numel() for p in model.parameters())
     print(f"amp_inspect demo: TinyGPT with {numel:,} parameters, {steps} steps on {device}, {amp_dtype} autocast")

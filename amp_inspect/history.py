@@ -50,6 +50,7 @@ from .scale_timeline import (
     scale_changes,
 )
 from .spikes import SPIKE_FACTOR, Spike, find_spikes
+from .update_report import UpdateStats, UpdateVerdict, update_verdicts
 
 if TYPE_CHECKING:
     from .report import StepReport
@@ -78,6 +79,7 @@ class StepRecord:
     autocast: str | None = None  # the autocast dtype the step's forward ran under ("fp16", "bf16"), None unknown
     module_norms: dict[str, float | None] | None = None  # per-module gradient norms where known (spikes.py)
     everywhere: bool = False  # every module with gradients held NaN/Inf (attribution.every_module)
+    update: UpdateStats | None = None  # update_every: what the step's optimizer.step() did (update_report.py)
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -98,6 +100,7 @@ class StepRecord:
             fmt=report.formats[0] if report.formats else None,
             autocast=getattr(report, "autocast", None),
             everywhere=bool(report.offenders) and every_module(report.offenders, report.by_module),
+            update=report.update,
         )
 
     @classmethod
@@ -128,6 +131,7 @@ class StepRecord:
             autocast=record.get("autocast"),
             module_norms=_module_norms(record.get("modules")),
             everywhere=every_module(list(record.get("offenders", [])), record.get("modules")),
+            update=UpdateStats.from_record(record["update"], int(record["step"])) if record.get("update") else None,
         )
 
 
@@ -232,6 +236,7 @@ class Summary:
     poisoned_advice: str = ""
     spike_advice: str = ""
     rank_advice: str = ""
+    updates: list[UpdateVerdict] = field(default_factory=list)  # update_every: the verdicts on the updates
 
     @property
     def ranks_heading(self) -> str:
@@ -465,6 +470,9 @@ def summarize(
             "device (a faulty GPU shows up as one rank)"
         )
         summary.advice.append(summary.rank_advice)
+
+    summary.updates = update_verdicts([r.update for r in history if r.update is not None])
+    summary.advice += [v.advice for v in summary.updates]
 
     summary.decisions = scale_changes([r.step for r in history], [r.scale_decision for r in history])
     if not summary.scaler:

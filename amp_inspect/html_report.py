@@ -31,6 +31,7 @@ from .readiness_plot import html_section as readiness_section
 from .runlog import is_run_log, read_log
 from .scale_timeline import POLICY_TORCH, scale_text, shown_changes
 from .series import RunSeries
+from .update_plot import html_section as updates_section
 
 MAX_OFFENDER_ROWS = 8
 MAX_FINDINGS_PER_MODULE = 3
@@ -229,9 +230,11 @@ def render_html(
     source: str,
     summary_error: str | None = None,
     readiness: str | None = None,
+    updates: str | None = None,
 ) -> str:
     """The page as a string: ``pngs`` maps figure names to PNG bytes (embedded as data URIs); ``readiness`` the
-    format-readiness section (readiness_plot.html_section), when the log has one."""
+    format-readiness section (readiness_plot.html_section), when the log has one; ``updates`` the update-ratio section
+    (update_plot.html_section), beside the gradient heatmaps."""
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -338,6 +341,11 @@ def render_html(
             f'<img src="data:image/png;base64,{data}" alt="{_e(TITLES[name])}">'
             f"<figcaption>{_e(caption)}</figcaption></figure></section>"
         )
+        if name == "heatmap_over_time" and updates is not None:
+            out.append(updates)
+            updates = None
+    if updates is not None:  # no heatmap to stand beside
+        out.append(updates)
 
     if readiness is not None:
         out.append(readiness)
@@ -395,7 +403,13 @@ def write_report(
     paths = save_all(series, targets[1].parent)
     pngs = {name: path.read_bytes() for name, path in paths.items()}
     page = render_html(
-        series, summary, pngs, source=str(log_path), summary_error=error, readiness=readiness_section(records)
+        series,
+        summary,
+        pngs,
+        source=str(log_path),
+        summary_error=error,
+        readiness=readiness_section(records),
+        updates=updates_section(records),
     )
     out_html.write_text(page, encoding="utf-8")
     return out_html

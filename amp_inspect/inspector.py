@@ -19,8 +19,8 @@ DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as 
 
 The Inspector's one job is the step: which steps to inspect, and each report on to the history. The rest is
 its collaborators': attach_refusals, gradient_pass, parameter_watch, activation_arming, step_history,
-run_log_sink, thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink, run_advice (summary, doctor, the clip
-watch).
+run_log_sink, thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink, readiness_hooks, optimizer_watch,
+run_advice (summary, doctor, the clip watch).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .ddp import DdpLink, HookState, NonfiniteByRank, ddp_of
 from .gradscaler_patches import ScalerLink
 from .history import StepRecord, Summary
 from .naming import ParamEntry
+from .optimizer_watch import OptimizerWatch, UpdateStats
 from .options import AttachOptions, takes_attach_options
 from .parameter_watch import ParameterWatch
 from .readiness_hooks import ReadinessHooks, ReadinessReport
@@ -86,6 +87,7 @@ class Inspector:
         self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
         self._arming = ActivationArming(model, opts.activations, opts.arm_steps, self.formats, self, self.step)
         self._readiness = ReadinessHooks.of_options(model, opts, self, self.step, report_group)  # readiness_every
+        self._updates = OptimizerWatch.of_options(opts, self)  # update_every: what optimizer.step() did
         self._scaler = ScalerLink()
         self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
         if scaler is not None:
@@ -228,6 +230,7 @@ class Inspector:
         """End of a step: activation findings of the step, then reports whose copies are complete."""
         self._arming.end_step(self.step, self.last_report)
         self._readiness.end_step(self.step, self.last_report)  # readiness_every: the table into the step's report
+        self._updates.end_step(self.step, self.last_report)  # update_every: the step's report waits for its update
         self._steps.collect(False, self._follow_step)
 
     def _follow_step(self, report: StepReport, record: StepRecord) -> None:
@@ -258,6 +261,11 @@ class Inspector:
         """The last readiness step's table (``readiness_every``; docs/readiness.md); None before one, or when off."""
         return self._readiness.last
 
+    @property
+    def last_update(self) -> UpdateStats | None:
+        """What the last measured optimizer step did, per module (``update_every``); None before one, or when off."""
+        return self._updates.last
+
     def doctor(self, optimizer: torch.optim.Optimizer | None = None, autocast_dtype: Any = None) -> DoctorReport:
         """The AMP doctor on this model, its scaler, the history so far and the clipping watch (when on)."""
         return self._advice.doctor(self.history, self.scaler, optimizer, autocast_dtype)
@@ -281,6 +289,7 @@ class Inspector:
         """Removes every hook and patch this inspector registered and closes its log."""
         self._arming.close()
         self._readiness.close()
+        self._updates.close()
         self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
         self._context.remove()
         self._ddp.release(self)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 ACTIVATION_MODES = ("on_skip", "always", "off")
+TRAINER_OPTIMIZER = "trainer"  # the callbacks' optimizer= when update_every is given: the trainer's optimizers
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class AttachOptions:
         readiness_every: every N-th step (a multiple of ``every``), measure what each FP8 / MXFP8 / MXFP4 / NVFP4
             recipe would lose on every Linear's GEMM operands (X, W, dY, dW): ``insp.readiness()``,
             ``report.readiness``, the log, ``amp-inspect readiness`` (docs/readiness.md). None: off.
+        optimizer: the optimizer (or a list of optimizers) whose steps ``update_every`` measures (the Lightning
+            and Hugging Face callbacks take the trainer's: leave it out there).
+        update_every: every N-th step (a multiple of ``every``), measure what ``optimizer.step()`` did: updates
+            rounded away in the weights' dtype, Adam state underflow, the update-to-weight ratio per module
+            (``insp.last_update``, ``report.update``, the log, the summary; docs/usage.md). Costs a copy of the
+            parameters with gradients on those steps. None: off.
 
     Distributed runs (attach after ``init_process_group`` and after wrapping the model):
         group: the process group to combine FSDP2 shards over. Default: the shard group of their mesh. On a
@@ -73,6 +80,8 @@ class AttachOptions:
     ddp_hook: bool = True
     log_all_ranks: bool = False
     readiness_every: int | None = None
+    optimizer: Any = None
+    update_every: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int("every", self.every)
@@ -94,6 +103,19 @@ class AttachOptions:
                     f"readiness_every must be a multiple of every ({self.every}) so that readiness steps are inspected "
                     f"steps, got {self.readiness_every}"
                 )
+        if self.update_every is not None:
+            _positive_int("update_every", self.update_every)
+            if self.optimizer is None:
+                raise ValueError("update_every needs the optimizer whose steps it measures: attach(..., optimizer=opt)")
+            if self.update_every % self.every:
+                raise ValueError(
+                    f"update_every must be a multiple of every ({self.every}) so that measured steps are inspected "
+                    f"steps, got {self.update_every}"
+                )
+        if self.optimizer is not None and self.optimizer != TRAINER_OPTIMIZER:
+            from .optimizer_watch import optimizers_of  # imports torch: only when an optimizer is given
+
+            object.__setattr__(self, "optimizer", tuple(optimizers_of(self.optimizer)))  # frozen: hashable
         if self.log is not None and not isinstance(self.log, str | os.PathLike):
             raise TypeError(f"log must be a path (str or os.PathLike) or None, got {type(self.log).__name__}")
         for name in ("watch_clipping", "ddp_hook", "log_all_ranks"):

@@ -149,6 +149,7 @@ class StepReport:
         self.sparse_modules = list(dict.fromkeys(sparse_modules))  # rows judged on stored values (numel too)
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
         self.readiness: Any = None  # readiness_every: this step's ReadinessReport (readiness_report.py)
+        self.update: Any = None  # update_every: what this step's optimizer.step() did (update_report.UpdateStats)
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
@@ -212,7 +213,8 @@ class StepReport:
     def ready(self) -> bool:
         """Whether host values can be read without waiting for the device."""
         ready = self._snapshot.ready() and (self._origin is None or self._origin.ready())
-        return ready and (self.readiness is None or self.readiness.ready())
+        ready = ready and (self.readiness is None or self.readiness.ready())
+        return ready and (self.update is None or self.update.ready())
 
     # ---- host values, computed once on first use ----
     # Two levels: the step's verdict (cheap, vectorised: what the history keeps every step), and the
@@ -418,6 +420,8 @@ class StepReport:
             record["inf_origin"] = self.inf_origin
         if self.readiness is not None:
             record["readiness"] = self.readiness.to_record()
+        if self.update is not None and (self.update.by_module or self.update.skipped):
+            record["update"] = self.update.to_record()
         if with_hist:
             from .runlog import sparse_hist
 

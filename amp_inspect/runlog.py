@@ -25,6 +25,9 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "inf_origin": "before_allreduce" | "shards",  # with inf_by_rank: DDP ranks' own gradients / FSDP2 shards
      "readiness": {"recipes": [recipe names], "modules": {name: {operand: {...}}}},  # optional: readiness_every
                                        # steps, each operand's format-readiness statistics (readiness_report.py)
+     "update": {"modules": {name: {"numel_with_grad", "lost", "lost_fraction", "update_ratio",
+                                   "state_underflow", "weight_amax", ...}}, "skipped": bool},  # optional:
+                                       # update_every steps, what optimizer.step() did (update_report.py)
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
 
 A sparse hist is ``sparse_hist(row)`` of the 256-bin exponent histogram defined in amp_inspect/stats.py:
@@ -238,6 +241,8 @@ def _check_record(record: Mapping[str, Any]) -> None:
         "readiness": lambda v: (
             isinstance(v, dict) and isinstance(v.get("recipes"), list) and isinstance(v.get("modules"), dict)
         ),
+        # update_report.UpdateStats.from_record checks the rest where it is read
+        "update": lambda v: isinstance(v, dict) and isinstance(v.get("modules"), dict),
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(

@@ -337,7 +337,9 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
     """The history's advice (amp_inspect.history.summarize), each line filed under what it is about: NaN/Inf steps
     that no scaler skipped (``poisoned-steps``, a warning: the weights may be NaN), gradient spikes that no scaler
     skipped (``gradient-spikes``, an info: the values stay finite and one spike is common in a healthy run),
-    NaN/Inf from one rank alone (``one-rank-nonfinite``), and loss-scaler settings (``scaler-advice``)."""
+    NaN/Inf from one rank alone (``one-rank-nonfinite``), the optimizer updates' verdicts (update_report.py:
+    ``updates-rounded-away``, ``optimizer-state-underflow``, ``update-ratio``), and loss-scaler settings
+    (``scaler-advice``)."""
     history = list(setup.history or [])
     if not history:
         return
@@ -346,6 +348,7 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
         summary.poisoned_advice: ("poisoned-steps", "warning"),
         summary.spike_advice: ("gradient-spikes", "info"),
         summary.rank_advice: ("one-rank-nonfinite", "info"),
+        **{v.advice: (v.code, v.severity) for v in summary.updates},  # update_every's verdicts (update_report.py)
     }
     for advice in summary.advice:
         code, severity = filed.get(advice, ("scaler-advice", "info"))

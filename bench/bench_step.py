@@ -23,6 +23,11 @@ warmup + rounds x steps stays below 100). One readiness step against a bare step
 kinds of step, ``(99 * x_between + x_readiness) / 100 - 1`` (against bare, and against check() alone), since a
 run's steps are exactly those two kinds.
 
+With ``--update`` they are the cost of measuring what the optimizer did (``optimizer=opt, update_every``) the same
+way: ``bare``, ``check``, ``update_step`` (``update_every=1``: every step snapshots the parameters with gradients
+before AdamW's step and runs ``update_stats`` after it) and ``update_every100`` (the steps between), and the
+averaged overhead ``(99 * x_between + x_update) / 100 - 1``.
+
 They run interleaved in one process: a few warmup steps each, then rounds in which every configuration takes
 a few steps (the order rotating each round), so drift in machine load touches all of them alike. A step is
 zero_grad, forward and loss under autocast, scaled backward, check() where configured, scaler.step and
@@ -34,7 +39,8 @@ The passes over the gradients alone (tensor_stats, the InspectingGradScaler's un
 check, foreach_norm as the roofline proxy) are timed separately to give the inspection's share of a step.
 
 Run:
-    python bench/bench_step.py [--device cpu|cuda] [--quick] [--rounds N] [--steps-per-round N] [--out DIR]
+    python bench/bench_step.py [--device cpu|cuda] [--quick] [--readiness | --update] [--rounds N]
+        [--steps-per-round N] [--out DIR]
 
 Prints a table and PASS/MISS lines for the targets and writes bench/results/step_<device>.json
 (a --quick run writes nothing unless --out is given, and then to step_<device>_quick.json).
@@ -95,6 +101,9 @@ INSPECTING_HEADROOM = "inspecting_headroom"
 READINESS_STEP = "readiness_step"
 READINESS_EVERY100 = "readiness_every100"
 READINESS_EVERY = 100
+UPDATE_STEP = "update_step"
+UPDATE_EVERY100 = "update_every100"
+UPDATE_EVERY = 100
 
 # Targets (the lead's acceptance criteria): step-time overhead of a check() every step, and the
 # InspectingGradScaler's step time relative to GradScaler's.
@@ -121,6 +130,7 @@ class StepConfig:
     check: bool = False
     every: int = 1
     readiness_every: int | None = None
+    update_every: int | None = None
 
 
 CONFIGS: tuple[StepConfig, ...] = (
@@ -145,12 +155,28 @@ READINESS_CONFIGS: tuple[StepConfig, ...] = (
     ),
 )
 
+UPDATE_CONFIGS: tuple[StepConfig, ...] = (
+    CONFIGS[0],
+    CONFIGS[1],
+    StepConfig(
+        UPDATE_STEP, "update_every=1 + check(): measured optimizer steps", attach=True, check=True, update_every=1
+    ),
+    StepConfig(
+        UPDATE_EVERY100,
+        f"update_every={UPDATE_EVERY} + check(): the steps between",
+        attach=True,
+        check=True,
+        update_every=UPDATE_EVERY,
+    ),
+)
+
 
 @dataclass(frozen=True)
 class BenchConfig:
     device: str
     quick: bool
     readiness: bool
+    update: bool
     out_dir: Path | None
     amp_dtype: str
     warmup_steps: int  # per configuration, untimed
@@ -182,6 +208,7 @@ class BenchResult:
     targets: list[TargetCheck] = field(default_factory=list)
     policy_cost: dict[str, object] = field(default_factory=dict)  # policy="headroom" against policy="torch"
     readiness_cost: dict[str, object] = field(default_factory=dict)  # --readiness: the two kinds of step
+    update_cost: dict[str, object] = field(default_factory=dict)  # --update: the two kinds of step
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -205,7 +232,14 @@ class Trainer:
             policy = "headroom" if spec.scaler == "headroom" else "torch"
             self.scaler = amp_inspect.InspectingGradScaler(device, policy=policy)
         self.inspector = (
-            amp_inspect.attach(model, self.scaler, every=spec.every, readiness_every=spec.readiness_every)
+            amp_inspect.attach(
+                model,
+                self.scaler,
+                every=spec.every,
+                readiness_every=spec.readiness_every,
+                optimizer=self.opt if spec.update_every else None,
+                update_every=spec.update_every,
+            )
             if spec.attach
             else None
         )
@@ -501,6 +535,47 @@ def readiness_cost(
     return cost, checks
 
 
+def update_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], list[TargetCheck]]:
+    """--update: one measured optimizer step against a bare step (paired, with the rounds' range) and the overhead
+    averaged over a run at update_every=100, made from the two kinds of step (module docstring)."""
+    by_name = {m.config: m for m in rows}
+    step, between, check = by_name[UPDATE_STEP], by_name[UPDATE_EVERY100], by_name[CHECK]
+    assert step.x_bare_paired is not None and between.x_bare_paired is not None
+    n = UPDATE_EVERY
+    averaged_vs_bare = ((n - 1) * between.x_bare_paired + step.x_bare_paired) / n - 1
+    between_vs_check = paired_ratios(between.round_medians_ms, check.round_medians_ms)
+    step_vs_check = paired_ratios(step.round_medians_ms, check.round_medians_ms)
+    averaged_vs_check = ((n - 1) * statistics.median(between_vs_check) + statistics.median(step_vs_check)) / n - 1
+    cost = {
+        "update_step_x_bare": step.x_bare_paired,
+        "update_step_x_bare_range": [step.x_bare_paired_min, step.x_bare_paired_max],
+        "update_step_x_check": statistics.median(step_vs_check),
+        "between_steps_x_check": statistics.median(between_vs_check),
+        f"averaged_overhead_every{n}_vs_bare": averaged_vs_bare,
+        f"averaged_overhead_every{n}_vs_check": averaged_vs_check,
+        "update_step_opt_ms": step.opt_median_ms,
+        "bare_opt_ms": by_name[BARE].opt_median_ms,
+    }
+    checks = [
+        at_most(
+            "one measured optimizer step vs a bare step (CPU target 1.5x)",
+            step.x_bare_paired,
+            1.5,
+            f"rounds {step.x_bare_paired_min:.3f}x to {step.x_bare_paired_max:.3f}x; scaler.step + update "
+            f"{step.opt_median_ms:.1f} ms vs bare's {by_name[BARE].opt_median_ms:.1f} ms",
+        ),
+        at_most(
+            f"update_every={n}: step overhead averaged over a run, vs bare (target 1%)",
+            averaged_vs_bare * 100,
+            1.0,
+            f"steps between {between.x_bare_paired:.3f}x bare, a measured step {step.x_bare_paired:.3f}x; vs check() "
+            f"alone {averaged_vs_check * 100:+.2f}%",
+            unit="%",
+        ),
+    ]
+    return cost, checks
+
+
 # ----------------------------------------------------------------------------------------------- output
 
 
@@ -535,6 +610,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--steps-per-round", type=int, default=None, help="steps per config and round (default 2)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
     parser.add_argument("--readiness", action="store_true", help="the cost of readiness_every instead (docstring)")
+    parser.add_argument("--update", action="store_true", help="the cost of update_every instead (docstring)")
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
     amp_dtype = "float16" if args.device == "cuda" else "bfloat16"
@@ -546,6 +622,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         args.device,
         args.quick,
         args.readiness,
+        args.update,
         out_dir,
         amp_dtype,
         warmup_steps=warmup,
@@ -565,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = make_gpt(spec, config.device, SEED)
     batches = token_batches(spec, DISTINCT_BATCHES, SEED + 1, config.device)
     amp_dtype = getattr(torch, config.amp_dtype)
-    configs = READINESS_CONFIGS if config.readiness else CONFIGS
+    configs = READINESS_CONFIGS if config.readiness else UPDATE_CONFIGS if config.update else CONFIGS
     trainers = [Trainer(c, copy.deepcopy(base), config.device, amp_dtype) for c in configs]
     numel = sum(p.numel() for p in base.parameters())
     tensors = len(list(base.parameters()))
@@ -617,6 +694,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     unit="%",
                 ),
             ]
+    elif config.update:
+        result.update_cost, result.targets = update_cost(result.measurements)
     else:
         result.targets = check_targets(config.device, result.measurements, result.passes)
         result.policy_cost, cost_check = policy_cost(result.measurements)
@@ -639,7 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "was noisy; read the direct column and the pass table, or rerun with more --rounds on a quiet machine"
         )
     if config.out_dir is not None:
-        name = f"step_{config.device}" + ("_readiness" if config.readiness else "")
+        name = f"step_{config.device}" + ("_readiness" if config.readiness else "_update" if config.update else "")
         write_result(result, config.out_dir, name, config.quick)
     return 0
 

@@ -40,7 +40,13 @@ def test_demo_finds_the_planted_trouble(tmp_path, capsys: pytest.CaptureFixture[
         assert (out / "report.html").stat().st_size > 10_000
 
     assert cli.main(["summary", str(out / "run.jsonl")]) == 0
-    assert "inspected steps" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert "inspected steps" in summary
+    # The planted bf16 module without a master copy: its updates are rounded away, and it alone is named.
+    lost = next(line for line in summary.splitlines() if "were rounded away" in line)
+    assert "of 1 module were rounded away (bf16 weights without a master copy" in lost
+    assert "worst: blocks.2.mlp.fc2 " in lost
+    assert [r["step"] for r in records if "update" in r][:3] == [0, 10, 20]
 
 
 def test_summary_of_an_empty_log(tmp_path) -> None:

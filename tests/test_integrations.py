@@ -359,11 +359,11 @@ def lightning_data() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(-1)), batch_size=4)
 
 
-def fit_lightning(lightning, tmp_path, loggers=(), **trainer_kwargs):
+def fit_lightning(lightning, tmp_path, loggers=(), callback_options=None, **trainer_kwargs):
     pl, callback_cls, lit_cls = lightning
     from lightning.pytorch.loggers import CSVLogger
 
-    cb = callback_cls(activations="off", loggers=loggers)
+    cb = callback_cls(activations="off", loggers=loggers, **(callback_options or {}))
     options = dict(accelerator="cpu", max_steps=10, enable_checkpointing=False, enable_progress_bar=False)
     options.update(enable_model_summary=False, log_every_n_steps=1, logger=CSVLogger(tmp_path, name="csv"))
     trainer = pl.Trainer(callbacks=[cb], **options, **trainer_kwargs)
@@ -395,6 +395,14 @@ def test_lightning_bf16_mixed_cpu(lightning, tmp_path) -> None:
     assert logged_column(rows, "amp_inspect/skipped") == [0.0] * 10
     assert "amp_inspect/loss_scale" not in rows[0]
     assert "_finalize" not in vars(cb.inspector)  # detached at fit end
+
+
+@pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")
+def test_lightning_update_every_measures_the_trainers_optimizer(lightning, tmp_path) -> None:
+    _, cb, _, module = fit_lightning(lightning, tmp_path, callback_options={"update_every": 3}, precision="bf16-mixed")
+    measured = [r.step for r in cb.inspector.history if r.update is not None and r.update.by_module]
+    assert measured[:2] == [0, 3]  # the NaN step's update is measured too (it was applied)
+    assert set(cb.inspector.last_update.by_module) == {"net.embed", "net.hidden", "net.head"}
 
 
 def test_lightning_16_mixed_cpu_grad_scaler(lightning, tmp_path) -> None:
@@ -504,6 +512,16 @@ def test_hf_trainer_callback_history_and_logs(hf, tmp_path) -> None:
     assert [e["amp_inspect/poisoned_steps"] for e in entries] == [0, 0, 2, 2]  # NaN weights after the poisoned step
     assert entries[0]["grad_norm"] > 1.0 and entries[0]["amp_inspect/total_norm"] == pytest.approx(1.0)  # clipped
     assert "_finalize" not in vars(cb.inspector)  # detached at train end
+
+
+@pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")
+def test_hf_trainer_update_every_measures_the_trainers_optimizer(hf, tmp_path) -> None:
+    _, callback_cls = hf
+    cb = callback_cls(activations="off", update_every=4)
+    hf_trainer(hf, tmp_path, callbacks=[cb]).train()
+    measured = [r.step for r in cb.inspector.history if r.update is not None and r.update.by_module]
+    assert measured == [0, 4]
+    assert set(cb.inspector.last_update.by_module) == MODULES
 
 
 def test_hf_trainer_install_judges_before_clipping(hf, tmp_path) -> None:

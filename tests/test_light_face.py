@@ -43,6 +43,7 @@ TORCH_FREE = (
     "amp_inspect.spikes",
     "amp_inspect.statistics",
     "amp_inspect.table",
+    "amp_inspect.update_report",
 )
 
 

@@ -28,11 +28,12 @@ import importlib
 import math
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN
+from ..options import TRAINER_OPTIMIZER, AttachOptions
 
 if TYPE_CHECKING:
     from ..inspector import Inspector
@@ -208,3 +209,19 @@ def on_finalized(inspector: Inspector, sink: Callable[[StepReport], None]) -> No
         on_finalized(insp, lambda report: print(report.step, report.found_inf))
     """
     inspector.add_listener(sink)
+
+
+def callback_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A callback's attach options: with ``update_every`` and no ``optimizer``, the trainer's (filled in at attach
+    by ``attach_kwargs``)."""
+    if options.get("update_every") is not None and options.get("optimizer") is None:
+        return {**options, "optimizer": TRAINER_OPTIMIZER}
+    return options
+
+
+def attach_kwargs(options: AttachOptions, optimizers: object) -> dict[str, Any]:
+    """The Inspector's keyword arguments of a callback's options, the trainer's ``optimizers`` where asked for."""
+    kwargs = options.as_kwargs()
+    if kwargs.get("optimizer") == TRAINER_OPTIMIZER:
+        kwargs["optimizer"] = optimizers
+    return kwargs

@@ -51,7 +51,7 @@ import torch
 
 from ..inspector import Inspector
 from ..options import AttachOptions, takes_attach_options
-from ._common import PREFIX, ReportFollower, require, step_scalars
+from ._common import PREFIX, ReportFollower, attach_kwargs, callback_options, require, step_scalars
 
 transformers = require("transformers", "hf", "AmpInspectTrainerCallback")
 if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
@@ -86,7 +86,7 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
         self, scaler: torch.amp.GradScaler | None = None, *, loggers: Sequence[Any] = (), **options: Any
     ) -> None:
         self.scaler = scaler
-        self.options = AttachOptions(**options)  # checked now, not at the start of training
+        self.options = AttachOptions(**callback_options(options))  # checked now, not at the start of training
         self.loggers = list(loggers)
         self.inspector: Inspector | None = None
         self._follower: ReportFollower | None = None
@@ -137,7 +137,8 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
             scaler = _as_scaler(getattr(self._trainer.accelerator, "scaler", None))
         if scaler is None:
             scaler = _as_scaler(getattr(kwargs.get("optimizer"), "scaler", None))
-        self.inspector = Inspector(model, scaler, **self.options.as_kwargs())
+        options = attach_kwargs(self.options, kwargs.get("optimizer"))  # update_every: the Trainer's optimizer
+        self.inspector = Inspector(model, scaler, **options)
         self._follower = ReportFollower(self.inspector)
         for logger in self.loggers:
             logger.attach(self.inspector)

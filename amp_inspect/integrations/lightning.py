@@ -45,7 +45,7 @@ import torch
 
 from ..inspector import Inspector
 from ..options import AttachOptions, takes_attach_options
-from ._common import PREFIX, ReportFollower, check_every, require, step_scalars
+from ._common import PREFIX, ReportFollower, attach_kwargs, callback_options, check_every, require, step_scalars
 
 
 def _import_lightning() -> Any:
@@ -91,7 +91,7 @@ class AmpInspectCallback(pl.Callback):
     @takes_attach_options
     def __init__(self, *, log_every: int = 1, loggers: Sequence[Any] = (), **options: Any) -> None:
         super().__init__()
-        self.options = AttachOptions(**options)  # checked now, not at the start of training
+        self.options = AttachOptions(**callback_options(options))  # checked now, not at the start of training
         self.log_every = check_every("log_every", log_every, allow_zero=True)
         self.loggers = list(loggers)
         self.inspector: Inspector | None = None
@@ -100,7 +100,8 @@ class AmpInspectCallback(pl.Callback):
         self._logged_step: int | None = None  # the step whose report was logged last (each is logged once)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self.inspector = Inspector(pl_module, precision_scaler(trainer), **self.options.as_kwargs())
+        kwargs = attach_kwargs(self.options, getattr(trainer, "optimizers", None))  # update_every: the trainer's
+        self.inspector = Inspector(pl_module, precision_scaler(trainer), **kwargs)
         self._follower = ReportFollower(self.inspector)
         self._logged_step = None
         for logger in self.loggers:

@@ -1,0 +1,343 @@
+"""What ``optimizer.step()`` did, measured on every N-th step (``attach(..., optimizer=opt, update_every=N)``;
+issue 22). update_report.py turns the statistics into ``UpdateStats`` and its verdicts; updates.py is the op.
+
+On a measured step, and only then, the optimizer's step hooks (``register_step_pre_hook`` /
+``register_step_post_hook``, one pair per optimizer) do this:
+
+- before the step (for a step given a closure, as Lightning's and LBFGS's are: after the closure's first call, which
+  makes the gradients): a snapshot of every parameter of the optimizer that has a gradient (``p.detach().clone()``, in
+  the parameter's own dtype; an FSDP2 DTensor by this rank's shard), and a reference to its gradient as the
+  optimizer sees it: after GradScaler's unscale, which ``scaler.step`` makes before it calls ``optimizer.step``;
+- after the step: one ``update_stats`` pass per device over (before, after, gradient, and Adam's ``exp_avg_sq``
+  where the optimizer state holds it: Adam, AdamW, foreach and fused alike), then the snapshot is dropped.
+
+Memory: the snapshot is one extra copy of the parameters with gradients, in their dtype (2 bytes per bf16 / fp16
+element, 4 per fp32), held from the start of the measured step's ``optimizer.step()`` to its end; nothing on other
+steps. No host sync: the statistics go to the host as report.HostCopy copies them (pinned memory on CUDA).
+
+Which steps: the optimizer step is the unit, so with gradient accumulation the step that applies the accumulated
+gradients is measured. A step is measured when the inspector inspected it (``check()``, or an
+InspectingGradScaler's unscale pass) and its number is a multiple of N: ``UpdateListener`` says which step runs.
+A step GradScaler skips never calls ``optimizer.step`` (a skipped step changed nothing: it is no lost update); a
+fused optimizer's step under GradScaler is called with ``found_inf`` and applies nothing when it is set: its
+statistics are marked skipped on the device (no sync) and left out. With a fused optimizer the gradients are still
+scaled when the step runs (the fused kernel unscales them): finite and nonzero are judged on those.
+
+Several optimizers each have their hooks; their statistics merge by module into one UpdateStats per step. FSDP2:
+each rank measures its shards and the counts and sums are added across the shard group (amax the maximum), two
+all-reduces in the measured step, as the gradient statistics are combined (distributed.py). A DDP model's
+replicas are not summed (every rank holds the same parameters).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from .distributed import is_distributed, local_shards, to_local, wait_all
+from .report import HostCopy, StepReport
+from .scaler import InspectingGradScaler
+from .statistics import SUM, UPDATE_OUTPUTS
+from .update_report import UpdateStats
+from .updates import INPUT_DTYPES, update_stats
+
+__all__ = ["OptimizerWatch", "UpdateListener", "UpdateStats", "optimizers_of"]
+
+
+class UpdateListener(Protocol):
+    """What the watch needs from its inspector: which step runs, and the module of a parameter."""
+
+    step: int  # the step the next check() inspects
+    last_report: StepReport | None
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+
+    def module_of(self, param: torch.Tensor) -> str | None: ...
+
+
+def optimizers_of(optimizer: object) -> list[torch.optim.Optimizer]:
+    """The ``optimizer=`` option as a list (None: none; one optimizer or several); TypeError for anything else."""
+    if optimizer is None:
+        return []
+    items = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
+    try:
+        items = list(items)  # type: ignore[call-overload]
+    except TypeError:
+        items = [optimizer]
+    out = []
+    for item in items:
+        if not isinstance(item, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer or a list of them, got {type(item).__name__}")
+        # accelerate's AcceleratedOptimizer (also the HF Trainer's) wraps the optimizer whose step() runs the hooks.
+        inner = getattr(item, "optimizer", None)
+        out.append(inner if isinstance(inner, torch.optim.Optimizer) else item)
+    return out
+
+
+@dataclass
+class _Snapshot:
+    """One optimizer's parameters before its step: the parameters, their copies, their gradients, their names."""
+
+    step: int
+    params: list[torch.Tensor]
+    before: list[torch.Tensor]
+    grads: list[torch.Tensor]
+    names: list[str]
+
+
+@dataclass
+class _Slot:
+    """One measured step: its UpdateStats (filled by each optimizer's post hook) and the optimizers that stepped."""
+
+    stats: UpdateStats
+    stepped: set[int] = field(default_factory=set)
+
+
+class _Hook:
+    """A step hook of the watch: holds it weakly (an inspector dropped without detach leaves hooks that do nothing)
+    and pickles as a no-op."""
+
+    __slots__ = ("_watch", "_after")
+
+    def __init__(self, watch: OptimizerWatch, after: bool) -> None:
+        self._watch = weakref.ref(watch)
+        self._after = after
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        watch = self._watch()
+        if watch is None:
+            return None
+        if self._after:
+            watch._after_step(optimizer)
+            return None
+        return watch._before_step(optimizer, args, kwargs)
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return (_Inert, ())
+
+
+class _Inert:
+    def __call__(self, *args: object) -> None:
+        return None
+
+
+class OptimizerWatch:
+    """An inspector's hooks on its optimizers (``every`` None or no optimizer: off, nothing registered).
+
+    ``end_step(next_step, report)`` is the one call per step: the report of a measured step waits for its
+    statistics (its log line carries them). ``last``: the last measured step's UpdateStats."""
+
+    def __init__(
+        self,
+        optimizers: Sequence[torch.optim.Optimizer],
+        every: int | None,
+        owner: UpdateListener,
+        *,
+        group: Any = None,
+        timeout: float = 300.0,
+    ) -> None:
+        self.every = every if optimizers else None
+        self.optimizers = list(optimizers) if self.every is not None else []
+        self.group, self.timeout = group, timeout
+        self.last: UpdateStats | None = None
+        self._owner = weakref.ref(owner)
+        self._snapshots: dict[int, _Snapshot] = {}
+        self._slots: dict[int, _Slot] = {}
+        self._handles: list[RemovableHandle] = []
+        for optimizer in self.optimizers:
+            self._handles.append(optimizer.register_step_pre_hook(_Hook(self, after=False)))
+            self._handles.append(optimizer.register_step_post_hook(_Hook(self, after=True)))
+        weakref.finalize(owner, self.close).atexit = False
+
+    @classmethod
+    def of_options(cls, options: Any, owner: UpdateListener) -> OptimizerWatch:
+        """The watch of an inspector's AttachOptions (``optimizer``, ``update_every``, ``group``, ``timeout``)."""
+        return cls(
+            optimizers_of(options.optimizer), options.update_every, owner, group=options.group, timeout=options.timeout
+        )
+
+    # ---- which step ----
+
+    def _running_step(self) -> int | None:
+        """The number of the step whose optimizer step runs now, when the inspector inspected it; else None."""
+        owner = self._owner()
+        if owner is None or self.every is None:
+            return None
+        scaler = owner.scaler
+        if isinstance(scaler, InspectingGradScaler):
+            return scaler.steps  # its unscale pass inspected this step; the report reaches the inspector at update()
+        report = owner.last_report
+        return report.step if report is not None and report.step == owner.step - 1 else None
+
+    def _slot(self, step: int) -> _Slot:
+        slot = self._slots.get(step)
+        if slot is None:
+            slot = self._slots[step] = _Slot(UpdateStats(step, complete=False))
+        return slot
+
+    def end_step(self, next_step: int, report: StepReport | None) -> None:
+        """The step before ``next_step`` ended its check() (or its InspectingGradScaler's update()): steps before it
+        are over (their statistics complete: an optimizer step that never came was skipped), and the report of a
+        measured step holds its UpdateStats, so that its log line waits for them."""
+        for step in [s for s in self._slots if s < next_step - 1]:
+            self._complete(self._slots.pop(step))
+        due = self.every is not None and report is not None and report.step == next_step - 1
+        if due and report.step % self.every == 0:  # type: ignore[union-attr, operator]
+            report.update = self._slot(report.step).stats  # type: ignore[union-attr]
+
+    def _complete(self, slot: _Slot) -> None:
+        if not slot.stats.complete:
+            slot.stats.complete = True
+        if slot.stepped:
+            self.last = slot.stats
+
+    # ---- the hooks ----
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The snapshot, now; or, for a step given a closure (Lightning's, LBFGS), once the closure's first call has
+        made the gradients (and the check() the loop makes inside it): the step's arguments with the closure wrapped."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
+        if not callable(closure):
+            self._snapshot(optimizer)
+            return None
+
+        def measured_closure() -> Any:
+            loss = closure()
+            if id(optimizer) not in self._snapshots:  # LBFGS calls it again mid-step: the first call is before it
+                self._snapshot(optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": measured_closure}
+        return (args[0], measured_closure, *args[2:]), kwargs
+
+    def _snapshot(self, optimizer: torch.optim.Optimizer) -> None:
+        step = self._running_step()
+        if step is None or step % self.every:  # type: ignore[operator]
+            return
+        if id(optimizer) in self._slot(step).stepped:
+            return  # measured once per optimizer and step (a second step() call of the same step is not)
+        owner = self._owner()
+        params, names = [], []
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                grad = p.grad
+                if grad is None or p.dtype not in INPUT_DTYPES or grad.layout != torch.strided:
+                    continue
+                params.append(p)
+                name = owner.module_of(p) if owner is not None else None
+                names.append(name or f"param_groups[{g}].params[{i}]")
+        with torch.no_grad():
+            before = [to_local(p.detach()).clone() for p in params]
+            grads = [to_local(p.grad.detach()) for p in params]  # type: ignore[union-attr]
+        self._snapshots[id(optimizer)] = _Snapshot(step, params, before, grads, names)
+
+    def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        snap = self._snapshots.pop(id(optimizer), None)
+        if snap is None:
+            return
+        slot = self._slot(snap.step)
+        slot.stepped.add(id(optimizer))
+        applied = _applied(optimizer)
+        with torch.no_grad():
+            for rows in _groups(snap, optimizer):
+                self._measure(slot, snap, optimizer, rows, applied)
+        snap.before.clear()  # the snapshot goes now
+        if all(id(o) in slot.stepped for o in self.optimizers):
+            slot.stats.complete = True
+            self.last = slot.stats
+
+    def _measure(
+        self,
+        slot: _Slot,
+        snap: _Snapshot,
+        optimizer: torch.optim.Optimizer,
+        rows: list[int],
+        applied: torch.Tensor | None,
+    ) -> None:
+        """One update_stats call over ``rows`` of the snapshot (one device, all with Adam state or none)."""
+        params = [snap.params[i] for i in rows]
+        after, shard_group, _ = local_shards([p.detach() for p in params])
+        states = [_state(optimizer, p) for p in params]
+        exp_avg_sq = [to_local(s) for s in states] if all(s is not None for s in states) else None
+        stats = update_stats([snap.before[i] for i in rows], after, [snap.grads[i] for i in rows], exp_avg_sq)
+        counts, sums, amax = stats.outputs()
+        group = self.group if self.group is not None else shard_group
+        if shard_group is not None and is_distributed(group):
+            counts, sums, amax = self._across_ranks(counts, sums, amax, group)
+        device = counts.device
+        flag = torch.ones((), dtype=torch.bool, device=device) if applied is None else applied.to(device)
+        copy = HostCopy({"counts": counts, "sums": sums, "amax": amax, "applied": flag}, device)
+        dtypes = [
+            (_dtype_name(p.dtype), None if s is None else _dtype_name(s.dtype))
+            for p, s in zip(params, states, strict=True)
+        ]
+        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes)
+
+    def _across_ranks(
+        self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, group: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """FSDP2: every rank's shards merged by the schema (counts and sums add, amax the maximum): two
+        all-reduces, collective in the measured step (every rank steps the same optimizers)."""
+        import torch.distributed as dist
+
+        assert [o.merge for o in UPDATE_OUTPUTS] == [SUM, SUM, "max"], "the update outputs' merges changed"
+        summed = torch.cat([counts.double().flatten(), sums.flatten()])
+        amax = amax.clone()
+        works = [
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group, async_op=True),
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group, async_op=True),
+        ]
+        wait_all(works, self.timeout, "combining the update statistics", group, counts.device)
+        c, s = summed.split([counts.numel(), sums.numel()])
+        return c.round().to(torch.int64).reshape(counts.shape), s.reshape(sums.shape), amax
+
+    # ---- removal ----
+
+    def close(self) -> None:
+        """Removes the hooks for good (the Inspector's detach); a step still open is completed."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._snapshots.clear()
+        for slot in self._slots.values():
+            self._complete(slot)
+        self._slots.clear()
+        self.every = None
+
+
+def _state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor | None:
+    """Adam's second moment of ``param`` when the optimizer state holds one the op can read."""
+    state = optimizer.state.get(param)
+    value = state.get("exp_avg_sq") if isinstance(state, dict) else None
+    if isinstance(value, torch.Tensor) and value.dtype in INPUT_DTYPES and value.shape == param.shape:
+        return value.detach()
+    return None
+
+
+def _groups(snap: _Snapshot, optimizer: torch.optim.Optimizer) -> Iterable[list[int]]:
+    """The snapshot's rows by device and by whether the state holds exp_avg_sq: one op call each."""
+    groups: dict[tuple[torch.device, bool], list[int]] = {}
+    for i, p in enumerate(snap.params):
+        groups.setdefault((snap.before[i].device, _state(optimizer, p) is not None), []).append(i)
+    return groups.values()
+
+
+def _applied(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """For a fused optimizer stepped by GradScaler (which hands it ``found_inf``): whether the step applied, as a
+    device flag (no sync); None where the step always applies."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    return (found_inf == 0) if isinstance(found_inf, torch.Tensor) else None
+
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}  # as the verdicts say them
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))

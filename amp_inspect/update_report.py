@@ -1,0 +1,361 @@
+"""What ``optimizer.step()`` did, per module (``insp.last_update``, issue 22): ``UpdateStats`` and the verdicts
+the summary, the doctor and the HTML report give on it. optimizer_watch.py measures it.
+
+Terms (statistics.py ``UPDATE`` defines each statistic; amp_inspect/updates.py the op):
+
+- **numel_with_grad**: elements whose gradient, as the optimizer saw it, was finite and nonzero;
+- **lost**: those whose weight did not change (the update was rounded away in the weight's dtype: a bf16 weight
+  near 1 rounds away any step below 2^-9 of it); **lost_fraction** = lost / numel_with_grad;
+- **update_ratio**: ||W_after - W_before|| / ||W_before|| over the module's parameters (the root of its summed
+  squared change over its summed squared weight);
+- **state_underflow**: with-grad elements whose Adam second moment (``exp_avg_sq``) is zero or subnormal in its
+  dtype: Adam's step is then m / eps;
+- **weight_amax**: max |W| after the step.
+
+A module's statistics are its parameter tensors' merged by the schema's rules (counts and sums add, amax the
+maximum), and so are several optimizers', FSDP2 ranks' shards and several measured steps.
+
+The verdicts and their thresholds (docs/usage.md, "What the optimizer did", says where they come from):
+
+- **updates rounded away**: a module with at least ``LOST_THRESHOLD`` (5%) of its with-grad updates lost over the
+  measured steps. With fp32 weights (or fp32 master weights) an update is lost only where it is below 2^-24 of
+  its weight, which almost never happens, so percents mean the weight's dtype eats the updates.
+- **optimizer state underflow**: a module with at least ``STATE_UNDERFLOW_THRESHOLD`` (0.1%) of its with-grad
+  elements' exp_avg_sq zero or subnormal: each such element's step is divided by eps alone.
+- **update ratio out of range**: ~1e-3 per step is the commonly quoted healthy update-to-weight ratio (Karpathy's
+  "update/data ratio", the log10 of which should sit near -3); a module whose median ratio over the measured
+  steps is above ``RATIO_HIGH`` (1e-2) changes by over 1% a step, and one whose ratio is exactly 0 on every
+  measured step while it had gradients does not train (when its updates were all rounded away, the first
+  verdict names it instead).
+
+Torch-free (plain numbers), so ``amp-inspect summary`` reads a log without loading torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics as stats_lib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .printable import shown_name
+from .statistics import MAX, UPDATE, derive_update
+from .table import fixed_width
+
+LOST_THRESHOLD = 0.05
+STATE_UNDERFLOW_THRESHOLD = 1e-3
+RATIO_HEALTHY = 1e-3
+RATIO_HIGH = 1e-2
+MAX_NAMED = 5  # modules a verdict names, worst first
+# The op's statistic names as by_module shows them (the issue's words), the rest as the schema names them.
+SHOWN = {"with_grad": "numel_with_grad", "amax": "weight_amax"}
+COUNT_FIELDS = tuple(SHOWN.get(s.name, s.name) for s in UPDATE if s.is_count)
+FLOAT_FIELDS = tuple(SHOWN.get(s.name, s.name) for s in UPDATE if not s.is_count)
+DERIVED_FIELDS = ("lost_fraction", "update_ratio")
+TEXT_FIELDS = ("dtype", "state_dtype")  # the parameter's dtype, its exp_avg_sq's (None without one)
+
+
+class _Pending(Protocol):
+    """Device statistics on their way to the host (report.HostCopy)."""
+
+    def ready(self) -> bool: ...
+
+    def host(self) -> Mapping[str, Any]: ...
+
+
+def _with_derived(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A module record: the merged statistics by their shown names, and the derived fractions."""
+    out = dict(values)
+    raw = {s.name: out[SHOWN.get(s.name, s.name)] for s in UPDATE}
+    for name in DERIVED_FIELDS:
+        out[name] = float(derive_update(name, raw))
+    return out
+
+
+def merge_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Two module records of disjoint elements as one (each statistic by its merge; dtypes kept when they agree)."""
+    out: dict[str, Any] = {}
+    for s in UPDATE:
+        key = SHOWN.get(s.name, s.name)
+        out[key] = max(a[key], b[key]) if s.merge == MAX else a[key] + b[key]
+    for key in TEXT_FIELDS:
+        out[key] = a.get(key) if a.get(key) == b.get(key) else "mixed"
+    return _with_derived(out)
+
+
+class UpdateStats:
+    """What one measured optimizer step (or several merged) did, per module: ``by_module[name]`` holds
+    ``numel_with_grad``, ``lost``, ``lost_fraction``, ``update_ratio``, ``state_underflow``, ``weight_amax`` (and
+    ``numel``, ``changed``, ``weight_nonfinite``, ``weight_subnormal``, ``sq_change``, ``sq_weight``, ``dtype``,
+    ``state_dtype``). Made from host records or from device rows on their way to the host (nothing is read until
+    a value is asked for). ``skipped``: a fused optimizer's step that GradScaler's found_inf turned off."""
+
+    def __init__(
+        self, step: int | None, modules: Mapping[str, Mapping[str, Any]] | None = None, *, complete: bool = True
+    ) -> None:
+        self.step = step
+        self.complete = complete  # False while optimizers of the step may still add their statistics
+        # (copy of counts / sums / amax / applied, the module of each row, the (dtype, state dtype) of each row)
+        self._pending: list[tuple[_Pending, Sequence[str], Sequence[tuple[str, str | None]]]] = []
+        self._modules: dict[str, dict[str, Any]] = {m: _with_derived(r) for m, r in (modules or {}).items()}
+        self._skipped = False
+
+    def add(self, copy: _Pending, names: Sequence[str], dtypes: Sequence[tuple[str, str | None]]) -> None:
+        """Device rows on their way to the host (``copy`` holds counts, sums, amax and the flag applied)."""
+        self._pending.append((copy, list(names), list(dtypes)))
+
+    def ready(self) -> bool:
+        """Whether the values are all there and can be read without waiting for the device."""
+        return self.complete and all(p.ready() for p, _, _ in self._pending)
+
+    def _read(self) -> None:
+        modules = self._modules
+        for copy, names, dtypes in self._pending:
+            h = copy.host()
+            if not bool(h["applied"]):
+                self._skipped = True  # a fused step turned off by found_inf: nothing changed, nothing was lost
+                continue
+            rows = {"counts": h["counts"].tolist(), "sums": h["sums"].tolist(), "amax": h["amax"].tolist()}
+            for i, name in enumerate(names):
+                record: dict[str, Any] = {}
+                position = {"counts": 0, "sums": 0}
+                for s in UPDATE:
+                    if s.output == "amax":
+                        value = float(rows["amax"][i])
+                    else:
+                        value = rows[s.output][i][position[s.output]]
+                        position[s.output] += 1
+                    record[SHOWN.get(s.name, s.name)] = int(value) if s.is_count else float(value)
+                record["dtype"], record["state_dtype"] = dtypes[i]
+                record = _with_derived(record)
+                modules[name] = merge_records(modules[name], record) if name in modules else record
+        self._pending = []
+
+    @property
+    def by_module(self) -> dict[str, dict[str, Any]]:
+        """module -> its record (module docstring: the terms); reads the device once."""
+        if self._pending:
+            self._read()
+        return self._modules
+
+    @property
+    def skipped(self) -> bool:
+        """The step was measured but did not apply (a fused optimizer's step under GradScaler with NaN/Inf)."""
+        self.by_module  # noqa: B018 - reads the device copy, which says so
+        return self._skipped
+
+    def total(self) -> dict[str, Any] | None:
+        """Every module merged into one record; None without modules."""
+        records = list(self.by_module.values())
+        if not records:
+            return None
+        out = records[0]
+        for r in records[1:]:
+            out = merge_records(out, r)
+        return out
+
+    def merged(self, other: UpdateStats) -> UpdateStats:
+        """Both steps' (or ranks') statistics merged by module."""
+        out = {m: dict(r) for m, r in self.by_module.items()}
+        for module, record in other.by_module.items():
+            out[module] = merge_records(out[module], record) if module in out else dict(record)
+        return UpdateStats(self.step if self.step == other.step else None, out)
+
+    def to_record(self) -> dict[str, Any]:
+        """The run log's ``"update"`` entry (runlog.py)."""
+        record: dict[str, Any] = {"modules": self.by_module}
+        if self._skipped:
+            record["skipped"] = True
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], step: int | None = None) -> UpdateStats:
+        """From a run log's ``"update"`` entry; ValueError saying what is wrong with it."""
+        raw = record.get("modules")
+        if not isinstance(raw, Mapping):
+            raise ValueError('an "update" entry of the log needs "modules", an object')
+        modules: dict[str, dict[str, Any]] = {}
+        for name, m in raw.items():
+            if not isinstance(m, Mapping):
+                raise ValueError(f"the update record of module {shown_name(str(name))!r} is not an object")
+            try:
+                values: dict[str, Any] = {k: int(m[k]) for k in COUNT_FIELDS}
+                values.update({k: float(m[k]) for k in FLOAT_FIELDS})
+            except (KeyError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"the update record of module {shown_name(str(name))!r} is malformed ({error})"
+                ) from None
+            values.update({k: m.get(k) for k in TEXT_FIELDS})
+            modules[str(name)] = _with_derived(values)
+        out = cls(step, modules)
+        out._skipped = bool(record.get("skipped", False))
+        return out
+
+    def lines(self) -> list[str]:
+        """A table of the modules: with-grad elements, lost %, update ratio, state underflow, weight amax."""
+        when = f" at step {self.step}" if self.step is not None else ""
+        if self.skipped and not self.by_module:
+            return [f"optimizer step{when}: skipped (NaN/Inf gradients), nothing changed"]
+        rows = [
+            [
+                shown_name(name),
+                str(m["numel_with_grad"]),
+                _percent(m["lost_fraction"]),
+                _ratio(m["update_ratio"]),
+                str(m["state_underflow"]),
+                f"{m['weight_amax']:.3g}",
+                str(m.get("dtype")),
+            ]
+            for name, m in self.by_module.items()
+        ]
+        headers = ["module", "with grad", "lost", "update ratio", "state underflow", "max |W|", "dtype"]
+        return [f"optimizer step{when}: what it did per module", *fixed_width(headers, rows)]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def __repr__(self) -> str:
+        return f"UpdateStats(step={self.step})"
+
+
+def _percent(fraction: float) -> str:
+    return "-" if math.isnan(fraction) else f"{100 * fraction:.3g}%"
+
+
+def _ratio(ratio: float) -> str:
+    return "-" if math.isnan(ratio) else f"{ratio:.2e}"
+
+
+# ---- the verdicts ----
+
+
+@dataclass(frozen=True)
+class UpdateVerdict:
+    """One verdict on the measured updates: ``code`` (the doctor's), what the run shows, what to do."""
+
+    code: str
+    seen: str
+    fix: str
+    severity: str = "warning"
+
+    @property
+    def advice(self) -> str:
+        """As the summary's advice lines read: "what the run shows: what to do"."""
+        return f"{self.seen}: {self.fix}"
+
+
+def _named(modules: Sequence[str]) -> str:
+    shown = ", ".join(shown_name(m) for m in modules[:MAX_NAMED])
+    return shown + (f" and {len(modules) - MAX_NAMED} more" if len(modules) > MAX_NAMED else "")
+
+
+def _dtypes(records: Iterable[Mapping[str, Any]], key: str) -> str:
+    names = sorted({str(r.get(key)) for r in records if r.get(key) not in (None, "mixed")})
+    return "/".join(names) or "low-precision"
+
+
+def update_verdicts(updates: Sequence[UpdateStats]) -> list[UpdateVerdict]:
+    """The verdicts of the measured steps (module docstring: the thresholds), worst modules first; skipped steps
+    left out."""
+    measured = [u for u in updates if u.by_module and not u.skipped]
+    if not measured:
+        return []
+    merged = measured[0]
+    for u in measured[1:]:
+        merged = merged.merged(u)
+    modules = merged.by_module
+    steps = f"{len(measured)} measured optimizer step{'s' if len(measured) != 1 else ''}"
+    verdicts: list[UpdateVerdict] = []
+
+    # An fp32 module of which nothing changed at all was not rounded: it did not step (lr 0, frozen): the ratio's.
+    lossy = sorted(
+        (
+            m
+            for m, r in modules.items()
+            if r["numel_with_grad"]
+            and r["lost_fraction"] >= LOST_THRESHOLD
+            and not (r.get("dtype") == "fp32" and r["changed"] == 0)
+        ),
+        key=lambda m: -modules[m]["lost_fraction"],
+    )
+    if lossy:
+        lost = sum(modules[m]["lost"] for m in lossy)
+        with_grad = sum(modules[m]["numel_with_grad"] for m in lossy)
+        dtype = _dtypes((modules[m] for m in lossy), "dtype")
+        worst = ", ".join(f"{shown_name(m)} {modules[m]['lost_fraction']:.0%}" for m in lossy[:MAX_NAMED])
+        why = f"{dtype} weights without a master copy" if dtype in ("bf16", "fp16") else f"{dtype} weights"
+        verdicts.append(
+            UpdateVerdict(
+                "updates-rounded-away",
+                f"{lost / with_grad:.0%} of the updates of {len(lossy)} module{'s' if len(lossy) != 1 else ''} were "
+                f"rounded away ({why}; over {steps}; worst: {worst})",
+                "keep fp32 master weights (the model in fp32 under autocast, or a mixed-precision optimizer), or use "
+                "compensated or stochastic rounding (e.g. torchao's bf16 stochastic-rounding optimizers, "
+                "torchao.optim with bf16_stochastic_round=True), or a larger learning rate for those modules",
+            )
+        )
+
+    underflow = sorted(
+        (
+            m
+            for m, r in modules.items()
+            if r["numel_with_grad"] and r["state_underflow"] / r["numel_with_grad"] >= STATE_UNDERFLOW_THRESHOLD
+        ),
+        key=lambda m: -modules[m]["state_underflow"] / modules[m]["numel_with_grad"],
+    )
+    if underflow:
+        state = _dtypes((modules[m] for m in underflow), "state_dtype")
+        fraction = sum(modules[m]["state_underflow"] for m in underflow) / sum(
+            modules[m]["numel_with_grad"] for m in underflow
+        )
+        eps = (
+            "; with fp16 state raise eps to about 1e-4 (the default 1e-8 is below fp16's smallest subnormal, 6e-8, "
+            "and rounds to 0 there)"
+            if "fp16" in state.split("/")
+            else "; or raise eps so that m / eps stays small"
+        )
+        verdicts.append(
+            UpdateVerdict(
+                "optimizer-state-underflow",
+                f"Adam's second moment (exp_avg_sq, {state}) is zero or subnormal for {fraction:.1%} of the "
+                f"elements with gradients in {len(underflow)} module{'s' if len(underflow) != 1 else ''} "
+                f"({_named(underflow)}; over {steps}): their step is m / eps",
+                "keep the optimizer state in fp32 (fp32 master weights and optimizer, or bf16, with fp32's "
+                f"range){eps}",
+            )
+        )
+
+    ratios: dict[str, list[float]] = {}
+    for u in measured:
+        for m, r in u.by_module.items():
+            if r["numel_with_grad"] and not math.isnan(r["update_ratio"]):
+                ratios.setdefault(m, []).append(r["update_ratio"])
+    high = sorted(
+        (m for m, v in ratios.items() if stats_lib.median(v) > RATIO_HIGH), key=lambda m: -stats_lib.median(ratios[m])
+    )
+    zero = [m for m, v in ratios.items() if max(v) == 0 and m not in lossy]
+    if high or zero:
+        parts = []
+        if high:
+            worst = ", ".join(f"{shown_name(m)} {stats_lib.median(ratios[m]):.1e}" for m in high[:MAX_NAMED])
+            more = f" and {len(high) - MAX_NAMED} more" if len(high) > MAX_NAMED else ""
+            parts.append(f"above {RATIO_HIGH:g} (median per step) in {len(high)} modules ({worst}{more})")
+        if zero:
+            parts.append(f"exactly 0 on every measured step in {len(zero)} modules with gradients ({_named(zero)})")
+        verdicts.append(
+            UpdateVerdict(
+                "update-ratio",
+                f"the update-to-weight ratio ||dW|| / ||W|| is {' and '.join(parts)}; about {RATIO_HEALTHY:g} per "
+                f"step is the commonly quoted healthy value (over {steps})",
+                "above it, lower the learning rate of those modules (or warm it up); at 0, check that their "
+                "parameters are in the optimizer and that their learning rate is not 0",
+                "info",
+            )
+        )
+    return verdicts
+
+
+def from_log(records: Iterable[Mapping[str, Any]]) -> list[UpdateStats]:
+    """The update statistics of every record of a run log that carries them, in order."""
+    return [UpdateStats.from_record(r["update"], r.get("step")) for r in records if r.get("update")]

@@ -1,0 +1,367 @@
+"""attach(..., optimizer=opt, update_every=N): what optimizer.step() did (issue 22), against the test's own
+comparison of every weight before and after the step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import amp_inspect
+
+pytestmark = pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")
+
+
+class Net(nn.Module):
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 8)
+        self.to(dtype)  # weights up to 0.25: a bf16 half-ulp at 0.1 is 2.4e-4, so most steps of 1e-5 vanish
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+MODULES = {"fc1": ("fc1.weight", "fc1.bias"), "fc2": ("fc2.weight", "fc2.bias")}
+
+
+def _oracle(model: nn.Module, before: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """Per module: elements with a finite nonzero gradient, those of them whose weight did not change, and the
+    update ratio, by comparing each weight before and after the step."""
+    params = dict(model.named_parameters())
+    out = {}
+    for module, names in MODULES.items():
+        with_grad = lost = 0
+        sq_change = sq_weight = 0.0
+        for n in names:
+            if n not in grads:
+                continue
+            g, b, a = grads[n], before[n], params[n].detach()
+            has = torch.isfinite(g) & (g != 0)
+            with_grad += int(has.sum())
+            lost += int((has & (a == b)).sum())
+            sq_change += float((a.double() - b.double()).square().sum())
+            sq_weight += float(b.double().square().sum())
+        if with_grad:
+            out[module] = {"with_grad": with_grad, "lost": lost, "ratio": math.sqrt(sq_change / sq_weight)}
+    return out
+
+
+def _run(
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    steps: int = 3,
+    every: int = 1,
+    scaler: torch.amp.GradScaler | None = None,
+    micro_batches: int = 1,
+    poison_step: int | None = None,
+    log: str | None = None,
+) -> tuple[amp_inspect.Inspector, list[tuple[int, dict]]]:
+    """A training loop that checks each step and records the oracle of every step it measures."""
+    insp = amp_inspect.attach(
+        model, scaler, optimizer=optimizers if len(optimizers) > 1 else optimizers[0], update_every=every, log=log
+    )
+    dtype = next(model.parameters()).dtype
+    oracles = []
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        for _ in range(micro_batches):
+            x = torch.randn(4, 16, generator=gen).to(dtype)
+            loss = model(x).float().pow(2).mean()
+            if step == poison_step:
+                loss = loss * float("nan")
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        insp.check()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        if scaler is not None:
+            for o in optimizers:
+                scaler.unscale_(o)
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            for o in optimizers:
+                scaler.step(o)
+            scaler.update()
+        else:
+            for o in optimizers:
+                o.step()
+        if step % every == 0:
+            oracles.append((step, _oracle(model, before, grads)))
+        for o in optimizers:
+            o.zero_grad()
+    return insp, oracles
+
+
+def _check_exact(update: amp_inspect.update_report.UpdateStats, oracle: dict[str, dict]) -> None:
+    assert set(update.by_module) == set(oracle)
+    for module, want in oracle.items():
+        got = update.by_module[module]
+        assert got["numel_with_grad"] == want["with_grad"]
+        assert got["lost"] == want["lost"]
+        assert got["lost_fraction"] == want["lost"] / want["with_grad"]
+        assert got["update_ratio"] == pytest.approx(want["ratio"], rel=1e-9, abs=0)
+
+
+def test_pure_bf16_adamw_reports_the_lost_fraction_exactly() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    insp, oracles = _run(model, [opt])
+    history = insp.history
+    for (step, oracle), record in zip(oracles, history, strict=True):
+        assert record.step == step
+        _check_exact(record.update, oracle)
+    assert insp.last_update is history[-1].update
+    fc2 = oracles[-1][1]["fc2"]
+    assert fc2["lost"] > 0.9 * fc2["with_grad"]  # (almost) all rounded away
+    assert insp.last_update.by_module["fc2"]["dtype"] == "bf16"
+    assert insp.last_update.by_module["fc2"]["state_dtype"] == "bf16"
+    codes = insp.doctor().codes
+    assert "updates-rounded-away" in codes
+    summary = str(insp.summary())
+    assert "of the updates of 2 modules were rounded away (bf16 weights without a master copy" in summary
+    assert "worst: fc2 " in summary and "stochastic" in summary
+
+
+def test_the_same_model_in_fp32_loses_nothing() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    insp, oracles = _run(model, [opt])
+    for (_, oracle), record in zip(oracles, insp.history, strict=True):
+        _check_exact(record.update, oracle)
+    # Adam's first step moves every element with a gradient by about lr: none is lost in fp32. (Later steps can lose
+    # a rare element whose m is near 0 after its gradient flipped sign, a step below 2^-24 of its weight: the
+    # oracle above agrees, and it stays far below the verdict's threshold.)
+    assert all(m["lost"] == 0 for m in insp.history[0].update.by_module.values())
+    total = amp_inspect.update_report.UpdateStats(None)
+    for record in insp.history:
+        total = total.merged(record.update)
+    assert total.total()["lost_fraction"] < 0.01
+    assert "updates-rounded-away" not in insp.doctor().codes
+    assert "rounded away" not in str(insp.summary())
+
+
+def test_fp16_adam_state_with_eps_1e_8_underflows_and_fp32_state_does_not() -> None:
+    fp16 = Net(torch.float16)
+    with torch.no_grad():
+        for p in fp16.parameters():
+            p.mul_(0.01)  # small gradients: their squares underflow fp16
+    insp, _ = _run(fp16, [torch.optim.Adam(fp16.parameters(), lr=1e-3, eps=1e-8)], steps=2)
+    first = insp.history[0].update  # eps 1e-8 is 0 in fp16: the step divides by 0 and the weights go Inf
+    assert first.by_module["fc1"]["state_underflow"] > 0
+    assert first.by_module["fc1"]["state_dtype"] == "fp16"
+    assert first.by_module["fc1"]["weight_nonfinite"] > 0
+    doctor = insp.doctor()
+    assert "optimizer-state-underflow" in doctor.codes
+    found = next(f for f in doctor.findings if f.code == "optimizer-state-underflow")
+    assert "eps to about 1e-4" in found.fix
+
+    fp32 = Net(torch.float32)
+    with torch.no_grad():
+        for p in fp32.parameters():
+            p.mul_(0.01)
+    insp32, _ = _run(fp32, [torch.optim.Adam(fp32.parameters(), lr=1e-3, eps=1e-8)], steps=2)
+    assert all(m["state_underflow"] == 0 for m in insp32.last_update.by_module.values())
+    assert "optimizer-state-underflow" not in insp32.doctor().codes
+
+
+def _fused_on_cpu(cls: type) -> bool:
+    try:
+        cls([nn.Parameter(torch.zeros(1))], lr=1e-3, fused=True)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("impl", ["single", "foreach", "fused"])
+def test_each_optimizer_and_implementation(cls: type, impl: str) -> None:
+    if impl == "fused" and not _fused_on_cpu(cls):
+        pytest.skip(f"{cls.__name__}(fused=True) is not supported on this CPU build")
+    kwargs = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+    model = Net(torch.bfloat16)
+    extra = {"momentum": 0.9} if cls is torch.optim.SGD else {}
+    opt = cls(model.parameters(), lr=1e-4, **extra, **kwargs)
+    insp, oracles = _run(model, [opt], steps=2)
+    for (_, oracle), record in zip(oracles, insp.history, strict=True):
+        _check_exact(record.update, oracle)
+    state = insp.last_update.by_module["fc1"]["state_dtype"]
+    assert state == (None if cls is torch.optim.SGD else "bf16")
+
+
+def test_every_nth_step_only_and_the_log_line_of_its_step(tmp_path) -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    log = tmp_path / "run.jsonl"
+    insp, oracles = _run(model, [opt], steps=5, every=2, log=str(log))
+    assert [s for s, _ in oracles] == [0, 2, 4]
+    insp.detach()
+    records = amp_inspect.read_log(log)
+    assert [r["step"] for r in records if "update" in r] == [0, 2, 4]
+    for (step, oracle), record in zip(oracles, [r for r in records if "update" in r], strict=True):
+        assert record["step"] == step
+        for module, want in oracle.items():
+            assert record["update"]["modules"][module]["lost"] == want["lost"]
+            assert record["update"]["modules"][module]["numel_with_grad"] == want["with_grad"]
+
+
+def test_a_gradscaler_skip_is_no_lost_update() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    insp, oracles = _run(model, [opt], steps=3, scaler=scaler, poison_step=2)
+    history = insp.history
+    assert history[2].skipped
+    assert history[2].update is None or not history[2].update.by_module  # the optimizer never stepped
+    assert insp.last_update is history[1].update  # the last step that did step
+    _check_exact(history[1].update, oracles[1][1])  # unscaled gradients, as the optimizer saw them
+
+
+def test_a_fused_step_turned_off_by_found_inf_is_marked_skipped() -> None:
+    if not _fused_on_cpu(torch.optim.Adam):
+        pytest.skip("Adam(fused=True) is not supported on this CPU build")
+    model = Net(torch.float32)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    insp = amp_inspect.attach(model, scaler, optimizer=opt, update_every=1)
+    loss = model(torch.randn(4, 16)).pow(2).mean() * float("nan")
+    scaler.scale(loss).backward()
+    insp.check()
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.step(opt)  # a fused optimizer is called with found_inf set and applies nothing
+    scaler.update()
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    update = insp.history[-1].update
+    assert update.skipped and not update.by_module
+    assert not amp_inspect.update_report.update_verdicts([update])
+
+
+def test_gradient_accumulation_is_measured_on_the_step_that_applies() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    insp, oracles = _run(model, [opt], steps=2, micro_batches=3)
+    assert len(insp.history) == 2
+    for (_, oracle), record in zip(oracles, insp.history, strict=True):
+        _check_exact(record.update, oracle)
+
+
+def test_two_optimizers_merge_by_module() -> None:
+    model = Net(torch.bfloat16)
+    first = torch.optim.AdamW(model.fc1.parameters(), lr=1e-5)
+    second = torch.optim.SGD(model.fc2.parameters(), lr=1e-3)
+    insp, oracles = _run(model, [first, second], steps=2)
+    for (_, oracle), record in zip(oracles, insp.history, strict=True):
+        _check_exact(record.update, oracle)
+    assert insp.last_update.by_module["fc1"]["state_dtype"] == "bf16"
+    assert insp.last_update.by_module["fc2"]["state_dtype"] is None
+
+
+def test_detach_removes_the_hooks() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    hooks = (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks))
+    insp, _ = _run(model, [opt], steps=1)
+    assert len(opt._optimizer_step_pre_hooks) == hooks[0] + 1
+    insp.detach()
+    assert (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks)) == hooks
+    last = insp.last_update
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    assert insp.last_update is last
+
+
+def test_off_by_default_registers_nothing() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    insp = amp_inspect.attach(model, optimizer=opt)  # no update_every: nothing measured
+    assert not opt._optimizer_step_pre_hooks
+    model(torch.randn(2, 16)).sum().backward()
+    insp.check()
+    opt.step()
+    assert insp.last_update is None and insp.history[-1].update is None
+
+
+def test_update_ratio_verdicts() -> None:
+    big = Net(torch.float32)
+    insp, _ = _run(big, [torch.optim.SGD(big.parameters(), lr=5.0)], steps=2)
+    assert "update-ratio" in insp.doctor().codes
+    assert "above 0.01" in str(insp.summary())
+
+    frozen = Net(torch.float32)
+    insp0, _ = _run(frozen, [torch.optim.SGD(frozen.parameters(), lr=0.0)], steps=2)
+    summary = str(insp0.summary())
+    assert "exactly 0 on every measured step in 2 modules" in summary
+    assert "rounded away" not in summary  # fp32 weights of which nothing changed did not step: not rounding
+
+    healthy = Net(torch.float32)
+    insp1, _ = _run(healthy, [torch.optim.AdamW(healthy.parameters(), lr=1e-4)], steps=2)
+    assert "update-ratio" not in insp1.doctor().codes
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"update_every": 2}, "update_every needs the optimizer"),
+        ({"update_every": 0, "optimizer": "x"}, "update_every must be a positive int"),
+        ({"update_every": 3, "every": 2, "optimizer": None}, "update_every needs the optimizer"),
+    ],
+)
+def test_bad_options_are_one_sentence(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        amp_inspect.attach(Net(), **options)
+
+
+def test_an_optimizer_that_is_not_one_is_refused() -> None:
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        amp_inspect.attach(Net(), optimizer="adam", update_every=1)
+    model = Net()
+    with pytest.raises(ValueError, match="update_every must be a multiple of every"):
+        amp_inspect.attach(model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), update_every=3, every=2)
+
+
+def test_a_step_given_a_closure_is_measured_after_the_closure_made_the_gradients() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    seen: dict[str, dict] = {}
+
+    def closure() -> torch.Tensor:  # as Lightning's: forward, backward and the check inside optimizer.step
+        opt.zero_grad()
+        loss = model(torch.ones(4, 16, dtype=torch.bfloat16)).float().pow(2).mean()
+        loss.backward()
+        insp.check()
+        seen["before"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        seen["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        return loss
+
+    opt.step(closure)
+    _check_exact(insp.history[-1].update, _oracle(model, seen["before"], seen["grads"]))
+
+
+def test_an_inspecting_grad_scaler_without_check() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**8)
+    insp = amp_inspect.attach(model, scaler, optimizer=opt, update_every=2)
+    oracles = {}
+    for step in range(3):
+        scaler.scale(model(torch.randn(4, 16).to(torch.bfloat16)).float().pow(2).mean()).backward()
+        scaler.unscale_(opt)  # its pass is the inspection; no check()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        scaler.step(opt)
+        scaler.update()
+        oracles[step] = _oracle(model, before, grads)
+        opt.zero_grad()
+    measured = {r.step: r.update for r in insp.history if r.update is not None}
+    assert sorted(measured) == [0, 2]
+    for step, update in measured.items():
+        _check_exact(update, oracles[step])
+
+
+def test_fsdp2_shards_sum_across_ranks(tmp_path) -> None:
+    from tests.test_distributed import run_scenario
+
+    run_scenario("fsdp2_update", 2, tmp_path, module="tests.update_dist")

@@ -1,0 +1,121 @@
+"""UpdateStats in the run log and what `amp-inspect summary` / the doctor say from it (issue 22)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import amp_inspect
+from amp_inspect import cli
+from amp_inspect.update_report import LOST_THRESHOLD, UpdateStats, update_verdicts
+from tests.test_optimizer_watch import Net, _run
+
+pytestmark = pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")
+
+
+def _record(lost: int, with_grad: int, *, dtype: str = "bf16", underflow: int = 0, ratio: float = 1e-3) -> dict:
+    return {
+        "numel": with_grad,
+        "numel_with_grad": with_grad,
+        "lost": lost,
+        "changed": with_grad - lost,
+        "weight_nonfinite": 0,
+        "weight_subnormal": 0,
+        "state_underflow": underflow,
+        "sq_change": ratio**2,
+        "sq_weight": 1.0,
+        "weight_amax": 1.0,
+        "dtype": dtype,
+        "state_dtype": dtype,
+    }
+
+
+def _log(tmp_path: Path, dtype: torch.dtype) -> Path:
+    model = Net(dtype)
+    log = tmp_path / "run.jsonl"
+    insp, _ = _run(model, [torch.optim.AdamW(model.parameters(), lr=1e-5)], steps=3, log=str(log))
+    insp.detach()
+    return log
+
+
+def test_the_log_carries_the_update_and_amp_inspect_summary_says_the_verdict(tmp_path, capsys) -> None:
+    log = _log(tmp_path, torch.bfloat16)
+    records = amp_inspect.read_log(log)
+    assert all("update" in r for r in records)
+    live = UpdateStats.from_record(records[-1]["update"], records[-1]["step"])
+    assert live.by_module["fc2"]["lost"] == records[-1]["update"]["modules"]["fc2"]["lost"]
+    assert cli.main(["summary", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "were rounded away (bf16 weights without a master copy" in out
+    assert cli.main(["doctor", "--log", str(log)]) in (0, 1)
+    assert "[updates-rounded-away]" in capsys.readouterr().out
+
+
+def test_an_fp32_log_gets_no_update_verdict(tmp_path, capsys) -> None:
+    log = _log(tmp_path, torch.float32)
+    assert cli.main(["summary", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "rounded away" not in out and "exp_avg_sq" not in out and "update-to-weight" not in out
+
+
+def test_old_logs_without_updates_still_read(tmp_path, capsys) -> None:
+    log = _log(tmp_path, torch.bfloat16)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    for line in lines:
+        line.pop("update")
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert cli.main(["summary", str(log)]) == 0
+    assert "rounded away" not in capsys.readouterr().out
+
+
+def test_a_malformed_update_entry_is_one_sentence() -> None:
+    with pytest.raises(ValueError, match='needs "modules"'):
+        UpdateStats.from_record({"modules": 3})
+    with pytest.raises(ValueError, match="update record of module 'fc' is malformed"):
+        UpdateStats.from_record({"modules": {"fc": {"lost": 1}}})
+
+
+def test_the_lost_threshold_is_where_the_verdict_starts() -> None:
+    at = math.ceil(LOST_THRESHOLD * 1000)
+    below = UpdateStats(0, {"fc": _record(at - 1, 1000)})
+    on = UpdateStats(0, {"fc": _record(at, 1000)})
+    assert not update_verdicts([below])
+    (verdict,) = update_verdicts([on])
+    assert verdict.code == "updates-rounded-away"
+    assert verdict.seen.startswith(f"{at / 1000:.0%} of the updates of 1 module were rounded away")
+
+
+def test_state_underflow_advice_names_eps_only_for_fp16_state() -> None:
+    fp16 = update_verdicts([UpdateStats(0, {"fc": _record(0, 1000, dtype="fp16", underflow=10)})])
+    assert [v.code for v in fp16] == ["optimizer-state-underflow"] and "eps to about 1e-4" in fp16[0].fix
+    fp32 = update_verdicts([UpdateStats(0, {"fc": _record(0, 1000, dtype="fp32", underflow=10)})])
+    assert "eps to about 1e-4" not in fp32[0].fix
+    assert not update_verdicts([UpdateStats(0, {"fc": _record(0, 1000, dtype="fp16", underflow=0)})])
+
+
+def test_update_ratio_range() -> None:
+    assert not update_verdicts([UpdateStats(0, {"fc": _record(0, 100, dtype="fp32", ratio=1e-3)})])
+    (high,) = update_verdicts([UpdateStats(0, {"fc": _record(0, 100, dtype="fp32", ratio=0.05)})])
+    assert high.code == "update-ratio" and "above 0.01" in high.seen and "fc 5.0e-02" in high.seen
+
+
+def test_the_html_report_plots_the_update_ratio_beside_the_heatmaps(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from amp_inspect.html_report import write_report
+
+    log = _log(tmp_path, torch.bfloat16)
+    page = write_report(log, tmp_path / "report.html").read_text()
+    assert '<section id="updates">' in page and "update-to-weight ratio" in page
+    assert page.index('id="heatmap_over_time"') < page.index('id="updates"') < page.index('id="fractions"')
+    assert "were rounded away" in page  # the verdict among the findings
+
+
+def test_a_log_without_updates_has_no_update_section(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from amp_inspect.update_plot import html_section
+
+    assert html_section([{"step": 0}]) is None
