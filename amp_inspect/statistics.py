@@ -269,8 +269,14 @@ def module_record_fields(formats: Sequence[str]) -> list[tuple[str, Statistic | 
 def derive(name: str, values: Mapping[str, Any]) -> Any:
     """Derived value ``name`` of ``values`` (merged statistics by name: tensors, arrays or numbers), computing
     only what it needs."""
-    d = DERIVED_BY_NAME[name]
-    return d.compute({n: values[n] if n in values else derive(n, values) for n in d.needs})
+    return derive_from(DERIVED_BY_NAME, name, values)
+
+
+def derive_from(table: Mapping[str, Derived], name: str, values: Mapping[str, Any]) -> Any:
+    """Derived value ``name`` of one table of derived values (``DERIVED_BY_NAME``, or a second op's), from merged
+    statistics ``values`` by name; what it needs and is not in ``values`` is derived first, from the same table."""
+    d = table[name]
+    return d.compute({n: values[n] if n in values else derive_from(table, n, values) for n in d.needs})
 
 
 def new_outputs(rows: int, formats: Sequence[str], device: Any, *, filled: bool) -> tuple[torch.Tensor, ...]:
@@ -386,8 +392,7 @@ READINESS_OUTPUT_NAMES: tuple[str, ...] = tuple(o.name for o in READINESS_OUTPUT
 
 def derive_readiness(name: str, values: Mapping[str, Any]) -> Any:
     """Derived readiness value ``name`` of merged readiness statistics ``values`` (by name)."""
-    d = READINESS_DERIVED_BY_NAME[name]
-    return d.compute({n: values[n] if n in values else derive_readiness(n, values) for n in d.needs})
+    return derive_from(READINESS_DERIVED_BY_NAME, name, values)
 
 
 def output_column(output: Output, statistic: str, position: int, num: int) -> int:
@@ -488,8 +493,7 @@ UPDATE_OUTPUT_NAMES: tuple[str, ...] = tuple(o.name for o in UPDATE_OUTPUTS)
 
 def derive_update(name: str, values: Mapping[str, Any]) -> Any:
     """Derived update value ``name`` of merged update statistics ``values`` (by name)."""
-    d = UPDATE_DERIVED_BY_NAME[name]
-    return d.compute({n: values[n] if n in values else derive_update(n, values) for n in d.needs})
+    return derive_from(UPDATE_DERIVED_BY_NAME, name, values)
 
 
 def new_update_outputs(rows: int, device: Any, *, filled: bool) -> tuple[torch.Tensor, ...]:
