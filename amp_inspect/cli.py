@@ -5,6 +5,7 @@ amp-inspect report LOG -o FILE   one self-contained HTML report (with PNG plots)
                                  (existing outputs only with --force; a run log never)
 amp-inspect summary LOG          skip rate, scale events, offenders and advice from a run log
 amp-inspect readiness LOG        per module and GEMM operand, what FP8 / MXFP8 / MXFP4 / NVFP4 would lose
+amp-inspect updates LOG          per module, what the optimizer's measured steps did (lost updates, update ratio)
 amp-inspect doctor [--log LOG]   check the environment (and a run) for classic AMP mistakes
 amp-inspect bench                the fused pass against one read of the gradients and Python checks
 amp-inspect info                 what was built and whether a GPU is visible
@@ -130,6 +131,37 @@ def _readiness(args: argparse.Namespace) -> int:
         tables = chosen
     recipes = args.recipes.split(",") if args.recipes else None
     print("\n".join(tables[-1].lines(recipes)))
+    return 0
+
+
+@_file_command("updates", lambda args: args.log)
+def _updates(args: argparse.Namespace) -> int:
+    from .runlog import read_log
+    from .table import fixed_width
+    from .update_report import ROW_HEADERS, from_log, overview
+
+    steps = from_log(read_log(args.log))
+    if not steps:
+        print(
+            f"{shown_name(str(args.log), limit=None)}: no optimizer statistics in this log (attach with "
+            "optimizer=opt, update_every=N to measure every N-th optimizer step)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.step is not None:
+        chosen = [u for u in steps if u.step == args.step]
+        if not chosen:
+            shown = ", ".join(str(u.step) for u in steps[-5:])
+            print(f"{args.log}: no measured optimizer step {args.step} (the last ones: {shown})", file=sys.stderr)
+            return 1
+        print("\n".join(chosen[0].lines()))
+        return 0
+    run = overview(steps)
+    if run is None:
+        print(f"{args.log}: every measured optimizer step was skipped (NaN/Inf gradients): nothing changed")
+        return 0
+    print(run.headline())
+    print("\n".join(fixed_width(ROW_HEADERS, [[shown_name(c) for c in row] for row in run.rows()])))
     return 0
 
 
@@ -263,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     readiness.add_argument("--step", type=int, help="the readiness step to show (default: the last one)")
     readiness.add_argument("--recipes", help="comma-separated recipes to show (default: all)")
     readiness.set_defaults(func=_readiness)
+
+    updates = sub.add_parser(
+        "updates", help="per module, what the optimizer's measured steps did (attach with optimizer=, update_every=)"
+    )
+    updates.add_argument("log", type=Path, help="a run log written with attach(..., optimizer=opt, update_every=N)")
+    updates.add_argument("--step", type=int, help="one measured step's table (default: every measured step merged)")
+    updates.set_defaults(func=_updates)
 
     add_doctor_arguments(sub.add_parser("doctor", help="check the environment (and a run log) for AMP mistakes"))
 

@@ -18,6 +18,7 @@ from .history import Summary
 from .printable import shown_name
 from .scale_timeline import scale_text, shown_changes
 from .table import fixed_width
+from .update_report import ROW_HEADERS as UPDATE_HEADERS
 
 try:  # optional: the core install stays small
     from rich.console import Console
@@ -129,6 +130,15 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
                 ]
                 for c in shown
             ],
+        )
+    updates = summary.update_overview
+    if updates is not None:
+        more = len(updates.merged.by_module) - MAX_MODULE_ROWS
+        print_table(
+            f"what the optimizer did per module over {updates.steps_text}, worst first"
+            + (f" ({more} more: amp-inspect updates LOG)" if more > 0 else ""),
+            UPDATE_HEADERS,
+            updates.rows(MAX_MODULE_ROWS),
         )
     if summary.ranks:
         ranks = [[r, n] for r, n in summary.ranks.most_common()]

@@ -50,7 +50,7 @@ from .scale_timeline import (
     scale_changes,
 )
 from .spikes import SPIKE_FACTOR, Spike, find_spikes
-from .update_report import UpdateStats, UpdateVerdict, update_verdicts
+from .update_report import UpdateOverview, UpdateStats, UpdateVerdict, overview, update_verdicts
 
 if TYPE_CHECKING:
     from .report import StepReport
@@ -237,6 +237,7 @@ class Summary:
     spike_advice: str = ""
     rank_advice: str = ""
     updates: list[UpdateVerdict] = field(default_factory=list)  # update_every: the verdicts on the updates
+    update_overview: UpdateOverview | None = None  # update_every: the measured optimizer steps merged by module
 
     @property
     def ranks_heading(self) -> str:
@@ -278,6 +279,8 @@ class Summary:
             lines.append(f"skipped steps with NaN/Inf in these modules' gradients: {top}")
         if self.ranks:
             lines.append(f"{self.ranks_heading}: " + ", ".join(f"{r} ({n})" for r, n in self.ranks.most_common(8)))
+        if self.update_overview is not None:
+            lines.append(self.update_overview.headline())
         lines += [f"WARNING: {w}" for w in self.warnings]
         lines += [str(spike) for spike in self.spikes[:5]]
         if len(self.spikes) > 5:
@@ -471,7 +474,8 @@ def summarize(
         )
         summary.advice.append(summary.rank_advice)
 
-    summary.updates = update_verdicts([r.update for r in history if r.update is not None])
+    summary.update_overview = overview([r.update for r in history if r.update is not None])
+    summary.updates = update_verdicts(summary.update_overview)
     summary.advice += [v.advice for v in summary.updates]
 
     summary.decisions = scale_changes([r.step for r in history], [r.scale_decision for r in history])

@@ -255,17 +255,104 @@ def _dtypes(records: Iterable[Mapping[str, Any]], key: str) -> str:
     return "/".join(names) or "low-precision"
 
 
-def update_verdicts(updates: Sequence[UpdateStats]) -> list[UpdateVerdict]:
-    """The verdicts of the measured steps (module docstring: the thresholds), worst modules first; skipped steps
-    left out."""
+@dataclass(frozen=True)
+class UpdateOverview:
+    """A run's measured optimizer steps merged by module: what the summary's table and the verdicts read.
+
+    ``merged``: every applied measured step's statistics added by module; ``ratios[module]``: its update ratio on
+    each of those steps where it had gradients; ``skipped``: measured steps that did not apply (a fused
+    optimizer's found_inf)."""
+
+    steps: int
+    skipped: int
+    merged: UpdateStats
+    ratios: dict[str, list[float]]
+
+    @property
+    def median_ratio(self) -> dict[str, float]:
+        """module -> the median over the measured steps of its update ratio (what the update-ratio verdict judges)."""
+        return {m: stats_lib.median(v) for m, v in self.ratios.items()}
+
+    @property
+    def steps_text(self) -> str:
+        return f"{self.steps} measured optimizer step{'s' if self.steps != 1 else ''}"
+
+    def headline(self) -> str:
+        """One line: what the optimizer did over the measured steps, all modules together."""
+        total = self.merged.total()
+        assert total is not None  # an overview has modules (overview() returns None otherwise)
+        skipped = f", {self.skipped} more skipped (NaN/Inf, nothing applied)" if self.skipped else ""
+        line = f"what the optimizer did ({self.steps_text}{skipped}): "
+        if total["numel_with_grad"]:
+            lost = f"{total['lost']:,} of {total['numel_with_grad']:,}"
+            line += f"{lost} updates lost ({_percent(total['lost_fraction'])}: the weight did not change)"
+        else:
+            line += "no element had a finite nonzero gradient"
+        if total["state_underflow"]:
+            line += f", {total['state_underflow']:,} with exp_avg_sq zero or subnormal"
+        ratios = list(self.median_ratio.values())
+        if ratios:
+            line += f"; update ratio per module (median per step) {_ratio(min(ratios))} to {_ratio(max(ratios))}"
+        return line
+
+    def worst(self) -> list[str]:
+        """The modules, worst first: by lost fraction, then exp_avg_sq underflow, then median update ratio."""
+        modules, median = self.merged.by_module, self.median_ratio
+
+        def badness(name: str) -> tuple[float, float, float]:
+            r = modules[name]
+            with_grad = r["numel_with_grad"]
+            lost = r["lost_fraction"] if with_grad else 0.0
+            underflow = r["state_underflow"] / with_grad if with_grad else 0.0
+            return (-lost, -underflow, -median.get(name, 0.0))
+
+        return sorted(modules, key=badness)
+
+    def rows(self, limit: int | None = None) -> list[list[str]]:
+        """Table rows (``ROW_HEADERS``), worst first, at most ``limit``."""
+        modules, median = self.merged.by_module, self.median_ratio
+        names = self.worst()[:limit]
+        return [
+            [
+                name,
+                f"{modules[name]['numel_with_grad']:,}",
+                _percent(modules[name]["lost_fraction"]),
+                _ratio(median.get(name, math.nan)),
+                f"{modules[name]['state_underflow']:,}",
+                f"{modules[name]['weight_amax']:.3g}",
+                str(modules[name].get("dtype")),
+            ]
+            for name in names
+        ]
+
+
+ROW_HEADERS = ["module", "with grad", "lost", "update ratio (median)", "state underflow", "max |W|", "dtype"]
+
+
+def overview(updates: Sequence[UpdateStats]) -> UpdateOverview | None:
+    """The measured steps merged (skipped ones counted apart); None when no applied step has modules."""
     measured = [u for u in updates if u.by_module and not u.skipped]
     if not measured:
-        return []
+        return None
     merged = measured[0]
     for u in measured[1:]:
         merged = merged.merged(u)
-    modules = merged.by_module
-    steps = f"{len(measured)} measured optimizer step{'s' if len(measured) != 1 else ''}"
+    ratios: dict[str, list[float]] = {}
+    for u in measured:
+        for m, r in u.by_module.items():
+            if r["numel_with_grad"] and not math.isnan(r["update_ratio"]):
+                ratios.setdefault(m, []).append(r["update_ratio"])
+    return UpdateOverview(len(measured), sum(u.skipped for u in updates), merged, ratios)
+
+
+def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> list[UpdateVerdict]:
+    """The verdicts of the measured steps (module docstring: the thresholds), worst modules first; skipped steps
+    left out."""
+    seen = updates if isinstance(updates, UpdateOverview) or updates is None else overview(updates)
+    if seen is None:
+        return []
+    modules = seen.merged.by_module
+    steps = seen.steps_text
     verdicts: list[UpdateVerdict] = []
 
     # An fp32 module of which nothing changed at all was not rounded: it did not step (lr 0, frozen): the ratio's.
@@ -326,19 +413,13 @@ def update_verdicts(updates: Sequence[UpdateStats]) -> list[UpdateVerdict]:
             )
         )
 
-    ratios: dict[str, list[float]] = {}
-    for u in measured:
-        for m, r in u.by_module.items():
-            if r["numel_with_grad"] and not math.isnan(r["update_ratio"]):
-                ratios.setdefault(m, []).append(r["update_ratio"])
-    high = sorted(
-        (m for m, v in ratios.items() if stats_lib.median(v) > RATIO_HIGH), key=lambda m: -stats_lib.median(ratios[m])
-    )
-    zero = [m for m, v in ratios.items() if max(v) == 0 and m not in lossy]
+    median = seen.median_ratio
+    high = sorted((m for m, v in median.items() if v > RATIO_HIGH), key=lambda m: -median[m])
+    zero = [m for m, v in seen.ratios.items() if max(v) == 0 and m not in lossy]
     if high or zero:
         parts = []
         if high:
-            worst = ", ".join(f"{shown_name(m)} {stats_lib.median(ratios[m]):.1e}" for m in high[:MAX_NAMED])
+            worst = ", ".join(f"{shown_name(m)} {median[m]:.1e}" for m in high[:MAX_NAMED])
             more = f" and {len(high) - MAX_NAMED} more" if len(high) > MAX_NAMED else ""
             parts.append(f"above {RATIO_HIGH:g} (median per step) in {len(high)} modules ({worst}{more})")
         if zero:
