@@ -136,7 +136,7 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
         more = len(updates.merged.by_module) - MAX_MODULE_ROWS
         print_table(
             f"what the optimizer did per module over {updates.steps_text}, worst first"
-            + (f" ({more} more: amp-inspect updates LOG)" if more > 0 else ""),
+            + (f" ({MAX_MODULE_ROWS} of {MAX_MODULE_ROWS + more}; all: amp-inspect updates LOG)" if more > 0 else ""),
             UPDATE_HEADERS,
             updates.rows(MAX_MODULE_ROWS),
         )

@@ -135,7 +135,7 @@ class Inspector:
                 own.scale_decision = report.scale_decision  # check() before step: its report is the history's
             if self._inspected_step != report.step:  # check() did not inspect this step itself
                 self.receive(report)
-        self._after_step()
+        self._after_step(optimizer_done=True)
 
     def nonfinite_by_rank(self) -> NonfiniteByRank:
         """The NaN/Inf counts of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
@@ -226,11 +226,13 @@ class Inspector:
         self._steps.add(report)
         self.step = max(self.step, report.step + 1)
 
-    def _after_step(self) -> None:
-        """End of a step: activation findings of the step, then reports whose copies are complete."""
+    def _after_step(self, optimizer_done: bool = False) -> None:
+        """End of a step (``optimizer_done``: at scaler.update(), after the step's optimizer steps ran or were
+        skipped): activation findings of the step, then reports whose copies are complete."""
         self._arming.end_step(self.step, self.last_report)
         self._readiness.end_step(self.step, self.last_report)  # readiness_every: the table into the step's report
-        self._updates.end_step(self.step, self.last_report)  # update_every: the step's report waits for its update
+        # update_every: the step's report waits for its update, until the optimizer steps are over
+        self._updates.end_step(self.step, self.last_report, optimizer_done)
         self._steps.collect(False, self._follow_step)
 
     def _follow_step(self, report: StepReport, record: StepRecord) -> None:

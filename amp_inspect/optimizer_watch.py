@@ -181,15 +181,18 @@ class OptimizerWatch:
             slot = self._slots[step] = _Slot(UpdateStats(step, complete=False))
         return slot
 
-    def end_step(self, next_step: int, report: StepReport | None) -> None:
-        """The step before ``next_step`` ended its check() (or its InspectingGradScaler's update()): steps before it
-        are over (their statistics complete: an optimizer step that never came was skipped), and the report of a
-        measured step holds its UpdateStats, so that its log line waits for them."""
+    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> None:
+        """The step before ``next_step`` ended its check() (or its scaler's update(): ``optimizer_done``, its
+        optimizer steps ran or were skipped): steps before it are over (their statistics complete: an optimizer
+        step that never came was skipped), and the report of a measured step holds its UpdateStats, so that its log
+        line waits for them (after update(), no longer than that: a step GradScaler skipped is complete there)."""
         for step in [s for s in self._slots if s < next_step - 1]:
             self._complete(self._slots.pop(step))
         due = self.every is not None and report is not None and report.step == next_step - 1
         if due and report.step % self.every == 0:  # type: ignore[union-attr, operator]
             report.update = self._slot(report.step).stats  # type: ignore[union-attr]
+        if optimizer_done and next_step - 1 in self._slots:
+            self._complete(self._slots.pop(next_step - 1))
 
     def _complete(self, slot: _Slot) -> None:
         if not slot.stats.complete:

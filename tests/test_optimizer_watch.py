@@ -365,3 +365,25 @@ def test_fsdp2_shards_sum_across_ranks(tmp_path) -> None:
     from tests.test_distributed import run_scenario
 
     run_scenario("fsdp2_update", 2, tmp_path, module="tests.update_dist")
+
+
+def test_an_inspecting_grad_scaler_hands_over_a_skipped_measured_step_at_its_update() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**8)
+    insp = amp_inspect.attach(model, scaler, optimizer=opt, update_every=1)
+    finalized: list[int] = []
+    insp.add_listener(lambda report: finalized.append(report.step))
+    for step in range(3):
+        loss = model(torch.randn(4, 16)).pow(2).mean()
+        if step == 1:
+            loss = loss * float("inf")  # this step's gradients overflow: GradScaler skips optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        assert finalized == list(range(step + 1))  # each step's report leaves at its update(), the skipped one too
+        opt.zero_grad()
+    skipped = insp.history[1]
+    assert skipped.skipped and (skipped.update is None or not skipped.update.by_module)
+    assert insp.last_update is insp.history[2].update and insp.history[2].update.by_module
