@@ -114,7 +114,8 @@ if [ -z "$built" ] && ! ls amp_inspect/_C*.so > /dev/null 2>&1; then
   built="the install stage left no compiled library in amp_inspect/"
 fi
 cuda_tests="tests/test_cuda.py tests/test_inspector_cuda.py tests/test_fallback.py tests/test_activations.py \
-  tests/test_hardware.py tests/test_integrations.py tests/test_silent_answers.py"
+  tests/test_hardware.py tests/test_integrations.py tests/test_silent_answers.py tests/test_readiness_cuda.py \
+  tests/test_update_stats_cuda.py"
 stage info "$built" "$py" -m amp_inspect.info
 stage tests "${built:-$no_pytest}" bash -c "'$py' -m pytest -q -p no:cacheprovider -m cuda $cuda_tests \
   && '$py' -m pytest -q -p no:cacheprovider tests/test_info.py"

@@ -1,7 +1,8 @@
 """One small call of every CUDA kernel variant, for compute-sanitizer (bench/gpu_check.sh runs this under
 memcheck, racecheck and synccheck): 1-4 formats x plain / scaled / unscale, dense, unaligned and strided
 views of every dtype, a call with more tensors than fit in a launch's parameters (device table), and the
-same under CUDA graph capture (one launch per group of tensors). Prints one line per call and "ok" at the end."""
+same under CUDA graph capture (one launch per group of tensors); then format_readiness and update_stats. Prints
+one line per call and "ok" at the end."""
 
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ def tensors(count: int = 6) -> list[torch.Tensor]:
     out.append((torch.randn(40, 30, generator=g)).cuda().t())  # strided
     out[0][5] = float("nan")
     return out
+
+
+def readiness_and_updates() -> None:
+    """format_readiness (every recipe; measured and given tensor amax) and update_stats (with and without Adam
+    state) on small tensors of each input dtype, rows with ragged block tails, and more tensors than a launch holds."""
+    from amp_inspect import format_readiness, update_stats
+
+    g = torch.Generator().manual_seed(1)
+    small = [(torch.randn(5, 200 + 33 * i, generator=g) * 10 ** (i - 3)).to(d).cuda() for i, d in enumerate(DTYPES[:3])]
+    small[0][0, 7] = float("inf")
+    format_readiness(small)
+    format_readiness(small, tensor_amax=[1.0, 2.0, 3.0])
+    format_readiness(small * 14)
+    print("format_readiness: every recipe, measured and given amax, 42 tensors")
+    for dtype in DTYPES[:3]:
+        before = [torch.randn(1000 + 7 * i, generator=g).to(dtype).cuda() for i in range(40)]
+        after = [(b.float() + 1e-3).to(dtype) for b in before]
+        grads = [torch.randn_like(b) for b in before]
+        update_stats(before, after, grads)
+        update_stats(before, after, grads, [torch.rand_like(b.float()).to(dtype) * 1e-6 for b in before])
+    print("update_stats: each dtype, with and without exp_avg_sq, 40 tensors")
 
 
 def main() -> int:
@@ -52,6 +74,7 @@ def main() -> int:
         ops.tensor_stats(many, None, None, ["fp16"])
     graph.replay()
     print("40 tensors under graph capture: inline launches, replayed")
+    readiness_and_updates()
     torch.cuda.synchronize()
     print("ok")
     return 0

@@ -71,3 +71,63 @@ def test_captured_in_a_cuda_graph_and_replayed() -> None:
     want = update_stats_reference([b.cpu()], [a.cpu()], [g.cpu()], [])
     assert torch.equal(counts.cpu(), want[0]) and torch.equal(amax.cpu(), want[2])
     torch.testing.assert_close(sums.cpu(), want[1], rtol=sums_rtol(b.numel()), atol=0.0)
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_attach_measures_a_bf16_adamw_step_on_the_gpu_exactly(impl) -> None:
+    """End to end on the GPU: the optimizer's step hooks, the snapshot, the kernel and the host copy, against the
+    oracle that compares each weight before and after the step."""
+    if "cuda" not in _ops.UPDATE_KERNELS:
+        pytest.skip("the loaded _C_cuda has no update_stats kernel")
+    from tests.test_optimizer_watch import Net, _check_exact, _oracle
+
+    model = Net(torch.bfloat16).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **{impl: True})
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    for step in range(3):
+        model(torch.randn(4, 16, device="cuda", dtype=torch.bfloat16)).float().pow(2).mean().backward()
+        insp.check()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        if step == 2:  # the hooks' work (snapshot, update_stats, the copy to the host) makes no host sync
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        oracle = _oracle(model, before, grads)
+        opt.zero_grad()
+    assert insp.last_update is not None and insp.last_update.step == 2
+    _check_exact(insp.last_update, oracle)
+    assert any(r["lost"] for r in insp.last_update.by_module.values())  # bf16 at lr 1e-5 loses updates
+    insp.detach()
+
+
+def test_a_fused_adamw_under_gradscaler_on_the_gpu() -> None:
+    """fp32 master weights under autocast and GradScaler, the step fused (its kernel unscales): exact counts on a
+    clean step, and a step with Inf gradients is no lost update (GradScaler skips it)."""
+    if "cuda" not in _ops.UPDATE_KERNELS:
+        pytest.skip("the loaded _C_cuda has no update_stats kernel")
+    from tests.test_optimizer_watch import Net, _check_exact, _oracle
+
+    model = Net(torch.float32).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**8)
+    insp = amp_inspect.attach(model, scaler, optimizer=opt, update_every=1)
+    oracles = {}
+    for step in range(3):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(torch.randn(4, 16, device="cuda")).float().pow(2).mean()
+        scaler.scale(loss * (float("inf") if step == 1 else 1.0)).backward()
+        insp.check()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}  # still scaled: fused unscales
+        scaler.step(opt)
+        scaler.update()
+        oracles[step] = _oracle(model, before, grads)
+        opt.zero_grad()
+    history = insp.history
+    assert history[1].skipped and (history[1].update is None or not history[1].update.by_module)
+    for step in (0, 2):
+        _check_exact(history[step].update, oracles[step])
+    insp.detach()
