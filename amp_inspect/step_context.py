@@ -1,8 +1,9 @@
 """What a step's report learns beside its gradients, from watching the model: the order autograd made the
 modules' gradients in (backward_order.py: the blame of a skipped step) and the autocast dtype the forward ran
 under (autocast_watch.py), which also picks the formats to judge against when ``formats=`` was left to its
-default: a bf16 run is judged against bf16, unless an enabled GradScaler is attached (a loss scale is fp16's
-tool, and its headroom is judged against fp16). Both watches remove their hooks once they have seen enough.
+default: a bf16 run is judged against bf16 (under bf16 autocast, or without autocast a model whose weights are
+mostly bf16), unless an enabled GradScaler is attached (a loss scale is fp16's tool, and its headroom is judged
+against fp16). Both watches remove their hooks once they have seen enough.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from torch import nn
 
 from .autocast_watch import AUTOCAST_OFF, AutocastWatch
 from .backward_order import BackwardOrder
+from .formats import FORMAT_BOUNDS
 from .naming import ParamEntry
 from .report import StepReport
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # weights of these dtypes make gradients of them, autocast or not
 
 
 class StepContext:
@@ -21,6 +25,8 @@ class StepContext:
 
     def __init__(self, model: nn.Module, entries: list[ParamEntry], follow_autocast: bool) -> None:
         self._follow = follow_autocast
+        self._params = [e.param for e in entries]
+        self._weights_format: str | None = None  # the format of the weights' dtype, once a forward ran off autocast
         self._order = BackwardOrder((e.param, e.module) for e in entries)
         device_type = entries[0].param.device.type if entries else "cpu"
         self._autocast = AutocastWatch(model, "cuda" if device_type == "meta" else device_type)
@@ -29,11 +35,26 @@ class StepContext:
         """``formats`` with the autocast dtype's format first, when it should follow the run and is not first
         yet; None when they stay as they are."""
         seen = self._autocast.seen
+        if seen == AUTOCAST_OFF and self._follow:
+            seen = self._weights_dtype_format()  # a model cast to bf16 runs bf16 without autocast
         if not self._follow or seen in (None, AUTOCAST_OFF) or formats[0] == seen:
             return None
         if scaler is not None and scaler.is_enabled():
             return None
         return (seen, *(f for f in formats if f != seen))
+
+    def _weights_dtype_format(self) -> str:
+        """The format of the dtype that holds most of the parameters' elements ("bf16" for ``model.to(bfloat16)``,
+        whose gradients are bf16), AUTOCAST_OFF for float32 or another dtype; read once (the forward ran, the
+        weights have their training dtype)."""
+        if self._weights_format is None:
+            elements: dict[torch.dtype, int] = {}
+            for p in self._params:
+                elements[p.dtype] = elements.get(p.dtype, 0) + p.numel()
+            dtype = max(elements, key=lambda d: elements[d]) if elements else None
+            names = {b.dtype: name for name, b in FORMAT_BOUNDS.items()}
+            self._weights_format = names.get(dtype, AUTOCAST_OFF) if dtype in LOW_PRECISION else AUTOCAST_OFF
+        return self._weights_format
 
     def annotate(self, report: StepReport) -> None:
         """Gives ``report`` the backward order (of the first backward) and the autocast dtype seen."""

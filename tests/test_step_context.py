@@ -37,3 +37,30 @@ def test_the_report_gets_the_backward_order_and_the_autocast_seen() -> None:
     assert report.autocast == "bf16"
     assert list(report.backward_order) == ["1", "0"]  # closest to the output first
     context.remove()
+
+
+def _seen_off(dtype: torch.dtype, follow: bool = True) -> StepContext:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)).to(dtype)
+    context = StepContext(model, param_entries(model), follow_autocast=follow)
+    model(torch.randn(3, 2, dtype=dtype)).float().sum().backward()  # no autocast
+    return context
+
+
+def test_a_model_cast_to_bf16_is_judged_against_bf16_without_autocast() -> None:
+    assert _seen_off(torch.bfloat16).formats_to_judge(("fp16",), None) == ("bf16", "fp16")
+    assert _seen_off(torch.bfloat16).formats_to_judge(("fp16",), torch.amp.GradScaler("cpu")) is None
+    assert _seen_off(torch.bfloat16, follow=False).formats_to_judge(("fp16",), None) is None
+    assert _seen_off(torch.float32).formats_to_judge(("fp16",), None) is None  # fp32 weights: the default stays
+    assert _seen_off(torch.float16).formats_to_judge(("fp16",), None) is None  # already fp16
+
+
+def test_attach_on_a_bf16_model_reports_against_bf16() -> None:
+    import amp_inspect
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8)).to(torch.bfloat16)
+    insp = amp_inspect.attach(model)
+    (model(torch.randn(16, 64, dtype=torch.bfloat16)).float().pow(2).mean() * 1e-7).backward()
+    report = insp.check()
+    assert insp.formats[0] == "bf16" and report.formats[0] == "bf16"
+    assert "fp16 underflow" not in str(report) and "headroom (bf16)" in str(report)
+    insp.detach()
