@@ -20,7 +20,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .printable import shown_name
 
@@ -109,28 +109,35 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
+T = TypeVar("T")
+
+
+def _chosen_step(items: Sequence[T], log: Path, step: int | None, none: str, what: str) -> T | None:
+    """The item of a log's steps that ``--step`` names (the last one without it); None after printing why not:
+    ``none`` when the log has none (how to get them), else that no ``what`` is at that step."""
+    if not items:
+        print(f"{shown_name(str(log), limit=None)}: {none}", file=sys.stderr)
+        return None
+    if step is None:
+        return items[-1]
+    chosen = [item for item in items if getattr(item, "step", None) == step]
+    if not chosen:
+        shown = ", ".join(str(getattr(item, "step", "?")) for item in items[-5:])
+        print(f"{shown_name(str(log), limit=None)}: no {what} at step {step} (the last ones: {shown})", file=sys.stderr)
+        return None
+    return chosen[0]
+
+
 @_file_command("readiness", lambda args: args.log)
 def _readiness(args: argparse.Namespace) -> int:
     from .readiness_report import from_log
     from .runlog import read_log
 
-    tables = from_log(read_log(args.log))
-    if not tables:
-        print(
-            f"{shown_name(str(args.log), limit=None)}: no readiness table in this log (attach with readiness_every=N "
-            "to measure one every N steps)",
-            file=sys.stderr,
-        )
+    none = "no readiness table in this log (attach with readiness_every=N to measure one every N steps)"
+    table = _chosen_step(from_log(read_log(args.log)), args.log, args.step, none, "readiness table")
+    if table is None:
         return 1
-    if args.step is not None:
-        chosen = [t for t in tables if t.step == args.step]
-        if not chosen:
-            steps = ", ".join(str(t.step) for t in tables[-5:])
-            print(f"{args.log}: no readiness table at step {args.step} (the last ones: {steps})", file=sys.stderr)
-            return 1
-        tables = chosen
-    recipes = args.recipes.split(",") if args.recipes else None
-    print("\n".join(tables[-1].lines(recipes)))
+    print("\n".join(table.lines(args.recipes.split(",") if args.recipes else None)))
     return 0
 
 
@@ -141,20 +148,12 @@ def _updates(args: argparse.Namespace) -> int:
     from .update_report import ROW_HEADERS, from_log, overview
 
     steps = from_log(read_log(args.log))
-    if not steps:
-        print(
-            f"{shown_name(str(args.log), limit=None)}: no optimizer statistics in this log (attach with "
-            "optimizer=opt, update_every=N to measure every N-th optimizer step)",
-            file=sys.stderr,
-        )
+    none = "no optimizer statistics in this log (attach with optimizer=opt, update_every=N to measure every N-th step)"
+    chosen = _chosen_step(steps, args.log, args.step, none, "measured optimizer step")
+    if chosen is None:
         return 1
     if args.step is not None:
-        chosen = [u for u in steps if u.step == args.step]
-        if not chosen:
-            shown = ", ".join(str(u.step) for u in steps[-5:])
-            print(f"{args.log}: no measured optimizer step {args.step} (the last ones: {shown})", file=sys.stderr)
-            return 1
-        print("\n".join(chosen[0].lines()))
+        print("\n".join(chosen.lines()))
         return 0
     run = overview(steps)
     if run is None:

@@ -188,6 +188,9 @@ class OptimizerWatch:
         line waits for them (after update(), no longer than that: a step GradScaler skipped is complete there)."""
         for step in [s for s in self._slots if s < next_step - 1]:
             self._complete(self._slots.pop(step))
+        # A step that raised inside optimizer.step() never ran its post hook: its copy of the parameters goes now.
+        for key in [k for k, snap in self._snapshots.items() if snap.step < next_step - 1]:
+            del self._snapshots[key]
         due = self.every is not None and report is not None and report.step == next_step - 1
         if due and report.step % self.every == 0:  # type: ignore[union-attr, operator]
             report.update = self._slot(report.step).stats  # type: ignore[union-attr]

@@ -387,3 +387,29 @@ def test_an_inspecting_grad_scaler_hands_over_a_skipped_measured_step_at_its_upd
     skipped = insp.history[1]
     assert skipped.skipped and (skipped.update is None or not skipped.update.by_module)
     assert insp.last_update is insp.history[2].update and insp.history[2].update.by_module
+
+
+def test_a_step_that_raises_inside_optimizer_step_does_not_keep_its_snapshot() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+
+    def out_of_memory(optimizer, args, kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    for step in range(3):
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        insp.check()
+        if step == 1:  # step 0's copy of the parameters went at this check(), not at the next optimizer step
+            assert not insp._updates._snapshots
+        if step == 0:
+            handle = opt.register_step_pre_hook(out_of_memory)  # after the watch's: its snapshot is taken
+            with pytest.raises(RuntimeError, match="out of memory"):
+                opt.step()
+            handle.remove()
+        else:
+            opt.step()
+        opt.zero_grad()
+    assert insp.last_update is not None and insp.last_update.step == 2
+    assert insp.history[0].update is None or not insp.history[0].update.by_module  # it changed nothing
+    insp.detach()

@@ -157,7 +157,7 @@ def test_amp_inspect_updates_shows_the_run_or_one_step(tmp_path, capsys) -> None
     one = capsys.readouterr().out
     assert one.startswith("optimizer step at step 1: what it did per module")
     assert cli.main(["updates", str(log), "--step", "99"]) == 1
-    assert "no measured optimizer step 99 (the last ones: 0, 1, 2)" in capsys.readouterr().err
+    assert "no measured optimizer step at step 99 (the last ones: 0, 1, 2)" in capsys.readouterr().err
 
 
 def test_amp_inspect_updates_on_a_log_without_them_says_how_to_get_them(tmp_path, capsys) -> None:
