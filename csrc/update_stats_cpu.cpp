@@ -34,7 +34,7 @@ namespace {
 
 constexpr int64_t kChunkElems = int64_t{1} << 16;  // one unit of parallel work
 constexpr int64_t kStage = 512;                    // elements judged at a time (their staged terms stay in L1)
-constexpr int kSumLanes = 8;                       // float64 running sums per term (one AVX-512 register)
+constexpr int kSumLanes = 8;                       // float64 running sums per term (an AVX-512 register's width)
 static_assert(kChunkElems % kStage == 0 && kStage % kSumLanes == 0, "a block's lanes continue the chunk's");
 static_assert(kChunkElems < (int64_t{1} << 31), "a chunk's counts are kept in int32");
 
