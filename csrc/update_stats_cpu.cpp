@@ -74,26 +74,53 @@ struct ChunkTally {
   uint32_t amax_bits;
 };
 
-// terms[0, n) added into lanes, element i into lane i mod kSumLanes (n a multiple of kSumLanes), lane by lane: four
-// 2-double vectors held in registers (SSE2's width, so that every clone keeps them there), and no lane's sum is
-// reordered. (One 64-byte GCC vector type, or an array, went through the stack on AVX2: 2-3x slower than SSE2.)
+// terms[0, n) added into lanes, element i into lane i mod kSumLanes (n a multiple of kSumLanes), lane by lane, in
+// one of two forms that give the same sums (the same adds, per lane, in the same order): kWide, one 8-double GCC
+// vector, a single AVX-512 register; else four 2-double vectors, SSE2's width, which every clone keeps in registers
+// (the 8-double vector went through the stack on AVX2, 2-3x slower than SSE2; the pairs cost AVX-512 7-12%).
+using DoubleLanes = double __attribute__((vector_size(kSumLanes * sizeof(double))));
 using DoublePair = double __attribute__((vector_size(2 * sizeof(double))));
 constexpr int kPairs = kSumLanes / 2;
+template <bool kWide>
 __attribute__((always_inline)) inline void add_in_lanes(double* __restrict lanes, const double* __restrict terms,
                                                         int64_t n) {
-  DoublePair acc[kPairs];
-  std::memcpy(acc, lanes, sizeof acc);
-  for (int64_t i = 0; i < n; i += kSumLanes) {
-    DoublePair x[kPairs];
-    std::memcpy(x, terms + i, sizeof x);
-    for (int p = 0; p < kPairs; ++p) acc[p] += x[p];
+  if constexpr (kWide) {
+    DoubleLanes acc;
+    std::memcpy(&acc, lanes, sizeof acc);
+    for (int64_t i = 0; i < n; i += kSumLanes) {
+      DoubleLanes x;
+      std::memcpy(&x, terms + i, sizeof x);
+      acc += x;
+    }
+    std::memcpy(lanes, &acc, sizeof acc);
+  } else {
+    DoublePair acc[kPairs];
+    std::memcpy(acc, lanes, sizeof acc);
+    for (int64_t i = 0; i < n; i += kSumLanes) {
+      DoublePair x[kPairs];
+      std::memcpy(x, terms + i, sizeof x);
+      for (int p = 0; p < kPairs; ++p) acc[p] += x[p];
+    }
+    std::memcpy(lanes, acc, sizeof acc);
   }
-  std::memcpy(lanes, acc, sizeof acc);
+}
+
+// Whether this CPU runs the AVX-512 clones (GCC's dispatch picks arch=x86-64-v4 where all its features are), whose
+// lanes are best one register wide.
+bool wide_lanes() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512cd");
+  return wide;
+#else
+  return false;
+#endif
 }
 
 // One block of at most kStage elements (a multiple of kSumLanes unless it ends the chunk), judged element by element
 // by judge_update_element: branch-free, so the cloned loop vectorises.
-template <bool kHasState>
+template <bool kHasState, bool kWide>
 __attribute__((always_inline)) inline void tally_block(const uint32_t* __restrict before,
                                                        const uint32_t* __restrict after,
                                                        const uint32_t* __restrict grad,
@@ -119,8 +146,8 @@ __attribute__((always_inline)) inline void tally_block(const uint32_t* __restric
   }
   const int64_t padded = (n + kSumLanes - 1) / kSumLanes * kSumLanes;
   for (int64_t i = n; i < padded; ++i) sq_change[i] = sq_weight[i] = 0.0;  // x + 0.0 == x for the sums' x >= 0
-  add_in_lanes(t.sq_change, sq_change, padded);
-  add_in_lanes(t.sq_weight, sq_weight, padded);
+  add_in_lanes<kWide>(t.sq_change, sq_change, padded);
+  add_in_lanes<kWide>(t.sq_weight, sq_weight, padded);
   t.counts[kUpdWithGrad] += with_grad;
   t.counts[kUpdLost] += lost;
   t.counts[kUpdChanged] += changed;
@@ -130,14 +157,25 @@ __attribute__((always_inline)) inline void tally_block(const uint32_t* __restric
   t.amax_bits = amax;
 }
 
+// The four cloned forms: with or without exp_avg_sq, wide or paired lanes.
 AMPI_UPDATE_CLONES void tally_block_with_state(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
                                                const uint32_t* state, int64_t n, uint32_t weight_normal,
                                                uint32_t state_normal, ChunkTally& t) {
-  tally_block<true>(before, after, grad, state, n, weight_normal, state_normal, t);
+  tally_block<true, false>(before, after, grad, state, n, weight_normal, state_normal, t);
+}
+AMPI_UPDATE_CLONES void tally_block_with_state_wide(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
+                                                    const uint32_t* state, int64_t n, uint32_t weight_normal,
+                                                    uint32_t state_normal, ChunkTally& t) {
+  tally_block<true, true>(before, after, grad, state, n, weight_normal, state_normal, t);
 }
 AMPI_UPDATE_CLONES void tally_block_without_state(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
                                                   int64_t n, uint32_t weight_normal, ChunkTally& t) {
-  tally_block<false>(before, after, grad, nullptr, n, weight_normal, 0u, t);
+  tally_block<false, false>(before, after, grad, nullptr, n, weight_normal, 0u, t);
+}
+AMPI_UPDATE_CLONES void tally_block_without_state_wide(const uint32_t* before, const uint32_t* after,
+                                                       const uint32_t* grad, int64_t n, uint32_t weight_normal,
+                                                       ChunkTally& t) {
+  tally_block<false, true>(before, after, grad, nullptr, n, weight_normal, 0u, t);
 }
 
 // The chunk's totals as the op's columns: the lanes added from lane 0 to lane kSumLanes - 1.
@@ -157,6 +195,7 @@ UpdateTally chunk_totals(const ChunkTally& c) {
 UpdateTally tally_chunk(const UpdateView& view, int64_t start, int64_t n) {
   uint32_t before_stage[kStage], after_stage[kStage], grad_stage[kStage], state_stage[kStage];
   const uint32_t weight_normal = min_normal_bits(view.weight_dtype), state_normal = min_normal_bits(view.state_dtype);
+  const bool wide = wide_lanes();
   ChunkTally t;
   std::memset(&t, 0, sizeof t);
   for (int64_t done = 0; done < n; done += kStage) {
@@ -166,9 +205,10 @@ UpdateTally tally_chunk(const UpdateView& view, int64_t start, int64_t n) {
     const uint32_t* grad = input_bits(view.grad, view.grad_dtype, at, m, grad_stage);
     if (view.state != nullptr) {
       const uint32_t* state = input_bits(view.state, view.state_dtype, at, m, state_stage);
-      tally_block_with_state(before, after, grad, state, m, weight_normal, state_normal, t);
+      (wide ? tally_block_with_state_wide : tally_block_with_state)(before, after, grad, state, m, weight_normal,
+                                                                    state_normal, t);
     } else {
-      tally_block_without_state(before, after, grad, m, weight_normal, t);
+      (wide ? tally_block_without_state_wide : tally_block_without_state)(before, after, grad, m, weight_normal, t);
     }
   }
   return chunk_totals(t);
