@@ -11,7 +11,10 @@
 // runs: element i of a chunk (counted from the chunk's start) is added to lane i mod kSumLanes, in element order; a
 // chunk's total is its lanes added from lane 0 to lane 7; a tensor's total is its chunks' totals added in chunk
 // order. Each chunk writes its totals to a slot of its own, merged per tensor after the parallel loop: no lock is
-// taken. The counts and the amax are exact, the same as tally_update_element's (the CUDA kernel's).
+// taken. The counts and the amax are exact, the same as tally_update_element's (the CUDA kernel's). The float64 terms
+// widen float32 values by the hardware, as tally_update_element does: a thread running with denormals-are-zero set
+// (torch.set_flush_denormal(True) sets it) would take a float32 subnormal weight (its square is below 2^-252) as 0
+// in both.
 //
 // no-trapping-math, for the whole file (before any header, so that every inline function it calls has the same
 // options and inlines): without it GCC keeps a select between float results as a branch (a float operation might

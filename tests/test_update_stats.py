@@ -11,6 +11,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import amp_inspect
 from amp_inspect import _ops
@@ -380,6 +382,23 @@ def test_kernel_judges_each_hostile_element_as_the_cuda_element_logic_does(weigh
     cuda = torch.ops.amp_inspect._update_stats_emulated(before, after, grads, states, 64, 1)
     for name, x, y in zip(("counts", "sums", "amax"), got, cuda, strict=True):
         assert torch.equal(x, y), (name, (x != y).nonzero()[:5].tolist())
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(DTYPES),
+    st.sampled_from(DTYPES),
+    st.sampled_from([*DTYPES, None]),
+    st.lists(st.integers(0, 1100), min_size=1, max_size=4),
+    st.integers(0, 2**31 - 1),
+)
+def test_kernel_equals_reference_on_any_sizes_and_dtypes(weight, grad, state, sizes, seed) -> None:
+    """Sizes anywhere in the vector loop's, the float64 lanes' and the 512-element block's tails, several tensors."""
+    rng = np.random.default_rng(seed)
+    steps = [random_step(rng, n, weight, grad, state) for n in sizes]
+    before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
+    assert_kernel_matches_reference(before, after, grads, [] if state is None else states)
 
 
 def sums_in_the_kernels_order(terms: np.ndarray, chunk: int = 1 << 16, lanes: int = 8) -> float:
