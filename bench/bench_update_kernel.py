@@ -11,7 +11,8 @@ those per-round ratios, beside the min and median milliseconds.
 ``--weights bfloat16`` runs the same with the model in bfloat16 (weights, gradients and AdamW's state).
 Run, from the worktree whose ``amp_inspect/_C`` is to be measured (two builds cannot share one process: compare
 two runs by their ratios to the read):
-    python bench/bench_update_kernel.py [--rounds N] [--weights float32|bfloat16] [--threads N] [--out DIR]
+    python bench/bench_update_kernel.py [--quick] [--rounds N] [--weights float32|bfloat16] [--threads N] [--out DIR]
+``--quick``: 2 rounds (a smoke test); with ``--out`` the JSON is update_cpu_<weights>[_quick].json there.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def methods(params: list[torch.nn.Parameter], opt: torch.optim.AdamW) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds: a smoke test")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--weights", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -71,12 +73,13 @@ def main() -> None:
         sys.exit(f"no compiled update_stats CPU kernel ({_ops.LOAD_ERROR or 'not built'}): nothing to measure")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    rounds = 2 if args.quick else args.rounds
     params, opt = stepped_model(getattr(torch, args.weights))
     calls = methods(params, opt)
     for fn in calls.values():  # warm up
         fn()
     times: dict[str, list[float]] = {m: [] for m in calls}
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = list(calls)[r % len(calls) :] + list(calls)[: r % len(calls)]  # the first of a round rotates
         for m in order:
             t0 = time.perf_counter()
@@ -99,7 +102,7 @@ def main() -> None:
         )
     print(
         f"update_stats on the CPU: {len(params)} {args.weights} tensors, {numel / 1e6:.1f}M elements, "
-        f"{torch.get_num_threads()} threads, {args.rounds} rounds (ratios: per round, to the read)"
+        f"{torch.get_num_threads()} threads, {rounds} rounds (ratios: per round, to the read)"
     )
     print_table(
         ["method", "min ms", "median ms", "max ms", "x read (median)", "x read (range)"],
@@ -111,7 +114,7 @@ def main() -> None:
     )  # fmt: skip
     if args.out is not None:
         result = {"machine": machine_info("cpu"), "weights": args.weights, "numel": numel, "rows": rows}
-        write_result(result, args.out, f"update_cpu_{args.weights}", quick=False)
+        write_result(result, args.out, f"update_cpu_{args.weights}", quick=args.quick)
 
 
 if __name__ == "__main__":
