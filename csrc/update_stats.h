@@ -90,4 +90,39 @@ AMPI_HD void tally_update_element(UpdateTally& t, uint32_t before, uint32_t afte
   t.amax_bits = t.amax_bits > magnitude ? t.amax_bits : magnitude;
 }
 
+// The same judgement of one element as tally_update_element, returned instead of added: each count a 0/1 int32 and
+// each term a float64 (0 where it takes no part), so that a caller can keep them in lanes of its own. The CPU kernel
+// sums these in vectorised loops (update_stats_cpu.cpp); the CUDA kernel adds them with tally_update_element. Both
+// follow the definitions at the top of this file term by term, and tests/test_update_stats.py checks that the two
+// kernels agree element for element.
+struct UpdateElement {
+  int32_t with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow;
+  double sq_change, sq_weight;
+  uint32_t magnitude;  // |after| bits where after is finite, else 0 (its amax term)
+};
+
+AMPI_HD UpdateElement judge_update_element(uint32_t before, uint32_t after, uint32_t grad, uint32_t state,
+                                           bool has_state, uint32_t weight_normal, uint32_t state_normal) {
+  // Non-short-circuit & and | on the tests: every test is computed, so a vectorising compiler sees no branch.
+  const uint32_t abs_before = before & kAbsMask32, abs_after = after & kAbsMask32, abs_grad = grad & kAbsMask32;
+  const bool finite_before = is_finite32(abs_before), finite_after = is_finite32(abs_after);
+  const bool with_grad = is_finite32(abs_grad) & (abs_grad != 0u);
+  // same_value: equal bits, or both zeros, and neither a NaN (a NaN is finite-not and not Inf: |bits| > Inf's)
+  const bool nan = (abs_before > kInfBits32) | (abs_after > kInfBits32);
+  const bool same = !nan & ((before == after) | ((abs_before | abs_after) == 0u));
+  UpdateElement e;
+  e.with_grad = with_grad;
+  e.lost = with_grad & same;
+  e.changed = !same;
+  e.weight_nonfinite = !finite_after;
+  e.weight_subnormal = (abs_after != 0u) & (abs_after < weight_normal);
+  e.state_underflow = has_state & with_grad & ((state & kAbsMask32) < state_normal);
+  const double b = static_cast<double>(bits_as_float32(before)), a = static_cast<double>(bits_as_float32(after));
+  const double change = a - b;
+  e.sq_change = finite_before & finite_after ? change * change : 0.0;
+  e.sq_weight = finite_before ? b * b : 0.0;
+  e.magnitude = abs_after & (0u - static_cast<uint32_t>(finite_after));  // a mask, not a select: a plain max after
+  return e;
+}
+
 }  // namespace amp_inspect

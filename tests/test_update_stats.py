@@ -11,6 +11,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import amp_inspect
 from amp_inspect import _ops
@@ -291,11 +293,154 @@ def random_step(rng: np.random.Generator, n: int, weight: torch.dtype, grad: tor
 @pytest.mark.parametrize("state", [*DTYPES, None])
 def test_kernel_equals_reference_on_random_bits(weight, grad, state) -> None:
     rng = np.random.default_rng([DTYPES.index(weight), DTYPES.index(grad), 3 if state is None else DTYPES.index(state)])
-    # Sizes around the kernel's 512-element stage and 64Ki-element chunk, and an empty tensor.
-    sizes = (1, 511, 512, 513, 0, (1 << 16) + 3)
+    # Sizes around the vector loop's widths (8 and 16 lanes), the kernel's 512-element block and 64Ki-element chunk,
+    # and an empty tensor: each tail of the vectorised loop and of the float64 lanes.
+    sizes = (1, 7, 8, 15, 16, 17, 511, 512, 513, 0, 65535, 65536, 65537)
     steps = [random_step(rng, n, weight, grad, state) for n in sizes]
     before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
     assert_kernel_matches_reference(before, after, grads, [] if state is None else states)
+
+
+# Hostile values of each dtype, as bit patterns: zeros of both signs, infinities, NaNs with payloads (quiet and
+# signalling, both signs), subnormals, the smallest normal and its neighbours, float16's smallest normal (2^-14) and
+# its neighbours in the wider dtypes, 1 and its neighbours, the largest finite value.
+HOSTILE_BITS = {
+    torch.float32: [
+        0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7FC00001, 0x7FFFFFFF, 0x7F800001, 0xFFA00000,
+        0x00000001, 0x80000002, 0x007FFFFF, 0x00400000, 0x00800000, 0x80800000, 0x00800001, 0x387FFFFF, 0x38800000,
+        0x38800001, 0x3F800000, 0x3F800001, 0xBF7FFFFF, 0x7F7FFFFF, 0xFF7FFFFF,
+    ],
+    torch.bfloat16: [
+        0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7FC1, 0x7FFF, 0x7F81, 0xFFC1, 0x0001, 0x8001, 0x007F, 0x0040,
+        0x0080, 0x8080, 0x0081, 0x387F, 0x3880, 0x3881, 0x3F80, 0x3F81, 0xBF7F, 0x7F7F, 0xFF7F,
+    ],
+    torch.float16: [
+        0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7E01, 0x7FFF, 0x7C01, 0xFE01, 0x0001, 0x8001, 0x03FF, 0x0200,
+        0x0400, 0x8400, 0x0401, 0x83FF, 0x3C00, 0x3C01, 0xBBFF, 0x7BFF, 0xFBFF, 0x0100, 0x2000,
+    ],
+}  # fmt: skip
+
+
+def hostile(dtype: torch.dtype) -> torch.Tensor:
+    bits = np.array(HOSTILE_BITS[dtype], dtype=np.uint32 if dtype == torch.float32 else np.uint16)
+    return torch.from_numpy(bits.view(np.int32 if dtype == torch.float32 else np.int16)).view(dtype)
+
+
+def one_hostile_element_per_tensor(weight: torch.dtype, grad: torch.dtype, state: torch.dtype | None):
+    """One tensor per (before, after) pair of hostile weights, each of 16 to 18 elements: zeros everywhere (they
+    count nothing and add nothing) but one element, at a position that moves through the vector loop and its tail,
+    whose gradient and state cycle through the hostile values. Weights that did not change come with a gradient of 1
+    too, so every hostile weight is also a lost update. Each tensor's outputs are that one element's judgement."""
+    w, g, s = hostile(weight), hostile(grad), hostile(state or torch.float32)
+    pairs = [(i, j, r % len(g)) for r, (i, j) in enumerate((i, j) for i in range(len(w)) for j in range(len(w)))]
+    one = len(g)  # the index of a gradient of 1 (appended)
+    g = torch.cat([g, torch.ones(1, dtype=grad)])
+    pairs += [(i, i, one) for i in range(len(w))]
+    tensors: list[list[torch.Tensor]] = [[], [], [], []]
+    for r, (i, j, k) in enumerate(pairs):
+        n = 16 + r % 3
+        at = (5 * r) % n
+        row = [torch.zeros(n, dtype=d) for d in (weight, weight, grad, state or torch.float32)]
+        row[0][at], row[1][at], row[2][at], row[3][at] = w[i], w[j], g[k], s[(r // 3) % len(s)]
+        for out, t in zip(tensors, row, strict=True):
+            out.append(t)
+    before, after, grads, states = tensors
+    return before, after, grads, states if state is not None else []
+
+
+@needs_kernel
+@pytest.mark.parametrize("weight", DTYPES)
+@pytest.mark.parametrize("grad", DTYPES)
+@pytest.mark.parametrize("state", [*DTYPES, None])
+def test_kernel_judges_each_hostile_element_as_the_reference_does(weight, grad, state) -> None:
+    """The CPU kernel's vectorised judge_update_element against the pure-torch reference, element by element: each
+    tensor holds one judged element, so even the sums must be equal bit for bit."""
+    before, after, grads, states = one_hostile_element_per_tensor(weight, grad, state)
+    got = OP(before, after, grads, states)
+    want = update_stats_reference(before, after, grads, states)
+    for name, x, y in zip(("counts", "sums", "amax"), got, want, strict=True):
+        assert torch.equal(x, y), (name, (x != y).nonzero()[:5].tolist())
+
+
+@needs_kernel
+@pytest.mark.cuda_emu
+@pytest.mark.parametrize(
+    ("weight", "grad", "state"),
+    [
+        (torch.float32, torch.bfloat16, torch.float16),
+        (torch.bfloat16, torch.float16, torch.float32),
+        (torch.float16, torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.bfloat16, None),
+    ],
+)
+def test_kernel_judges_each_hostile_element_as_the_cuda_element_logic_does(weight, grad, state) -> None:
+    """The CPU kernel's judge_update_element against the CUDA kernel's tally_update_element (update_stats.h, run on
+    the host through the emulation), element by element, every dtype in every role once (the emulation starts host
+    threads per launch: about 4 s a case, so not all 36 combinations)."""
+    before, after, grads, states = one_hostile_element_per_tensor(weight, grad, state)
+    got = OP(before, after, grads, states)
+    cuda = torch.ops.amp_inspect._update_stats_emulated(before, after, grads, states, 64, 1)
+    for name, x, y in zip(("counts", "sums", "amax"), got, cuda, strict=True):
+        assert torch.equal(x, y), (name, (x != y).nonzero()[:5].tolist())
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(DTYPES),
+    st.sampled_from(DTYPES),
+    st.sampled_from([*DTYPES, None]),
+    st.lists(st.integers(0, 1100), min_size=1, max_size=4),
+    st.integers(0, 2**31 - 1),
+)
+def test_kernel_equals_reference_on_any_sizes_and_dtypes(weight, grad, state, sizes, seed) -> None:
+    """Sizes anywhere in the vector loop's, the float64 lanes' and the 512-element block's tails, several tensors."""
+    rng = np.random.default_rng(seed)
+    steps = [random_step(rng, n, weight, grad, state) for n in sizes]
+    before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
+    assert_kernel_matches_reference(before, after, grads, [] if state is None else states)
+
+
+def sums_in_the_kernels_order(terms: np.ndarray, chunk: int = 1 << 16, lanes: int = 8) -> float:
+    """A float64 sum in the order update_stats_cpu.cpp states: element i of a chunk into lane i mod 8, in element
+    order; a chunk's lanes added from lane 0 to 7; the chunks' totals added in chunk order."""
+    total = 0.0
+    for first in range(0, len(terms), chunk):
+        part = terms[first : first + chunk]
+        part = np.concatenate([part, np.zeros(-len(part) % lanes)]).reshape(-1, lanes)
+        acc = np.zeros(lanes)
+        for row in part:  # one add per lane and row: numpy's pairwise summation would be another order
+            acc = acc + row
+        chunk_total = 0.0
+        for x in acc.tolist():
+            chunk_total += x
+        total += chunk_total
+    return total
+
+
+@needs_kernel
+def test_kernel_sums_in_its_stated_order_whatever_the_thread_count() -> None:
+    rng = np.random.default_rng(22)
+    sizes = (3 * (1 << 16) + 5, 1 << 16, 100, 7, 200_000)
+    steps = [random_step(rng, n, torch.float32, torch.bfloat16, torch.float16) for n in sizes]
+    before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(OP(before, after, grads, states))
+    finally:
+        torch.set_num_threads(threads)
+    for x, y in zip(*results, strict=True):
+        assert torch.equal(x, y)
+    for row, (b, a) in enumerate(zip(before, after, strict=True)):
+        b64, a64 = b.double().numpy(), a.double().numpy()
+        finite_b, finite_a = np.isfinite(b64), np.isfinite(a64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            change = np.where(finite_b & finite_a, np.square(a64 - b64), 0.0)
+            weight = np.where(finite_b, np.square(b64), 0.0)
+        assert results[0][1][row].tolist() == [sums_in_the_kernels_order(change), sums_in_the_kernels_order(weight)]
 
 
 @needs_kernel
