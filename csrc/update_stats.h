@@ -61,40 +61,10 @@ AMPI_HD void merge_tally(UpdateTally& into, const UpdateTally& from) {
   into.amax_bits = into.amax_bits > from.amax_bits ? into.amax_bits : from.amax_bits;
 }
 
-// The same value: equal bits, or both zeros; never a NaN (the bits of finite floats and Inf are unique per value).
-AMPI_HD bool same_value(uint32_t a, uint32_t b) {
-  const uint32_t abs_a = a & kAbsMask32, abs_b = b & kAbsMask32;
-  const bool nan = abs_a > kInfBits32 || abs_b > kInfBits32;
-  return !nan && (a == b || (abs_a | abs_b) == 0u);
-}
-
-// One element, all four inputs as float32 bits (`state` ignored without `has_state`); the *_normal arguments are
-// min_normal_bits of the parameter's and of the state's dtypes.
-AMPI_HD void tally_update_element(UpdateTally& t, uint32_t before, uint32_t after, uint32_t grad, uint32_t state,
-                                  bool has_state, uint32_t weight_normal, uint32_t state_normal) {
-  const uint32_t abs_before = before & kAbsMask32, abs_after = after & kAbsMask32, abs_grad = grad & kAbsMask32;
-  const bool with_grad = is_finite32(abs_grad) && abs_grad != 0u;
-  const bool same = same_value(before, after);
-  const bool finite_before = is_finite32(abs_before), finite_after = is_finite32(abs_after);
-  t.counts[kUpdWithGrad] += with_grad;
-  t.counts[kUpdLost] += with_grad && same;
-  t.counts[kUpdChanged] += !same;
-  t.counts[kUpdWeightNonfinite] += !finite_after;
-  t.counts[kUpdWeightSubnormal] += abs_after != 0u && abs_after < weight_normal;
-  t.counts[kUpdStateUnderflow] += has_state && with_grad && (state & kAbsMask32) < state_normal;
-  const double b = static_cast<double>(bits_as_float32(before)), a = static_cast<double>(bits_as_float32(after));
-  const double change = a - b;
-  t.sums[kUpdSqChange] += finite_before && finite_after ? change * change : 0.0;
-  t.sums[kUpdSqWeight] += finite_before ? b * b : 0.0;
-  const uint32_t magnitude = finite_after ? abs_after : 0u;
-  t.amax_bits = t.amax_bits > magnitude ? t.amax_bits : magnitude;
-}
-
-// The same judgement of one element as tally_update_element, returned instead of added: each count a 0/1 int32 and
-// each term a float64 (0 where it takes no part), so that a caller can keep them in lanes of its own. The CPU kernel
-// sums these in vectorised loops (update_stats_cpu.cpp); the CUDA kernel adds them with tally_update_element. Both
-// follow the definitions at the top of this file term by term, and tests/test_update_stats.py checks that the two
-// kernels agree element for element.
+// The judgement of one element, all four inputs as float32 bits (`state` ignored without `has_state`; the *_normal
+// arguments are min_normal_bits of the parameter's and of the state's dtypes): each count a 0/1 int32 and each term a
+// float64 (0 where it takes no part). The one element logic of both kernels: the CPU kernel keeps these in lanes of
+// its own in vectorised loops (update_stats_cpu.cpp), the CUDA kernel adds them with tally_update_element.
 struct UpdateElement {
   int32_t with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow;
   double sq_change, sq_weight;
@@ -107,9 +77,10 @@ AMPI_HD UpdateElement judge_update_element(uint32_t before, uint32_t after, uint
   const uint32_t abs_before = before & kAbsMask32, abs_after = after & kAbsMask32, abs_grad = grad & kAbsMask32;
   const bool finite_before = is_finite32(abs_before), finite_after = is_finite32(abs_after);
   const bool with_grad = is_finite32(abs_grad) & (abs_grad != 0u);
-  // same_value: equal bits, or both zeros, and neither a NaN (a NaN is finite-not and not Inf: |bits| > Inf's)
+  // The same value: equal bits, or both zeros, and neither a NaN (the bits of finite floats and Inf are unique per
+  // value; a NaN's |bits| are above Inf's)
   const bool nan = (abs_before > kInfBits32) | (abs_after > kInfBits32);
-  const bool same = !nan & ((before == after) | ((abs_before | abs_after) == 0u));
+  const bool same = (!nan) & ((before == after) | ((abs_before | abs_after) == 0u));
   UpdateElement e;
   e.with_grad = with_grad;
   e.lost = with_grad & same;
@@ -123,6 +94,21 @@ AMPI_HD UpdateElement judge_update_element(uint32_t before, uint32_t after, uint
   e.sq_weight = finite_before ? b * b : 0.0;
   e.magnitude = abs_after & (0u - static_cast<uint32_t>(finite_after));  // a mask, not a select: a plain max after
   return e;
+}
+
+// One element added to a tally (the CUDA kernel's per-thread totals).
+AMPI_HD void tally_update_element(UpdateTally& t, uint32_t before, uint32_t after, uint32_t grad, uint32_t state,
+                                  bool has_state, uint32_t weight_normal, uint32_t state_normal) {
+  const UpdateElement e = judge_update_element(before, after, grad, state, has_state, weight_normal, state_normal);
+  t.counts[kUpdWithGrad] += e.with_grad;
+  t.counts[kUpdLost] += e.lost;
+  t.counts[kUpdChanged] += e.changed;
+  t.counts[kUpdWeightNonfinite] += e.weight_nonfinite;
+  t.counts[kUpdWeightSubnormal] += e.weight_subnormal;
+  t.counts[kUpdStateUnderflow] += e.state_underflow;
+  t.sums[kUpdSqChange] += e.sq_change;
+  t.sums[kUpdSqWeight] += e.sq_weight;
+  t.amax_bits = t.amax_bits > e.magnitude ? t.amax_bits : e.magnitude;
 }
 
 }  // namespace amp_inspect

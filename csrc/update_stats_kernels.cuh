@@ -3,7 +3,7 @@
 //   - nvcc, through update_stats_cuda.cu: the kernel that runs on the GPU;
 //   - the host C++ compiler, through update_stats_emu.cpp with cuda_emu.h in front: the same source run on the
 //     CPU, each CUDA thread a real host thread (tests only: tests/test_update_stats_emu.py).
-// The element logic is update_stats.h's tally_update_element, the code the CPU kernel runs.
+// The element logic is update_stats.h's judge_update_element (through tally_update_element), as the CPU kernel's.
 //
 // One read of the data. A launch carries up to kViewsPerLaunch tensors in its parameters (no device table: safe
 // under CUDA graph capture); their elements fall into chunks of kChunkElems, and each block takes chunks in turn
