@@ -210,6 +210,12 @@ class StepReport:
         self._inf_by_rank = None
         self.inf_origin = kind
 
+    @property
+    def optimizer_step_pending(self) -> bool:
+        """update_every measures this step and its optimizer step has not run yet, while one is due: the gradients
+        are finite (on NaN/Inf a GradScaler skips it, and a loop without one may skip it too). Reads the device."""
+        return self.update is not None and not self.update.complete and not self.found_inf
+
     def ready(self) -> bool:
         """Whether host values can be read without waiting for the device."""
         ready = self._snapshot.ready() and (self._origin is None or self._origin.ready())

@@ -57,15 +57,20 @@ class StepHistory:
         recent = [r.recommended_scale for r in self._records[-(RECENT_STEPS - 1) :] if not r.skipped]
         return [x for x in recent if x]
 
-    def collect(self, wait: bool, follow: Follower) -> None:
-        """Finalizes the reports whose copies are complete (all of them with ``wait``: that waits for the device)."""
+    def collect(self, wait: bool, follow: Follower, *, keep_open: bool = False) -> None:
+        """Finalizes the reports whose copies are complete (all of them with ``wait``: that waits for the device;
+        with ``keep_open`` not from a step whose measured optimizer step has yet to run, update_every's)."""
         with self._lock:  # another thread reading records must not finalize the same report twice
             while self._pending and (wait or self._pending[0].ready()):
+                if keep_open and self._pending[0].optimizer_step_pending:
+                    break  # its log line would go without what its optimizer step did
                 self._finalize(self._pending.popleft(), follow)
 
     def records(self, follow: Follower) -> list[StepRecord]:
-        """One StepRecord per step (waits for outstanding device copies)."""
-        self.collect(True, follow)
+        """One StepRecord per step (waits for outstanding device copies); a step measured by update_every with finite
+        gradients joins once its optimizer step ran (read between check() and optimizer.step(), the history ends
+        before it), so that its log line carries what the step did."""
+        self.collect(True, follow, keep_open=True)
         return list(self._records)
 
     def _finalize(self, report: StepReport, follow: Follower) -> None:

@@ -413,3 +413,24 @@ def test_a_step_that_raises_inside_optimizer_step_does_not_keep_its_snapshot() -
     assert insp.last_update is not None and insp.last_update.step == 2
     assert insp.history[0].update is None or not insp.history[0].update.by_module  # it changed nothing
     insp.detach()
+
+
+def test_reading_the_history_between_check_and_the_optimizer_step_loses_no_update(tmp_path) -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    log = tmp_path / "run.jsonl"
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=2, log=str(log))
+    for step in range(5):
+        model(torch.randn(4, 16).to(torch.bfloat16)).float().pow(2).mean().backward()
+        insp.check()
+        seen = [r.step for r in insp.history]  # e.g. a loop that logs insp.summary() before stepping
+        assert seen == list(range(step if step % 2 == 0 else step + 1))  # a measured step joins after its step
+        opt.step()
+        opt.zero_grad()
+    insp.detach()
+    records = amp_inspect.read_log(log)
+    assert [r["step"] for r in records] == list(range(5))
+    for record in records:
+        assert ("update" in record) == (record["step"] % 2 == 0)
+        if "update" in record:
+            assert record["update"]["modules"]["fc1"]["numel_with_grad"] > 0
