@@ -14,6 +14,13 @@
 // Each chunk writes its totals to a slot of its own, summed per tensor in chunk order: results do not depend on the
 // number of threads, and no lock is taken.
 //
+// The float64 sums' order. A unit's sq_signal, and a recipe's sq_error on a unit that takes the fast loop, are added
+// in sum_in_lanes' fixed order; a recipe's sq_error on a unit that takes the exact path, element by element in
+// element order. Which path a unit takes depends on its values alone (never on the FPU's mode). Since 2026-12-01
+// (issue 21's CPU speed-up) a unit whose NVFP4 blocks include one with total scale 0 takes the fast loop (it took
+// the exact path before): the same terms, added in the other of the two orders, within the tests' tolerance of the
+// reference (tests/test_readiness.py's sums_rtol).
+//
 // no-trapping-math, for the whole file (before any header, so that every inline function it calls has the same
 // options and inlines): without it GCC keeps a select between float results as a branch (a float operation might
 // trap) and does not vectorise the element loops. It changes no value: IEEE results, their rounding and their
@@ -145,22 +152,54 @@ struct BlockVerdicts {
   double sq_error;
 };
 
-// The sum of v[0, n) (n <= kLargestBlock) in float64, in a fixed order: kSumLanes running sums, then the rest. A
-// float64 `sum += v[i]` loop is not vectorised (without fast-math the compiler keeps its order); these lanes are.
+// The sum of v[0, n) (n <= kLargestBlock) in float64, in a fixed order: kSumLanes running sums (element i into lane
+// i mod kSumLanes, in element order), added from lane 0 to lane kSumLanes - 1, then the rest. A float64 `sum += v[i]`
+// loop is not vectorised (without fast-math the compiler keeps its order); these lanes are. They are held in one of
+// two forms that give the same sums (the same adds, per lane, in the same order): kWide, one 8-double GCC vector, a
+// single AVX-512 register; else four 2-double vectors, SSE2's width, which every clone keeps in registers (the
+// 8-double vector went through the stack on the AVX2 and default clones, as in update_stats_cpu.cpp).
 constexpr int kSumLanes = 8;
+constexpr int kPairs = kSumLanes / 2;
 using DoubleLanes = double __attribute__((vector_size(kSumLanes * sizeof(double))));
+using DoublePair = double __attribute__((vector_size(2 * sizeof(double))));
+template <bool kWide>
 __attribute__((always_inline)) inline double sum_in_lanes(const double* v, int64_t n) {
-  DoubleLanes lanes = {};
+  double lane[kSumLanes];
   int64_t i = 0;
-  for (; i + kSumLanes <= n; i += kSumLanes) {
-    DoubleLanes x;
-    std::memcpy(&x, v + i, sizeof x);
-    lanes += x;
+  if constexpr (kWide) {
+    DoubleLanes acc = {};
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+      DoubleLanes x;
+      std::memcpy(&x, v + i, sizeof x);
+      acc += x;
+    }
+    std::memcpy(lane, &acc, sizeof lane);
+  } else {
+    DoublePair acc[kPairs] = {};
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+      DoublePair x[kPairs];
+      std::memcpy(x, v + i, sizeof x);
+      for (int p = 0; p < kPairs; ++p) acc[p] += x[p];
+    }
+    std::memcpy(lane, acc, sizeof lane);
   }
   double total = 0.0;
-  for (int l = 0; l < kSumLanes; ++l) total += lanes[l];
+  for (int l = 0; l < kSumLanes; ++l) total += lane[l];
   for (; i < n; ++i) total += v[i];
   return total;
+}
+
+// Whether this CPU runs the AVX-512 clones (GCC's dispatch picks arch=x86-64-v4 where all its features are), whose
+// lanes are best one register wide (update_stats_cpu.cpp's test).
+bool wide_lanes() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512cd");
+  return wide;
+#else
+  return false;
+#endif
 }
 
 // One scale per element of a unit (its block's): the float32 v is computed with, and the float64 the dequantized value
@@ -173,7 +212,7 @@ struct UnitScales {
 // judge_element_fast over a unit's elements, each under its own block's scale, the scale's kind fixed so the loop
 // has no branch: vectorised (AVX-512 / AVX2 clones), int32 lane counters (at most 128 elements), the squared errors
 // staged and summed in lanes.
-template <bool kDivide, bool kDequantDivides>
+template <bool kDivide, bool kDequantDivides, bool kWide>
 __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* __restrict bits, int64_t n,
                                                               const ElementGrid& g, const UnitScales& s) {
   int32_t flushed = 0, saturated = 0;
@@ -184,21 +223,34 @@ __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* _
     saturated += v.saturated;
     squares[i] = v.sq_error;
   }
-  return {flushed, saturated, sum_in_lanes(squares, n)};
+  return {flushed, saturated, sum_in_lanes<kWide>(squares, n)};
 }
 
-// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t).
+// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t); each
+// with paired or wide lanes (sum_in_lanes).
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                     const UnitScales& s) {
-  return judge_fast<false, true>(bits, n, g, s);
+  return judge_fast<false, true, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                         const UnitScales& s) {
+  return judge_fast<false, true, true>(bits, n, g, s);
 }
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                             const UnitScales& s) {
-  return judge_fast<false, false>(bits, n, g, s);
+  return judge_fast<false, false, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                                 const UnitScales& s) {
+  return judge_fast<false, false, true>(bits, n, g, s);
 }
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                       const UnitScales& s) {
-  return judge_fast<true, false>(bits, n, g, s);
+  return judge_fast<true, false, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                           const UnitScales& s) {
+  return judge_fast<true, false, true>(bits, n, g, s);
 }
 
 // The exact judge_element over elements [0, n) of a block: for blocks where judge_element_fast's conditions fail.
@@ -217,7 +269,7 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
 // block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
 // verdicts do not depend on the FPU's flush-to-zero mode.
-AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, const RecipeSpec& spec, const ElementGrid& g,
+AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide, const RecipeSpec& spec, const ElementGrid& g,
                   const uint32_t* sub_amax, const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
                   double& sq_error) {
   constexpr int kMaxBlocks = kLargestBlock / kSmallestBlock;
@@ -259,9 +311,13 @@ AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool ha
         per_element.scale32[i] = scale32;
       }
     }
-    v = scales[0].divide ? judge_fast_divide(bits, n, g, per_element)
-        : power_of_two   ? judge_fast_power_of_two(bits, n, g, per_element)
-                         : judge_fast_fp32(bits, n, g, per_element);
+    if (scales[0].divide) {
+      v = (wide ? judge_fast_divide_wide : judge_fast_divide)(bits, n, g, per_element);
+    } else if (power_of_two) {
+      v = (wide ? judge_fast_power_of_two_wide : judge_fast_power_of_two)(bits, n, g, per_element);
+    } else {
+      v = (wide ? judge_fast_fp32_wide : judge_fast_fp32)(bits, n, g, per_element);
+    }
   } else {
     for (int64_t b = 0; b < blocks; ++b) {
       const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
@@ -282,7 +338,9 @@ struct UnitScan {
   int32_t nonzero, nonfinite, subnormal;
   double sq_signal;
 };
-AMPI_READINESS_CLONES UnitScan scan_unit(uint32_t* __restrict bits, int64_t n, uint32_t* __restrict sub_amax) {
+template <bool kWide>
+__attribute__((always_inline)) inline UnitScan scan_unit(uint32_t* __restrict bits, int64_t n,
+                                                     uint32_t* __restrict sub_amax) {
   int32_t nonzero = 0, nonfinite = 0, subnormal = 0;
   double squares[kLargestBlock];
   for (int64_t i = 0; i < n; ++i) {
@@ -305,7 +363,13 @@ AMPI_READINESS_CLONES UnitScan scan_unit(uint32_t* __restrict bits, int64_t n, u
     for (int64_t i = first; i < end; ++i) m = std::max(m, bits[i] & kAbsMask32);
     sub_amax[first / kSmallestBlock] = m;
   }
-  return {nonzero, nonfinite, subnormal, sum_in_lanes(squares, n)};
+  return {nonzero, nonfinite, subnormal, sum_in_lanes<kWide>(squares, n)};
+}
+AMPI_READINESS_CLONES UnitScan scan_unit_paired(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+  return scan_unit<false>(bits, n, sub_amax);
+}
+AMPI_READINESS_CLONES UnitScan scan_unit_wide(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+  return scan_unit<true>(bits, n, sub_amax);
 }
 
 // One unit: read, per-tensor counts and squares, sub-block amaxes, then every recipe.
@@ -315,7 +379,8 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
   load_bits(view, range.start, range.length, bits);
   const int64_t n = range.length;
   uint32_t sub_amax[kSubBlocks] = {};
-  const UnitScan scan = scan_unit(bits, n, sub_amax);
+  const bool wide = wide_lanes();
+  const UnitScan scan = (wide ? scan_unit_wide : scan_unit_paired)(bits, n, sub_amax);
   const int32_t subnormal = scan.subnormal;
   out.counts[1] += scan.nonzero;
   out.counts[2] += scan.nonfinite;
@@ -323,7 +388,7 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
   for (const uint32_t m : sub_amax) out.amax = std::max(out.amax, m);
   for (int r = 0; r < call.num_recipes; ++r) {
     int64_t* counts = out.counts + kReadinessFixedCounts + kReadinessCountsPerRecipe * r;
-    judge_recipe(bits, n, subnormal != 0, *tr.spec[r], tr.grid[r], sub_amax, tr.tensor_scale[r], tr.decode_bits,
+    judge_recipe(bits, n, subnormal != 0, wide, *tr.spec[r], tr.grid[r], sub_amax, tr.tensor_scale[r], tr.decode_bits,
                  counts, out.sums[kReadinessFixedSums + r]);
   }
 }
