@@ -265,36 +265,6 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
   return v;
 }
 
-// NVFP4's block scales of a unit's `subs` 16-element blocks, the same as nvfp4_scale's: its float32 steps (amax_b / 6,
-// that / d, the E4M3 cast, d * s_b) by the hardware, in lanes, where fl32_divide and fl32_multiply take their
-// hardware path (every operand and result a normal float32, so no FTZ / DAZ mode touches them: readiness.h's
-// header) and s_b > 0; any other block (amax_b = 0 or tiny, s_b = 0, d not normal) by nvfp4_scale itself. nvfp4 alone
-// about 20% faster than nvfp4_scale per block; with all eight recipes the same time (the scalar scales overlap
-// the other recipes' vector work). Not inlined: inside judge_recipe it made all eight 5-10% slower.
-AMPI_READINESS_CLONES __attribute__((noinline)) void nvfp4_scales(const uint32_t* __restrict sub_amax, int64_t subs,
-                                                        uint32_t decode_bits, BlockScale* __restrict scales) {
-  const float d = bits_as_float32(decode_bits);
-  const float six = bits_as_float32(e2m1_grid().max_bits);
-  float total[kSubBlocks];
-  int32_t flushed_scale[kSubBlocks], lanes_ok[kSubBlocks];
-  for (int k = 0; k < kSubBlocks; ++k) {
-    const uint32_t a = sub_amax[k];
-    const uint32_t per_six = float32_as_bits(bits_as_float32(a) / six);
-    const uint32_t wanted = float32_as_bits(bits_as_float32(per_six) / d);
-    const uint32_t s_b = cast_abs_bits(wanted, e4m3_grid());
-    const uint32_t t = float32_as_bits(d * bits_as_float32(s_b));
-    lanes_ok[k] = (a >= kImplicitBit32) & (per_six >= kImplicitBit32) & (wanted >= kImplicitBit32) & (s_b != 0) &
-                  (t >= kImplicitBit32);
-    total[k] = bits_as_float32(t);
-    flushed_scale[k] = s_b < kE4M3MinNormalBits;
-  }
-  const bool d_normal = decode_bits >= kImplicitBit32 && decode_bits < kInfBits32;
-  for (int64_t k = 0; k < subs; ++k) {
-    scales[k] = d_normal && lanes_ok[k] ? BlockScale{static_cast<double>(total[k]), 1, 0, flushed_scale[k]}
-                                        : nvfp4_scale(sub_amax[k], decode_bits);
-  }
-}
-
 // One recipe on a unit (finite elements; non-finite ones were set to 0, which counts nothing): each block's scale
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
 // block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
@@ -309,19 +279,15 @@ AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool ha
   const int64_t subs = (n + kSmallestBlock - 1) / kSmallestBlock;
   const int64_t blocks = (n + block - 1) / block;
   bool fast = !has_subnormal;
-  const bool nvfp4 = spec.scale == kScaleNvfp4 && block == kSmallestBlock;  // one scale per sub-block
-  if (nvfp4) nvfp4_scales(sub_amax, blocks, decode_bits, scales);
   for (int64_t b = 0; b < blocks; ++b) {
     if (spec.block == 0) {  // one scale for the tensor: its blocks are counted once, at the end
       scales[b] = tensor_scale;
     } else {
-      if (!nvfp4) {
-        uint32_t amax = 0;
-        for (int64_t k = b * subs_per_block; k < std::min(subs, (b + 1) * subs_per_block); ++k) {
-          amax = std::max(amax, sub_amax[k]);
-        }
-        scales[b] = block_scale(spec.scale, g, amax, decode_bits);
+      uint32_t amax = 0;
+      for (int64_t k = b * subs_per_block; k < std::min(subs, (b + 1) * subs_per_block); ++k) {
+        amax = std::max(amax, sub_amax[k]);
       }
+      scales[b] = block_scale(spec.scale, g, amax, decode_bits);
       counts[2] += 1;
       counts[3] += scales[b].scale_flushed;
     }
