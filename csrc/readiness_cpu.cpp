@@ -269,9 +269,10 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
 // block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
 // verdicts do not depend on the FPU's flush-to-zero mode.
-AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide, const RecipeSpec& spec, const ElementGrid& g,
-                  const uint32_t* sub_amax, const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
-                  double& sq_error) {
+AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide,
+                                        const RecipeSpec& spec, const ElementGrid& g, const uint32_t* sub_amax,
+                                        const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
+                                        double& sq_error) {
   constexpr int kMaxBlocks = kLargestBlock / kSmallestBlock;
   BlockScale scales[kMaxBlocks];
   const int64_t block = spec.block == 0 ? kLargestBlock : spec.block;
