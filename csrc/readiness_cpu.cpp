@@ -267,8 +267,8 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
 
 // One recipe on a unit (finite elements; non-finite ones were set to 0, which counts nothing): each block's scale
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
-// block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
-// verdicts do not depend on the FPU's flush-to-zero mode.
+// block (no float32 subnormal element; normal float32 scales, or an NVFP4 total scale of 0), else each block by the
+// exact judge_element, so the verdicts do not depend on the FPU's flush-to-zero mode.
 AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide,
                                         const RecipeSpec& spec, const ElementGrid& g, const uint32_t* sub_amax,
                                         const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
