@@ -9,10 +9,12 @@ float32 and bfloat16; ``gpt2-style``, the 76 weight-shaped tensors of the benchm
 Methods: ``vector_norm`` (one read: the roofline proxy), ``tensor_stats`` (the gradient pass's fused op, for
 scale), ``all_recipes`` (the 8 recipes, the tensor amax measured
 by a first pass), ``all_recipes_delayed`` (the 8, tensor amax given: one pass), ``mxfp8_e4m3`` (one block recipe),
-``fp8_tensor_delayed`` (fp8_e4m3_tensor, amax given), and with ``--reference`` the float64 reference.
+``fp8_tensor_delayed`` (fp8_e4m3_tensor, amax given), and with ``--reference`` the float64 reference; with
+``--per-recipe`` also ``no_recipe`` (the unit scan alone: counts, sq_signal, sub-block amaxes) and each recipe alone,
+amax given (``<recipe>_delayed``): a recipe's own cost is its time less ``no_recipe``'s.
 
 Run:
-    python bench/bench_readiness.py [--quick] [--rounds N] [--reference] [--out DIR]
+    python bench/bench_readiness.py [--quick] [--rounds N] [--reference] [--per-recipe] [--out DIR]
 Prints the table; with ``--out`` writes readiness_cpu.json there.
 """
 
@@ -52,7 +54,7 @@ def gpt2_set(dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=g).to(dtype) for shape in gpt2_style_shapes()]
 
 
-def methods(tensors: list[torch.Tensor], reference: bool) -> dict[str, Callable[[], object]]:
+def methods(tensors: list[torch.Tensor], reference: bool, per_recipe: bool = False) -> dict[str, Callable[[], object]]:
     amax = torch.stack([t.float().abs().amax() for t in tensors])
     all_recipes = list(range(len(RECIPE_NAMES)))
     op = _ops.format_readiness_op
@@ -64,13 +66,19 @@ def methods(tensors: list[torch.Tensor], reference: bool) -> dict[str, Callable[
         "mxfp8_e4m3": lambda: op(tensors, [RECIPE_NAMES.index("mxfp8_e4m3")], None),
         "fp8_tensor_delayed": lambda: op(tensors, [RECIPE_NAMES.index("fp8_e4m3_tensor")], amax),
     }
+    if per_recipe:
+        made["no_recipe"] = lambda: op(tensors, [], amax)
+        for index, name in enumerate(RECIPE_NAMES):
+            made[f"{name}_delayed"] = lambda index=index: op(tensors, [index], amax)
     if reference:
         made["reference"] = lambda: format_readiness_reference(tensors, all_recipes, None)
     return made
 
 
-def run_set(name: str, tensors: list[torch.Tensor], rounds: int, reference: bool) -> list[dict]:
-    calls = methods(tensors, reference)
+def run_set(
+    name: str, tensors: list[torch.Tensor], rounds: int, reference: bool, per_recipe: bool = False
+) -> list[dict]:
+    calls = methods(tensors, reference, per_recipe)
     for fn in calls.values():  # warm up
         fn()
     times: dict[str, list[float]] = {m: [] for m in calls}
@@ -102,6 +110,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds, the activation set in float32 only")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--reference", action="store_true", help="time the float64 reference too (slow)")
+    parser.add_argument("--per-recipe", action="store_true", help="each recipe alone too, and no recipe (the scan)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if "cpu" not in _ops.READINESS_KERNELS:
@@ -110,7 +119,7 @@ def main() -> None:
     if not args.quick:
         sets += [("act-4M-bf16", activation_set(torch.bfloat16)), ("gpt2-style-fp32", gpt2_set(torch.float32))]
     rounds = 3 if args.quick else args.rounds
-    rows = [row for name, tensors in sets for row in run_set(name, tensors, rounds, args.reference)]
+    rows = [row for name, tensors in sets for row in run_set(name, tensors, rounds, args.reference, args.per_recipe)]
     print(f"format_readiness on the CPU, {torch.get_num_threads()} threads, {rounds} rounds (ratios: per round)")
     print_table(
         ["set", "method", "median ms", "ns/element", "x read (median)", "x read (range)"],

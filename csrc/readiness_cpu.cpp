@@ -14,6 +14,13 @@
 // Each chunk writes its totals to a slot of its own, summed per tensor in chunk order: results do not depend on the
 // number of threads, and no lock is taken.
 //
+// The float64 sums' order. A unit's sq_signal, and a recipe's sq_error on a unit that takes the fast loop, are added
+// in sum_in_lanes' fixed order; a recipe's sq_error on a unit that takes the exact path, element by element in
+// element order. Which path a unit takes depends on its values alone (never on the FPU's mode). Since 2026-12-01
+// (issue 21's CPU speed-up) a unit whose NVFP4 blocks include one with total scale 0 takes the fast loop (it took
+// the exact path before): the same terms, added in the other of the two orders, within the tests' tolerance of the
+// reference (tests/test_readiness.py's sums_rtol).
+//
 // no-trapping-math, for the whole file (before any header, so that every inline function it calls has the same
 // options and inlines): without it GCC keeps a select between float results as a branch (a float operation might
 // trap) and does not vectorise the element loops. It changes no value: IEEE results, their rounding and their
@@ -145,22 +152,54 @@ struct BlockVerdicts {
   double sq_error;
 };
 
-// The sum of v[0, n) (n <= kLargestBlock) in float64, in a fixed order: kSumLanes running sums, then the rest. A
-// float64 `sum += v[i]` loop is not vectorised (without fast-math the compiler keeps its order); these lanes are.
+// The sum of v[0, n) (n <= kLargestBlock) in float64, in a fixed order: kSumLanes running sums (element i into lane
+// i mod kSumLanes, in element order), added from lane 0 to lane kSumLanes - 1, then the rest. A float64 `sum += v[i]`
+// loop is not vectorised (without fast-math the compiler keeps its order); these lanes are. They are held in one of
+// two forms that give the same sums (the same adds, per lane, in the same order): kWide, one 8-double GCC vector, a
+// single AVX-512 register; else four 2-double vectors, SSE2's width, which every clone keeps in registers (the
+// 8-double vector went through the stack on the AVX2 and default clones, as in update_stats_cpu.cpp).
 constexpr int kSumLanes = 8;
+constexpr int kPairs = kSumLanes / 2;
 using DoubleLanes = double __attribute__((vector_size(kSumLanes * sizeof(double))));
+using DoublePair = double __attribute__((vector_size(2 * sizeof(double))));
+template <bool kWide>
 __attribute__((always_inline)) inline double sum_in_lanes(const double* v, int64_t n) {
-  DoubleLanes lanes = {};
+  double lane[kSumLanes];
   int64_t i = 0;
-  for (; i + kSumLanes <= n; i += kSumLanes) {
-    DoubleLanes x;
-    std::memcpy(&x, v + i, sizeof x);
-    lanes += x;
+  if constexpr (kWide) {
+    DoubleLanes acc = {};
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+      DoubleLanes x;
+      std::memcpy(&x, v + i, sizeof x);
+      acc += x;
+    }
+    std::memcpy(lane, &acc, sizeof lane);
+  } else {
+    DoublePair acc[kPairs] = {};
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+      DoublePair x[kPairs];
+      std::memcpy(x, v + i, sizeof x);
+      for (int p = 0; p < kPairs; ++p) acc[p] += x[p];
+    }
+    std::memcpy(lane, acc, sizeof lane);
   }
   double total = 0.0;
-  for (int l = 0; l < kSumLanes; ++l) total += lanes[l];
+  for (int l = 0; l < kSumLanes; ++l) total += lane[l];
   for (; i < n; ++i) total += v[i];
   return total;
+}
+
+// Whether this CPU runs the AVX-512 clones (GCC's dispatch picks arch=x86-64-v4 where all its features are), whose
+// lanes are best one register wide (update_stats_cpu.cpp's test).
+bool wide_lanes() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512cd");
+  return wide;
+#else
+  return false;
+#endif
 }
 
 // One scale per element of a unit (its block's): the float32 v is computed with, and the float64 the dequantized value
@@ -173,7 +212,7 @@ struct UnitScales {
 // judge_element_fast over a unit's elements, each under its own block's scale, the scale's kind fixed so the loop
 // has no branch: vectorised (AVX-512 / AVX2 clones), int32 lane counters (at most 128 elements), the squared errors
 // staged and summed in lanes.
-template <bool kDivide, bool kDequantDivides>
+template <bool kDivide, bool kDequantDivides, bool kWide>
 __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* __restrict bits, int64_t n,
                                                               const ElementGrid& g, const UnitScales& s) {
   int32_t flushed = 0, saturated = 0;
@@ -184,21 +223,34 @@ __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* _
     saturated += v.saturated;
     squares[i] = v.sq_error;
   }
-  return {flushed, saturated, sum_in_lanes(squares, n)};
+  return {flushed, saturated, sum_in_lanes<kWide>(squares, n)};
 }
 
-// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t).
+// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t); each
+// with paired or wide lanes (sum_in_lanes).
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                     const UnitScales& s) {
-  return judge_fast<false, true>(bits, n, g, s);
+  return judge_fast<false, true, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                         const UnitScales& s) {
+  return judge_fast<false, true, true>(bits, n, g, s);
 }
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                             const UnitScales& s) {
-  return judge_fast<false, false>(bits, n, g, s);
+  return judge_fast<false, false, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                                 const UnitScales& s) {
+  return judge_fast<false, false, true>(bits, n, g, s);
 }
 AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                       const UnitScales& s) {
-  return judge_fast<true, false>(bits, n, g, s);
+  return judge_fast<true, false, false>(bits, n, g, s);
+}
+AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                           const UnitScales& s) {
+  return judge_fast<true, false, true>(bits, n, g, s);
 }
 
 // The exact judge_element over elements [0, n) of a block: for blocks where judge_element_fast's conditions fail.
@@ -215,11 +267,12 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
 
 // One recipe on a unit (finite elements; non-finite ones were set to 0, which counts nothing): each block's scale
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
-// block (no float32 subnormal element, normal float32 scales), else each block by the exact judge_element, so the
-// verdicts do not depend on the FPU's flush-to-zero mode.
-AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, const RecipeSpec& spec, const ElementGrid& g,
-                  const uint32_t* sub_amax, const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
-                  double& sq_error) {
+// block (no float32 subnormal element; normal float32 scales, or an NVFP4 total scale of 0), else each block by the
+// exact judge_element, so the verdicts do not depend on the FPU's flush-to-zero mode.
+AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide,
+                                        const RecipeSpec& spec, const ElementGrid& g, const uint32_t* sub_amax,
+                                        const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
+                                        double& sq_error) {
   constexpr int kMaxBlocks = kLargestBlock / kSmallestBlock;
   BlockScale scales[kMaxBlocks];
   const int64_t block = spec.block == 0 ? kLargestBlock : spec.block;
@@ -239,7 +292,7 @@ AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool ha
       counts[2] += 1;
       counts[3] += scales[b].scale_flushed;
     }
-    fast = fast && scale_is_normal_float(scales[b]);
+    fast = fast && (scale_is_normal_float(scales[b]) || (scales[b].all_zero && scales[b].divide));
   }
   BlockVerdicts v{0, 0, 0.0};
   if (fast) {
@@ -247,17 +300,25 @@ AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool ha
     UnitScales per_element;
     for (int64_t b = 0; b < blocks; ++b) {  // block by block: no division per element
       const double scale = scales[b].scale;
-      const float scale32 = static_cast<float>(scale);        // exact: a float32 value
-      const double dequant = power_of_two ? 1.0 / scale : scale;  // 2^X exactly, for 2^-X
+      // An NVFP4 block whose total scale is 0 (all_zero) divides by +Inf and dequantizes by 0: v = +-0, q = +-0, so
+      // judge_element_fast gives judge_element's all_zero verdict exactly (flushed where x != 0, not saturated,
+      // error x, squared x * x), x being no float32 subnormal here.
+      const bool all_zero = scales[b].all_zero;
+      const float scale32 = all_zero ? __builtin_inff() : static_cast<float>(scale);  // else exact: a float32 value
+      const double dequant = all_zero ? 0.0 : power_of_two ? 1.0 / scale : scale;  // 2^X exactly, for 2^-X
       const int64_t end = std::min(n, (b + 1) * block);
       for (int64_t i = b * block; i < end; ++i) {
         per_element.dequant[i] = dequant;
         per_element.scale32[i] = scale32;
       }
     }
-    v = scales[0].divide ? judge_fast_divide(bits, n, g, per_element)
-        : power_of_two   ? judge_fast_power_of_two(bits, n, g, per_element)
-                         : judge_fast_fp32(bits, n, g, per_element);
+    if (scales[0].divide) {
+      v = (wide ? judge_fast_divide_wide : judge_fast_divide)(bits, n, g, per_element);
+    } else if (power_of_two) {
+      v = (wide ? judge_fast_power_of_two_wide : judge_fast_power_of_two)(bits, n, g, per_element);
+    } else {
+      v = (wide ? judge_fast_fp32_wide : judge_fast_fp32)(bits, n, g, per_element);
+    }
   } else {
     for (int64_t b = 0; b < blocks; ++b) {
       const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
@@ -278,7 +339,9 @@ struct UnitScan {
   int32_t nonzero, nonfinite, subnormal;
   double sq_signal;
 };
-AMPI_READINESS_CLONES UnitScan scan_unit(uint32_t* __restrict bits, int64_t n, uint32_t* __restrict sub_amax) {
+template <bool kWide>
+__attribute__((always_inline)) inline UnitScan scan_unit(uint32_t* __restrict bits, int64_t n,
+                                                     uint32_t* __restrict sub_amax) {
   int32_t nonzero = 0, nonfinite = 0, subnormal = 0;
   double squares[kLargestBlock];
   for (int64_t i = 0; i < n; ++i) {
@@ -301,7 +364,13 @@ AMPI_READINESS_CLONES UnitScan scan_unit(uint32_t* __restrict bits, int64_t n, u
     for (int64_t i = first; i < end; ++i) m = std::max(m, bits[i] & kAbsMask32);
     sub_amax[first / kSmallestBlock] = m;
   }
-  return {nonzero, nonfinite, subnormal, sum_in_lanes(squares, n)};
+  return {nonzero, nonfinite, subnormal, sum_in_lanes<kWide>(squares, n)};
+}
+AMPI_READINESS_CLONES UnitScan scan_unit_paired(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+  return scan_unit<false>(bits, n, sub_amax);
+}
+AMPI_READINESS_CLONES UnitScan scan_unit_wide(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+  return scan_unit<true>(bits, n, sub_amax);
 }
 
 // One unit: read, per-tensor counts and squares, sub-block amaxes, then every recipe.
@@ -311,7 +380,8 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
   load_bits(view, range.start, range.length, bits);
   const int64_t n = range.length;
   uint32_t sub_amax[kSubBlocks] = {};
-  const UnitScan scan = scan_unit(bits, n, sub_amax);
+  const bool wide = wide_lanes();
+  const UnitScan scan = (wide ? scan_unit_wide : scan_unit_paired)(bits, n, sub_amax);
   const int32_t subnormal = scan.subnormal;
   out.counts[1] += scan.nonzero;
   out.counts[2] += scan.nonfinite;
@@ -319,25 +389,43 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
   for (const uint32_t m : sub_amax) out.amax = std::max(out.amax, m);
   for (int r = 0; r < call.num_recipes; ++r) {
     int64_t* counts = out.counts + kReadinessFixedCounts + kReadinessCountsPerRecipe * r;
-    judge_recipe(bits, n, subnormal != 0, *tr.spec[r], tr.grid[r], sub_amax, tr.tensor_scale[r], tr.decode_bits,
+    judge_recipe(bits, n, subnormal != 0, wide, *tr.spec[r], tr.grid[r], sub_amax, tr.tensor_scale[r], tr.decode_bits,
                  counts, out.sums[kReadinessFixedSums + r]);
   }
 }
 
 // The finite amax of elements [start, start + n) of a view, as float32 bits (cloned: SSE2 has no unsigned max).
-AMPI_READINESS_CLONES uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
-  constexpr int64_t kStage = 1024;
-  uint32_t bits[kStage];
+// Read in place, in the tensor's own width: the magnitudes of bf16 and fp16 bits order as their values do, and
+// widening is monotone, so the widened max of the 16-bit magnitudes is the max of the widened ones. Inf and NaN are
+// masked to 0 (GCC 12 leaves the max of a select scalar: the reduction variable is used twice).
+AMPI_READINESS_CLONES uint32_t finite_amax_f32(const uint32_t* __restrict p, int64_t n) {
   uint32_t amax = 0;
-  for (int64_t done = 0; done < n; done += kStage) {
-    const int64_t m = std::min(kStage, n - done);
-    load_bits(view, start + done, m, bits);
-    for (int64_t i = 0; i < m; ++i) {
-      const uint32_t a = bits[i] & kAbsMask32;
-      amax = std::max(amax, is_finite32(a) ? a : 0u);
-    }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = p[i] & kAbsMask32;
+    const uint32_t f = a & (0u - static_cast<uint32_t>(a < kInfBits32));  // a, or 0 for Inf / NaN
+    amax = std::max(amax, f);
   }
   return amax;
+}
+// |bits| of the largest finite value of 16-bit elements, finite below `inf_bits` (the format's +Inf).
+AMPI_READINESS_CLONES uint16_t finite_amax_16(const uint16_t* __restrict p, int64_t n, uint16_t inf_bits) {
+  uint16_t amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t a = static_cast<uint16_t>(p[i] & 0x7FFFu);
+    const uint16_t f = static_cast<uint16_t>(a & (0u - static_cast<uint32_t>(a < inf_bits)));
+    amax = std::max(amax, f);
+  }
+  return amax;
+}
+uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
+  switch (view.dtype) {
+    case kFloat32:
+      return finite_amax_f32(static_cast<const uint32_t*>(view.data) + start, n);
+    case kBFloat16:
+      return bf16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, 0x7F80u));
+    default:
+      return fp16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, 0x7C00u));
+  }
 }
 
 ReadinessOutputs run_readiness_cpu(const ReadinessCall& call) {

@@ -175,6 +175,27 @@ def test_results_do_not_depend_on_the_number_of_threads() -> None:
     assert all(torch.equal(a, b) for a, b in zip(one, many, strict=True))
 
 
+def nvfp4_zero_scale_units() -> list[torch.Tensor]:
+    """128-element units mixing NVFP4 blocks whose total scale is 0 (all zeros, or an amax far below the tensor's:
+    s_b rounds to 0) with ordinary blocks, and a NaN in one: the CPU kernel judges such blocks in its fast loop
+    (readiness_cpu.cpp), which must give the exact path's verdicts."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(6, 256, generator=g)
+    x[0, :3] = 2.0**24  # the tensor amax: s_b = 0 for blocks of ordinary values
+    x[1, 16:48] = 0.0  # zero blocks beside ordinary ones
+    x[2, ::16] *= 2.0**-30  # tiny amaxes in some blocks
+    x[3, 5] = NAN
+    x[4] *= 2.0**18  # blocks that keep a scale
+    return [x, x[1:].clone()]  # the second without the outlier: ordinary scales, with its zero blocks
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nvfp4_blocks_whose_scale_is_zero_equal_the_reference(dtype) -> None:
+    tensors = [t.to(dtype) for t in nvfp4_zero_scale_units()]
+    assert_matches_reference(tensors)
+    assert_matches_reference(tensors, [RECIPE_NAMES.index("nvfp4")])
+
+
 def test_flush_to_zero_mode_does_not_change_the_results() -> None:
     """readiness.h never hands a float32 subnormal to the FPU where it would matter: with the CPU's flush-to-zero
     and denormals-are-zero on (torch.set_flush_denormal), float32 subnormal inputs and scales give the same bits."""
@@ -184,6 +205,7 @@ def test_flush_to_zero_mode_does_not_change_the_results() -> None:
     rng = np.random.default_rng(14)
     tensors += [random_tensor(rng, 40 * 96, dtype).reshape(40, 96) for dtype in DTYPES]  # every binade
     tensors += [(torch.randn(16, 64, generator=torch.Generator().manual_seed(e)) * 2.0**e) for e in (-140, -125, -100)]
+    tensors += nvfp4_zero_scale_units()
     normal = OP(tensors, ALL, None)
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot set flush-to-zero")
