@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .printable import shown_name
-from .update_report import RATIO_HEALTHY, RATIO_HIGH, UpdateStats, from_log
+from .update_report import RATIO_HEALTHY, RATIO_HIGH, ROW_HEADERS, UpdateStats, from_log, overview
 
 MAX_LINES = 12  # modules drawn at most: those whose lost fraction is highest, then the rest in order
 CAPTION = (
@@ -77,5 +77,24 @@ def html_section(records: Iterable[Mapping[str, Any]]) -> str | None:
     return (
         '<section id="updates"><h2>What the optimizer did: update-to-weight ratio per module</h2>'
         f'<figure><img src="data:image/png;base64,{data}" alt="update ratio per module over time">'
-        f"<figcaption>{e(CAPTION)}</figcaption></figure></section>"
+        f"<figcaption>{e(CAPTION)}</figcaption></figure>{_module_table(updates)}</section>"
+    )
+
+
+def _module_table(updates: list[UpdateStats]) -> str:
+    """The summary's table (update_report.UpdateOverview: every module, worst first) under its headline."""
+    seen = overview(updates)
+    if seen is None:
+        return ""
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in ROW_HEADERS)
+    body = "".join(
+        f'<tr><td class="module">{e(shown_name(row[0]))}</td>'
+        + "".join(f'<td class="num">{e(cell)}</td>' for cell in row[1:])
+        + "</tr>"
+        for row in seen.rows()
+    )
+    return (
+        f"<p>{e(seen.headline())}</p>"
+        f'<table class="offenders"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
     )

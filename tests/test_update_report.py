@@ -113,6 +113,9 @@ def test_the_html_report_plots_the_update_ratio_beside_the_heatmaps(tmp_path) ->
     assert '<section id="updates">' in page and "update-to-weight ratio" in page
     assert page.index('id="heatmap_over_time"') < page.index('id="updates"') < page.index('id="fractions"')
     assert "were rounded away" in page  # the verdict among the findings
+    section = page[page.index('id="updates"') : page.index("</section>", page.index('id="updates"'))]
+    assert "what the optimizer did (3 measured optimizer steps)" in section and "update ratio (median)" in section
+    assert '<td class="module">fc1</td>' in section and '<td class="module">fc2</td>' in section
 
 
 def test_a_log_without_updates_has_no_update_section(tmp_path) -> None:
