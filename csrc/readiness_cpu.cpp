@@ -35,6 +35,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_clones.h"
 #include "readiness_call.h"
 
 namespace amp_inspect {
@@ -45,17 +46,10 @@ constexpr int kSubBlocks = kLargestBlock / kSmallestBlock;
 constexpr int kMaxCountColumns = kReadinessFixedCounts + kReadinessCountsPerRecipe * kNumRecipes;
 constexpr int kMaxSumColumns = kReadinessFixedSums + kReadinessSumsPerRecipe * kNumRecipes;
 
-// The vectorised loops, cloned for AVX-512 and AVX2 (and no-trapping-math: see the top of the file).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AMPI_READINESS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define AMPI_READINESS_CLONES
-#endif
-
-AMPI_READINESS_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
+AMPI_CPU_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
 }
-AMPI_READINESS_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
+AMPI_CPU_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
   for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);  // exact whatever the FTZ mode (numerics.h)
 }
 
@@ -189,19 +183,6 @@ __attribute__((always_inline)) inline double sum_in_lanes(const double* v, int64
   return total;
 }
 
-// Whether this CPU runs the AVX-512 clones (GCC's dispatch picks arch=x86-64-v4 where all its features are), whose
-// lanes are best one register wide (update_stats_cpu.cpp's test).
-bool wide_lanes() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                           __builtin_cpu_supports("avx512cd");
-  return wide;
-#else
-  return false;
-#endif
-}
-
 // One scale per element of a unit (its block's): the float32 v is computed with, and the float64 the dequantized value
 // is computed with (judge_element_fast), for judge_fast.
 struct UnitScales {
@@ -228,27 +209,27 @@ __attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* _
 
 // The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t); each
 // with paired or wide lanes (sum_in_lanes).
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
+AMPI_CPU_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                     const UnitScales& s) {
   return judge_fast<false, true, false>(bits, n, g, s);
 }
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_fp32_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+AMPI_CPU_CLONES BlockVerdicts judge_fast_fp32_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                          const UnitScales& s) {
   return judge_fast<false, true, true>(bits, n, g, s);
 }
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
+AMPI_CPU_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                             const UnitScales& s) {
   return judge_fast<false, false, false>(bits, n, g, s);
 }
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_power_of_two_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+AMPI_CPU_CLONES BlockVerdicts judge_fast_power_of_two_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                                  const UnitScales& s) {
   return judge_fast<false, false, true>(bits, n, g, s);
 }
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+AMPI_CPU_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                       const UnitScales& s) {
   return judge_fast<true, false, false>(bits, n, g, s);
 }
-AMPI_READINESS_CLONES BlockVerdicts judge_fast_divide_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+AMPI_CPU_CLONES BlockVerdicts judge_fast_divide_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
                                                            const UnitScales& s) {
   return judge_fast<true, false, true>(bits, n, g, s);
 }
@@ -269,7 +250,7 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
 // block (no float32 subnormal element; normal float32 scales, or an NVFP4 total scale of 0), else each block by the
 // exact judge_element, so the verdicts do not depend on the FPU's flush-to-zero mode.
-AMPI_READINESS_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide,
+AMPI_CPU_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide,
                                         const RecipeSpec& spec, const ElementGrid& g, const uint32_t* sub_amax,
                                         const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
                                         double& sq_error) {
@@ -366,10 +347,10 @@ __attribute__((always_inline)) inline UnitScan scan_unit(uint32_t* __restrict bi
   }
   return {nonzero, nonfinite, subnormal, sum_in_lanes<kWide>(squares, n)};
 }
-AMPI_READINESS_CLONES UnitScan scan_unit_paired(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+AMPI_CPU_CLONES UnitScan scan_unit_paired(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
   return scan_unit<false>(bits, n, sub_amax);
 }
-AMPI_READINESS_CLONES UnitScan scan_unit_wide(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+AMPI_CPU_CLONES UnitScan scan_unit_wide(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
   return scan_unit<true>(bits, n, sub_amax);
 }
 
@@ -398,7 +379,7 @@ void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall&
 // Read in place, in the tensor's own width: the magnitudes of bf16 and fp16 bits order as their values do, and
 // widening is monotone, so the widened max of the 16-bit magnitudes is the max of the widened ones. Inf and NaN are
 // masked to 0 (GCC 12 leaves the max of a select scalar: the reduction variable is used twice).
-AMPI_READINESS_CLONES uint32_t finite_amax_f32(const uint32_t* __restrict p, int64_t n) {
+AMPI_CPU_CLONES uint32_t finite_amax_f32(const uint32_t* __restrict p, int64_t n) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t a = p[i] & kAbsMask32;
@@ -408,7 +389,7 @@ AMPI_READINESS_CLONES uint32_t finite_amax_f32(const uint32_t* __restrict p, int
   return amax;
 }
 // |bits| of the largest finite value of 16-bit elements, finite below `inf_bits` (the format's +Inf).
-AMPI_READINESS_CLONES uint16_t finite_amax_16(const uint16_t* __restrict p, int64_t n, uint16_t inf_bits) {
+AMPI_CPU_CLONES uint16_t finite_amax_16(const uint16_t* __restrict p, int64_t n, uint16_t inf_bits) {
   uint16_t amax = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t a = static_cast<uint16_t>(p[i] & 0x7FFFu);

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_clones.h"
 #include "update_stats_call.h"
 
 namespace amp_inspect {
@@ -41,17 +42,10 @@ constexpr int kSumLanes = 8;                       // float64 running sums per t
 static_assert(kChunkElems % kStage == 0 && kStage % kSumLanes == 0, "a block's lanes continue the chunk's");
 static_assert(kChunkElems < (int64_t{1} << 31), "a chunk's counts are kept in int32");
 
-// The vectorised loops, cloned for AVX-512 and AVX2 (and no-trapping-math: see the top of the file).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AMPI_UPDATE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define AMPI_UPDATE_CLONES
-#endif
-
-AMPI_UPDATE_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
+AMPI_CPU_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
 }
-AMPI_UPDATE_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
+AMPI_CPU_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
   for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);  // exact whatever the FTZ mode (numerics.h)
 }
 
@@ -108,19 +102,6 @@ __attribute__((always_inline)) inline void add_in_lanes(double* __restrict lanes
   }
 }
 
-// Whether this CPU runs the AVX-512 clones (GCC's dispatch picks arch=x86-64-v4 where all its features are), whose
-// lanes are best one register wide.
-bool wide_lanes() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                           __builtin_cpu_supports("avx512cd");
-  return wide;
-#else
-  return false;
-#endif
-}
-
 // One block of at most kStage elements (a multiple of kSumLanes unless it ends the chunk), judged element by element
 // by judge_update_element: branch-free, so the cloned loop vectorises.
 template <bool kHasState, bool kWide>
@@ -161,21 +142,21 @@ __attribute__((always_inline)) inline void tally_block(const uint32_t* __restric
 }
 
 // The four cloned forms: with or without exp_avg_sq, wide or paired lanes.
-AMPI_UPDATE_CLONES void tally_block_with_state(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
+AMPI_CPU_CLONES void tally_block_with_state(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
                                                const uint32_t* state, int64_t n, uint32_t weight_normal,
                                                uint32_t state_normal, ChunkTally& t) {
   tally_block<true, false>(before, after, grad, state, n, weight_normal, state_normal, t);
 }
-AMPI_UPDATE_CLONES void tally_block_with_state_wide(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
+AMPI_CPU_CLONES void tally_block_with_state_wide(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
                                                     const uint32_t* state, int64_t n, uint32_t weight_normal,
                                                     uint32_t state_normal, ChunkTally& t) {
   tally_block<true, true>(before, after, grad, state, n, weight_normal, state_normal, t);
 }
-AMPI_UPDATE_CLONES void tally_block_without_state(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
+AMPI_CPU_CLONES void tally_block_without_state(const uint32_t* before, const uint32_t* after, const uint32_t* grad,
                                                   int64_t n, uint32_t weight_normal, ChunkTally& t) {
   tally_block<false, false>(before, after, grad, nullptr, n, weight_normal, 0u, t);
 }
-AMPI_UPDATE_CLONES void tally_block_without_state_wide(const uint32_t* before, const uint32_t* after,
+AMPI_CPU_CLONES void tally_block_without_state_wide(const uint32_t* before, const uint32_t* after,
                                                        const uint32_t* grad, int64_t n, uint32_t weight_normal,
                                                        ChunkTally& t) {
   tally_block<false, true>(before, after, grad, nullptr, n, weight_normal, 0u, t);
