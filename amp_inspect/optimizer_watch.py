@@ -89,6 +89,7 @@ class _Snapshot:
     before: list[torch.Tensor]
     grads: list[torch.Tensor]
     names: list[str]
+    asked: list[bool]  # False where the parameter's group has learning rate 0: the step was asked to change nothing
 
 
 @dataclass
@@ -230,19 +231,21 @@ class OptimizerWatch:
         if id(optimizer) in self._slot(step).stepped:
             return  # measured once per optimizer and step (a second step() call of the same step is not)
         owner = self._owner()
-        params, names = [], []
+        params, names, asked = [], [], []
         for g, group in enumerate(optimizer.param_groups):
+            moves = not _zero_learning_rate(group)
             for i, p in enumerate(group["params"]):
                 grad = p.grad
                 if grad is None or p.dtype not in INPUT_DTYPES or grad.layout != torch.strided:
                     continue
                 params.append(p)
+                asked.append(moves)
                 name = owner.module_of(p) if owner is not None else None
                 names.append(name or f"param_groups[{g}].params[{i}]")
         with torch.no_grad():
             before = [to_local(p.detach()).clone() for p in params]
             grads = [to_local(p.grad.detach()) for p in params]  # type: ignore[union-attr]
-        self._snapshots[id(optimizer)] = _Snapshot(step, params, before, grads, names)
+        self._snapshots[id(optimizer)] = _Snapshot(step, params, before, grads, names, asked)
 
     def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
         snap = self._snapshots.pop(id(optimizer), None)
@@ -284,7 +287,7 @@ class OptimizerWatch:
             (_dtype_name(p.dtype), None if s is None else _dtype_name(s.dtype))
             for p, s in zip(params, states, strict=True)
         ]
-        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes)
+        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, [snap.asked[i] for i in rows])
 
     def _across_ranks(
         self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, group: Any
@@ -325,6 +328,15 @@ def _state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tenso
     if isinstance(value, torch.Tensor) and value.dtype in INPUT_DTYPES and value.shape == param.shape:
         return value.detach()
     return None
+
+
+def _zero_learning_rate(group: dict[str, Any]) -> bool:
+    """Whether a parameter group's learning rate is 0 (a warm-up's first step, a group frozen by its rate): read from
+    a number or a CPU tensor; a learning rate on a GPU is not read (that would sync) and counts as not 0."""
+    lr = group.get("lr")
+    if isinstance(lr, torch.Tensor):
+        return lr.device.type == "cpu" and lr.numel() == 1 and float(lr) == 0.0
+    return isinstance(lr, (int, float)) and lr == 0
 
 
 def _groups(snap: _Snapshot, optimizer: torch.optim.Optimizer) -> Iterable[list[int]]:

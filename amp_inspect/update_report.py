@@ -26,7 +26,14 @@ The verdicts and their thresholds (docs/usage.md, "What the optimizer did", says
   "update/data ratio", the log10 of which should sit near -3); a module whose median ratio over the measured
   steps is above ``RATIO_HIGH`` (1e-2) changes by over 1% a step, and one whose ratio is exactly 0 on every
   measured step while it had gradients does not train (when its updates were all rounded away, the first
-  verdict names it instead).
+  verdict names it instead). A module whose weights were all zero before a measured step (LoRA's B, a
+  zero-initialised projection) is left out of "above": its ||W|| is its own updates' sum, so its ratio starts
+  high and falls like 1 / steps whatever the learning rate.
+
+A parameter group whose learning rate is 0 on a measured step (the first step of a warm-up from 0, a group frozen
+by its rate) was asked to change nothing: its elements count no gradient (numel_with_grad 0), so none is lost and
+its ratio of 0 is no verdict, unless its learning rate was 0 on every measured step (``numel_lr_zero``, the
+elements so held, equals ``numel``): then it does not train, as a ratio of exactly 0 says.
 
 Torch-free (plain numbers), so ``amp-inspect summary`` reads a log without loading torch.
 """
@@ -54,6 +61,8 @@ COUNT_FIELDS = tuple(SHOWN.get(s.name, s.name) for s in UPDATE if s.is_count)
 FLOAT_FIELDS = tuple(SHOWN.get(s.name, s.name) for s in UPDATE if not s.is_count)
 DERIVED_FIELDS = ("lost_fraction", "update_ratio")
 TEXT_FIELDS = ("dtype", "state_dtype")  # the parameter's dtype, its exp_avg_sq's (None without one)
+# Elements whose parameter group had learning rate 0 on the step (counted by the watch, not the op; 0 in old logs).
+LR_ZERO_FIELD = "numel_lr_zero"
 
 
 class _Pending(Protocol):
@@ -79,6 +88,7 @@ def merge_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     for s in UPDATE:
         key = SHOWN.get(s.name, s.name)
         out[key] = max(a[key], b[key]) if s.merge == MAX else a[key] + b[key]
+    out[LR_ZERO_FIELD] = a.get(LR_ZERO_FIELD, 0) + b.get(LR_ZERO_FIELD, 0)
     for key in TEXT_FIELDS:
         out[key] = a.get(key) if a.get(key) == b.get(key) else "mixed"
     return _with_derived(out)
@@ -88,30 +98,40 @@ class UpdateStats:
     """What one measured optimizer step (or several merged) did, per module: ``by_module[name]`` holds
     ``numel_with_grad``, ``lost``, ``lost_fraction``, ``update_ratio``, ``state_underflow``, ``weight_amax`` (and
     ``numel``, ``changed``, ``weight_nonfinite``, ``weight_subnormal``, ``sq_change``, ``sq_weight``, ``dtype``,
-    ``state_dtype``). Made from host records or from device rows on their way to the host (nothing is read until
-    a value is asked for). ``skipped``: a fused optimizer's step that GradScaler's found_inf turned off."""
+    ``state_dtype``, ``numel_lr_zero``). Made from host records or from device rows on their way to the host
+    (nothing is read until a value is asked for). ``skipped``: a fused optimizer's step that GradScaler's
+    found_inf turned off."""
 
     def __init__(
         self, step: int | None, modules: Mapping[str, Mapping[str, Any]] | None = None, *, complete: bool = True
     ) -> None:
         self.step = step
         self.complete = complete  # False while optimizers of the step may still add their statistics
-        # (copy of counts / sums / amax / applied, the module of each row, the (dtype, state dtype) of each row)
-        self._pending: list[tuple[_Pending, Sequence[str], Sequence[tuple[str, str | None]]]] = []
+        # (copy of counts / sums / amax / applied, the module of each row, the (dtype, state dtype) of each row,
+        # whether the step was asked to move each row: False for a parameter group at learning rate 0)
+        self._pending: list[tuple[_Pending, Sequence[str], Sequence[tuple[str, str | None]], Sequence[bool]]] = []
         self._modules: dict[str, dict[str, Any]] = {m: _with_derived(r) for m, r in (modules or {}).items()}
         self._skipped = False
 
-    def add(self, copy: _Pending, names: Sequence[str], dtypes: Sequence[tuple[str, str | None]]) -> None:
-        """Device rows on their way to the host (``copy`` holds counts, sums, amax and the flag applied)."""
-        self._pending.append((copy, list(names), list(dtypes)))
+    def add(
+        self,
+        copy: _Pending,
+        names: Sequence[str],
+        dtypes: Sequence[tuple[str, str | None]],
+        asked: Sequence[bool] | None = None,
+    ) -> None:
+        """Device rows on their way to the host (``copy`` holds counts, sums, amax and the flag applied). ``asked``:
+        per row, whether the step was asked to move it (False: its group's learning rate was 0, so an unchanged
+        weight is no lost update: the row counts no element with a gradient and none lost)."""
+        self._pending.append((copy, list(names), list(dtypes), [True] * len(names) if asked is None else list(asked)))
 
     def ready(self) -> bool:
         """Whether the values are all there and can be read without waiting for the device."""
-        return self.complete and all(p.ready() for p, _, _ in self._pending)
+        return self.complete and all(p.ready() for p, _, _, _ in self._pending)
 
     def _read(self) -> None:
         modules = self._modules
-        for copy, names, dtypes in self._pending:
+        for copy, names, dtypes, asked in self._pending:
             h = copy.host()
             if not bool(h["applied"]):
                 self._skipped = True  # a fused step turned off by found_inf: nothing changed, nothing was lost
@@ -128,6 +148,9 @@ class UpdateStats:
                         position[s.output] += 1
                     record[SHOWN.get(s.name, s.name)] = int(value) if s.is_count else float(value)
                 record["dtype"], record["state_dtype"] = dtypes[i]
+                record[LR_ZERO_FIELD] = 0 if asked[i] else record["numel"]
+                if not asked[i]:  # learning rate 0: nothing was asked of these elements, nothing could be lost
+                    record["numel_with_grad"] = record["lost"] = record["state_underflow"] = 0
                 record = _with_derived(record)
                 modules[name] = merge_records(modules[name], record) if name in modules else record
         self._pending = []
@@ -182,6 +205,7 @@ class UpdateStats:
             try:
                 values: dict[str, Any] = {k: int(m[k]) for k in COUNT_FIELDS}
                 values.update({k: float(m[k]) for k in FLOAT_FIELDS})
+                values[LR_ZERO_FIELD] = int(m.get(LR_ZERO_FIELD, 0))
             except (KeyError, TypeError, ValueError) as error:
                 raise ValueError(
                     f"the update record of module {shown_name(str(name))!r} is malformed ({error})"
@@ -261,12 +285,15 @@ class UpdateOverview:
 
     ``merged``: every applied measured step's statistics added by module; ``ratios[module]``: its update ratio on
     each of those steps where it had gradients; ``skipped``: measured steps that did not apply (a fused
-    optimizer's found_inf)."""
+    optimizer's found_inf); ``from_zeros``: modules whose weights were all zero before a measured step (LoRA's B,
+    zero-initialised projections): their ||W|| is made of their own updates, so their ratio falls like 1 / steps
+    whatever the learning rate, and the update-ratio verdict leaves them out."""
 
     steps: int
     skipped: int
     merged: UpdateStats
     ratios: dict[str, list[float]]
+    from_zeros: frozenset[str] = frozenset()
 
     @property
     def median_ratio(self) -> dict[str, float]:
@@ -338,11 +365,14 @@ def overview(updates: Sequence[UpdateStats]) -> UpdateOverview | None:
     for u in measured[1:]:
         merged = merged.merged(u)
     ratios: dict[str, list[float]] = {}
+    from_zeros: set[str] = set()
     for u in measured:
         for m, r in u.by_module.items():
             if r["numel_with_grad"] and not math.isnan(r["update_ratio"]):
                 ratios.setdefault(m, []).append(r["update_ratio"])
-    return UpdateOverview(len(measured), sum(u.skipped for u in updates), merged, ratios)
+            if r["numel"] and r["sq_weight"] == 0:
+                from_zeros.add(m)
+    return UpdateOverview(len(measured), sum(u.skipped for u in updates), merged, ratios, frozenset(from_zeros))
 
 
 def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> list[UpdateVerdict]:
@@ -414,8 +444,11 @@ def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> l
         )
 
     median = seen.median_ratio
-    high = sorted((m for m, v in median.items() if v > RATIO_HIGH), key=lambda m: -median[m])
+    high = sorted(
+        (m for m, v in median.items() if v > RATIO_HIGH and m not in seen.from_zeros), key=lambda m: -median[m]
+    )
     zero = [m for m, v in seen.ratios.items() if max(v) == 0 and m not in lossy]
+    zero += [m for m, r in modules.items() if r["numel"] and r.get(LR_ZERO_FIELD) == r["numel"] and m not in zero]
     if high or zero:
         parts = []
         if high:

@@ -434,3 +434,81 @@ def test_reading_the_history_between_check_and_the_optimizer_step_loses_no_updat
         assert ("update" in record) == (record["step"] % 2 == 0)
         if "update" in record:
             assert record["update"]["modules"]["fc1"]["numel_with_grad"] > 0
+
+
+def _warm_up_from_zero(dtype: torch.dtype, lr: float, steps: int = 3) -> amp_inspect.Inspector:
+    """AdamW under a warm-up whose learning rate is 0 on step 0 (transformers' linear warm-up, LambdaLR), measured
+    on every step."""
+    model = Net(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 2))
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        model(torch.randn(4, 16, generator=gen).to(dtype)).float().pow(2).mean().backward()
+        insp.check()
+        opt.step()
+        schedule.step()
+        opt.zero_grad()
+    return insp
+
+
+def test_a_warm_up_step_at_learning_rate_0_loses_no_update() -> None:
+    # Step 0 of a warm-up from 0 changes no weight: that is what the step was asked to do, not rounding. Counted as
+    # lost, it made fp32 LoRA-style runs report "17% of the updates ... rounded away (fp32 weights)".
+    insp = _warm_up_from_zero(torch.float32, lr=1e-3)
+    first = insp.history[0].update
+    for record in first.by_module.values():
+        assert record["numel_with_grad"] == record["lost"] == 0
+        assert record["numel_lr_zero"] == record["numel"] > 0
+    later = insp.history[1].update.by_module["fc1"]
+    assert later["numel_with_grad"] > 0 and later["numel_lr_zero"] == 0
+    assert "updates-rounded-away" not in insp.doctor().codes
+    assert "rounded away" not in str(insp.summary()) and "exactly 0" not in str(insp.summary())
+
+
+def test_a_warm_up_from_0_still_finds_the_updates_bf16_rounds_away() -> None:
+    insp = _warm_up_from_zero(torch.bfloat16, lr=1e-5)
+    assert insp.history[0].update.by_module["fc2"]["lost"] == 0
+    assert insp.history[2].update.by_module["fc2"]["lost_fraction"] > 0.9
+    assert "updates-rounded-away" in insp.doctor().codes
+
+
+def test_a_group_frozen_by_learning_rate_0_is_named_as_not_training_not_as_rounded_away() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(
+        [{"params": model.fc1.parameters(), "lr": 0.0}, {"params": model.fc2.parameters()}], lr=1e-5
+    )
+    insp, _ = _run(model, [opt], steps=2)
+    summary = str(insp.summary())
+    assert "worst: fc2 " in summary and "of the updates of 1 module were rounded away" in summary
+    assert "exactly 0 on every measured step in 1 modules with gradients (fc1)" in summary
+
+
+class WithLoraB(Net):
+    """Net with a LoRA-style B beside fc2, initialised to zeros as peft does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lora_b = nn.Linear(32, 8, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        return self.fc2(h) + self.lora_b(h)
+
+
+def test_a_module_grown_from_zeros_is_no_high_update_ratio() -> None:
+    # LoRA's B starts at zeros: its ||W|| is its own updates, so ||dW|| / ||W|| starts high and falls like 1 / steps
+    # whatever the learning rate. fc1's and fc2's ratios at this learning rate are about 1e-3.
+    model = WithLoraB()
+    insp, _ = _run(model, [torch.optim.AdamW(model.parameters(), lr=1e-4)], steps=4)
+    assert math.isnan(insp.history[0].update.by_module["lora_b"]["update_ratio"])
+    assert insp.history[2].update.by_module["lora_b"]["update_ratio"] > 0.1
+    assert all(insp.history[2].update.by_module[m]["update_ratio"] < 0.01 for m in ("fc1", "fc2"))
+    assert "update-ratio" not in insp.doctor().codes
+
+    # The same ratios on a module that did not start at zeros are the verdict.
+    model = Net(torch.float32)
+    insp, _ = _run(model, [torch.optim.SGD(model.parameters(), lr=5.0)], steps=4)
+    assert "update-ratio" in insp.doctor().codes

@@ -184,3 +184,23 @@ def test_the_overview_counts_skipped_steps_apart() -> None:
     assert seen is not None and seen.steps == 1 and seen.skipped == 1
     assert "1 measured optimizer step, 1 more skipped (NaN/Inf, nothing applied)" in seen.headline()
     assert overview([skipped]) is None
+
+
+def test_a_module_whose_weights_were_zero_on_a_measured_step_is_left_out_of_the_high_ratio() -> None:
+    zeros = {**_record(0, 100, dtype="fp32", ratio=0.0), "sq_weight": 0.0}
+    high = UpdateStats(1, {"lora_B": _record(0, 100, dtype="fp32", ratio=0.05)})
+    assert not update_verdicts([UpdateStats(0, {"lora_B": zeros}), high])
+    (verdict,) = update_verdicts([high])
+    assert verdict.code == "update-ratio" and "lora_B 5.0e-02" in verdict.seen
+
+
+def test_learning_rate_0_on_every_measured_step_is_said_and_on_one_step_is_not() -> None:
+    frozen = {**_record(0, 0, dtype="bf16", ratio=0.0), "numel": 100, "numel_lr_zero": 100}
+    always = update_verdicts([UpdateStats(0, {"fc": frozen}), UpdateStats(1, {"fc": frozen})])
+    assert [v.code for v in always] == ["update-ratio"] and "exactly 0 on every measured step" in always[0].seen
+    moving = _record(1, 100, dtype="bf16", ratio=1e-3)
+    assert not update_verdicts([UpdateStats(0, {"fc": frozen}), UpdateStats(1, {"fc": moving})])
+    # The count reaches the log and comes back; an old log's record without it reads as 0.
+    back = UpdateStats.from_record(UpdateStats(0, {"fc": frozen}).to_record())
+    assert back.by_module["fc"]["numel_lr_zero"] == 100
+    assert UpdateStats.from_record({"modules": {"fc": moving}}).by_module["fc"]["numel_lr_zero"] == 0
