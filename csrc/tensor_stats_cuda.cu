@@ -7,64 +7,26 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
-#include <stdexcept>
-#include <string>
-#include <unordered_map>
-
+#include "cuda_launch.cuh"
 #include "tensor_stats_cuda.h"
 #include "tensor_stats_kernels.cuh"
-
-// A CUDA error as a std::runtime_error, which torch raises as RuntimeError (no torch header here: light
-// headers only in .cu files; this is what C10_CUDA_CHECK did, without c10).
-#define AMPI_CUDA_CHECK(expr)                                                                                   \
-  do {                                                                                                          \
-    const cudaError_t ampi_error = (expr);                                                                      \
-    if (ampi_error != cudaSuccess) {                                                                            \
-      throw std::runtime_error(std::string("amp_inspect: CUDA error: ") + cudaGetErrorString(ampi_error) + " (" \
-                               #expr ")");                                                                      \
-    }                                                                                                           \
-  } while (false)
 
 namespace amp_inspect {
 namespace {
 
 constexpr int kMaxFinalizeBlocks = 1024;
 
-int multiprocessor_count(int device_index) {
-  int count = 0;
-  AMPI_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_index));
-  return count;
-}
-
-// Resident blocks per SM of a kernel on a device, from the occupancy API; asked once per kernel and device.
-int resident_blocks_per_sm(const void* kernel, int device_index) {
-  static std::mutex mutex;
-  static std::unordered_map<const void*, int> cache[64];
-  const int slot = device_index >= 0 && device_index < 64 ? device_index : 0;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache[slot].find(kernel);
-  if (it != cache[slot].end()) return it->second;
-  int blocks = 0;
-  AMPI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kernels::kThreads, 0));
-  if (blocks < 1) blocks = 1;
-  cache[slot][kernel] = blocks;
-  return blocks;
-}
-
 struct CudaBackend {
   cudaStream_t stream;
   int device_index;
 
   void zero(int64_t* words, int64_t count) {
-    AMPI_CUDA_CHECK(cudaMemsetAsync(words, 0, static_cast<size_t>(count) * sizeof(int64_t), stream));
+    cuda_launch::zero_async(words, count * static_cast<int64_t>(sizeof(int64_t)), stream);
   }
 
   template <class Kernel>
   int64_t stats_blocks(Kernel kernel, int64_t chunks) const {
-    const int64_t resident = static_cast<int64_t>(multiprocessor_count(device_index)) *
-                             resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), device_index);
-    return chunks < resident ? chunks : resident;
+    return cuda_launch::grid_for(kernel, kernels::kThreads, device_index, chunks);
   }
 
   template <class Kernel>
