@@ -402,14 +402,24 @@ def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> l
         dtype = _dtypes((modules[m] for m in lossy), "dtype")
         worst = ", ".join(f"{shown_name(m)} {modules[m]['lost_fraction']:.0%}" for m in lossy[:MAX_NAMED])
         why = f"{dtype} weights without a master copy" if dtype in ("bf16", "fp16") else f"{dtype} weights"
+        # Master weights are the fix where a lossy module holds a 16-bit (or mixed) parameter; fp32 weights lose an
+        # update only below 2^-24 of the weight, so there the steps themselves are too small.
+        sixteen_bit = any(modules[m].get("dtype") != "fp32" for m in lossy)
+        fix = (
+            "keep fp32 master weights (the model in fp32 under autocast, or a mixed-precision optimizer), or use "
+            "compensated or stochastic rounding (e.g. torchao's bf16 stochastic-rounding optimizers, "
+            "torchao.optim with bf16_stochastic_round=True), or a larger learning rate for those modules"
+            if sixteen_bit
+            else "fp32 weights round away only a step below 2^-24 of the weight: the learning rate of those modules "
+            "is far too small for their weights (or their gradients vanish under an optimizer that scales by them, "
+            "such as SGD); raise it"
+        )
         verdicts.append(
             UpdateVerdict(
                 "updates-rounded-away",
                 f"{lost / with_grad:.0%} of the updates of {len(lossy)} module{'s' if len(lossy) != 1 else ''} were "
                 f"rounded away ({why}; over {steps}; worst: {worst})",
-                "keep fp32 master weights (the model in fp32 under autocast, or a mixed-precision optimizer), or use "
-                "compensated or stochastic rounding (e.g. torchao's bf16 stochastic-rounding optimizers, "
-                "torchao.optim with bf16_stochastic_round=True), or a larger learning rate for those modules",
+                fix,
             )
         )
 

@@ -204,3 +204,13 @@ def test_learning_rate_0_on_every_measured_step_is_said_and_on_one_step_is_not()
     back = UpdateStats.from_record(UpdateStats(0, {"fc": frozen}).to_record())
     assert back.by_module["fc"]["numel_lr_zero"] == 100
     assert UpdateStats.from_record({"modules": {"fc": moving}}).by_module["fc"]["numel_lr_zero"] == 0
+
+
+def test_lost_fp32_updates_are_not_told_to_keep_fp32_master_weights() -> None:
+    (fp32,) = update_verdicts([UpdateStats(0, {"fc": _record(500, 1000, dtype="fp32")})])
+    assert "(fp32 weights;" in fp32.seen and "master weights" not in fp32.fix and "far too small" in fp32.fix
+    (bf16,) = update_verdicts([UpdateStats(0, {"fc": _record(500, 1000, dtype="bf16")})])
+    assert "without a master copy" in bf16.seen and "keep fp32 master weights" in bf16.fix
+    both = {"fc": _record(500, 1000, dtype="fp32"), "head": _record(500, 1000, dtype="mixed")}
+    (mixed,) = update_verdicts([UpdateStats(0, both)])
+    assert "keep fp32 master weights" in mixed.fix  # a module with a 16-bit parameter among the lossy ones
