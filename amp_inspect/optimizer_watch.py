@@ -31,6 +31,7 @@ replicas are not summed (every rank holds the same parameters).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -112,12 +113,16 @@ class _Hook:
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         watch = self._watch()
-        if watch is None:
+        if watch is None or watch.every is None:
             return None
-        if self._after:
-            watch._after_step(optimizer)
+        try:
+            if self._after:
+                watch._after_step(optimizer)
+                return None
+            return watch._before_step(optimizer, args, kwargs)
+        except Exception as error:  # a measurement must never stop the user's training
+            watch._give_up(error)
             return None
-        return watch._before_step(optimizer, args, kwargs)
 
     def __reduce__(self) -> tuple[type, tuple]:
         return (_Inert, ())
@@ -151,6 +156,7 @@ class OptimizerWatch:
         self._snapshots: dict[int, _Snapshot] = {}
         self._slots: dict[int, _Slot] = {}
         self._handles: list[RemovableHandle] = []
+        self._warned_subclass = False
         for optimizer in self.optimizers:
             self._handles.append(optimizer.register_step_pre_hook(_Hook(self, after=False)))
             self._handles.append(optimizer.register_step_post_hook(_Hook(self, after=True)))
@@ -216,8 +222,11 @@ class OptimizerWatch:
 
         def measured_closure() -> Any:
             loss = closure()
-            if id(optimizer) not in self._snapshots:  # LBFGS calls it again mid-step: the first call is before it
-                self._snapshot(optimizer)
+            if self.every is not None and id(optimizer) not in self._snapshots:  # LBFGS calls it again mid-step
+                try:
+                    self._snapshot(optimizer)
+                except Exception as error:  # as in _Hook: the user's step goes on
+                    self._give_up(error)
             return loss
 
         if "closure" in kwargs:
@@ -237,6 +246,9 @@ class OptimizerWatch:
             for i, p in enumerate(group["params"]):
                 grad = p.grad
                 if grad is None or p.dtype not in INPUT_DTYPES or grad.layout != torch.strided:
+                    continue
+                if not (_plain(p.detach()) and _plain(grad)):
+                    self._warn_subclass(p)
                     continue
                 params.append(p)
                 asked.append(moves)
@@ -275,6 +287,7 @@ class OptimizerWatch:
         after, shard_group, _ = local_shards([p.detach() for p in params])
         states = [_state(optimizer, p) for p in params]
         exp_avg_sq = [to_local(s) for s in states] if all(s is not None for s in states) else None
+        kept = _keeps_small_updates(optimizer, params)
         stats = update_stats([snap.before[i] for i in rows], after, [snap.grads[i] for i in rows], exp_avg_sq)
         counts, sums, amax = stats.outputs()
         group = self.group if self.group is not None else shard_group
@@ -287,7 +300,7 @@ class OptimizerWatch:
             (_dtype_name(p.dtype), None if s is None else _dtype_name(s.dtype))
             for p, s in zip(params, states, strict=True)
         ]
-        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, [snap.asked[i] for i in rows])
+        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, [snap.asked[i] for i in rows], kept)
 
     def _across_ranks(
         self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, group: Any
@@ -307,6 +320,36 @@ class OptimizerWatch:
         c, s = summed.split([counts.numel(), sums.numel()])
         return c.round().to(torch.int64).reshape(counts.shape), s.reshape(sums.shape), amax
 
+    # ---- what is not measured ----
+
+    def _warn_subclass(self, param: torch.Tensor) -> None:
+        """Once per watch: a parameter (or gradient) of a tensor subclass (torchao's quantized training weights) is
+        left out; the op reads plain tensors only."""
+        if self._warned_subclass:
+            return
+        self._warned_subclass = True
+        owner = self._owner()
+        name = (owner.module_of(param) if owner is not None else None) or "a parameter"
+        warnings.warn(
+            f"amp_inspect: update_every leaves out {name} and every other parameter held in a tensor subclass "
+            f"({type(param).__name__}): what the optimizer did is measured on plain tensors only",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _give_up(self, error: Exception) -> None:
+        """A hook failed (out of memory for the snapshot, an optimizer state the op cannot read): update_every is
+        turned off with a warning that says why, and training goes on. The open steps end without statistics."""
+        for slot in self._slots.values():
+            slot.stepped.clear()  # so that no half-measured step becomes ``last``
+        self.close()
+        warnings.warn(
+            f"amp_inspect: update_every turned off: measuring optimizer.step() failed ({type(error).__name__}: "
+            f"{error}); training goes on unmeasured",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
     # ---- removal ----
 
     def close(self) -> None:
@@ -325,14 +368,53 @@ def _state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tenso
     """Adam's second moment of ``param`` when the optimizer state holds one the op can read."""
     state = optimizer.state.get(param)
     value = state.get("exp_avg_sq") if isinstance(state, dict) else None
-    if isinstance(value, torch.Tensor) and value.dtype in INPUT_DTYPES and value.shape == param.shape:
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dtype in INPUT_DTYPES
+        and value.shape == param.shape
+        and _plain(value.detach())  # not torchao's 8-bit / 4-bit / fp8 state, which the op cannot read
+    ):
         return value.detach()
     return None
 
 
+def _plain(tensor: torch.Tensor) -> bool:
+    """A plain tensor (a DTensor by its local shard): what the op reads; not a tensor subclass."""
+    return type(to_local(tensor)) is torch.Tensor
+
+
+# How optimizers say that they keep the part of an update below half an ulp of a 16-bit weight, so that a weight
+# left unchanged by one step lost nothing: torchao's ``bf16_stochastic_round`` (an attribute of its optimizers; the
+# same name as a group option elsewhere) rounds stochastically, unbiased on average; a ``kahan_comp`` tensor in
+# the parameter's state (optimi's ``kahan_sum``, and the optimizers that took its name) is a Kahan compensation
+# buffer that carries the rounded-off part into the next step.
+STOCHASTIC_ROUNDING_FLAGS = ("bf16_stochastic_round", "stochastic_rounding")
+COMPENSATION_STATE = "kahan_comp"
+
+
+def _keeps_small_updates(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> list[bool]:
+    """Per parameter, whether ``optimizer`` keeps the sub-ulp part of its updates (stochastic rounding or compensated
+    summation of a 16-bit weight); read after the step (the state exists then), from host values only."""
+    flagged = any(getattr(optimizer, flag, None) is True for flag in STOCHASTIC_ROUNDING_FLAGS)
+    in_flagged_group = {
+        id(q)
+        for g in optimizer.param_groups
+        if any(g.get(flag) is True for flag in STOCHASTIC_ROUNDING_FLAGS)
+        for q in g["params"]
+    }
+    out = []
+    for p in params:
+        state = optimizer.state.get(p)
+        compensated = isinstance(state, dict) and isinstance(state.get(COMPENSATION_STATE), torch.Tensor)
+        sixteen_bit = p.dtype in (torch.bfloat16, torch.float16)
+        out.append(sixteen_bit and (flagged or id(p) in in_flagged_group or compensated))
+    return out
+
+
 def _zero_learning_rate(group: dict[str, Any]) -> bool:
     """Whether a parameter group's learning rate is 0 (a warm-up's first step, a group frozen by its rate): read from
-    a number or a CPU tensor; a learning rate on a GPU is not read (that would sync) and counts as not 0."""
+    a number or a CPU tensor (torchao keeps it in one); a learning rate on a GPU is not read (that would sync) and
+    counts as not 0."""
     lr = group.get("lr")
     if isinstance(lr, torch.Tensor):
         return lr.device.type == "cpu" and lr.numel() == 1 and float(lr) == 0.0

@@ -35,6 +35,12 @@ by its rate) was asked to change nothing: its elements count no gradient (numel_
 its ratio of 0 is no verdict, unless its learning rate was 0 on every measured step (``numel_lr_zero``, the
 elements so held, equals ``numel``): then it does not train, as a ratio of exactly 0 says.
 
+An optimizer that keeps the part of an update below half an ulp of a 16-bit weight (torchao's
+``bf16_stochastic_round``, a Kahan compensation buffer ``kahan_comp`` in the state, as optimi's ``kahan_sum``) loses
+nothing when a step leaves the weight unchanged: the rounding is unbiased, or the remainder is carried into the
+next step. Its elements count in ``numel_kept`` and none in ``lost``, so the first verdict does not advise what the
+run already does.
+
 Torch-free (plain numbers), so ``amp-inspect summary`` reads a log without loading torch.
 """
 
@@ -61,8 +67,12 @@ COUNT_FIELDS = tuple(SHOWN.get(s.name, s.name) for s in UPDATE if s.is_count)
 FLOAT_FIELDS = tuple(SHOWN.get(s.name, s.name) for s in UPDATE if not s.is_count)
 DERIVED_FIELDS = ("lost_fraction", "update_ratio")
 TEXT_FIELDS = ("dtype", "state_dtype")  # the parameter's dtype, its exp_avg_sq's (None without one)
-# Elements whose parameter group had learning rate 0 on the step (counted by the watch, not the op; 0 in old logs).
+# Counted by the watch from what it knows on the host, not by the op (0 in old logs): elements whose parameter group
+# had learning rate 0 on the step, and elements whose optimizer keeps the sub-ulp part of their updates
+# (stochastic rounding, Kahan compensation: optimizer_watch.py says how it knows).
 LR_ZERO_FIELD = "numel_lr_zero"
+KEPT_FIELD = "numel_kept"
+HOST_COUNT_FIELDS = (LR_ZERO_FIELD, KEPT_FIELD)
 
 
 class _Pending(Protocol):
@@ -88,7 +98,8 @@ def merge_records(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     for s in UPDATE:
         key = SHOWN.get(s.name, s.name)
         out[key] = max(a[key], b[key]) if s.merge == MAX else a[key] + b[key]
-    out[LR_ZERO_FIELD] = a.get(LR_ZERO_FIELD, 0) + b.get(LR_ZERO_FIELD, 0)
+    for key in HOST_COUNT_FIELDS:
+        out[key] = a.get(key, 0) + b.get(key, 0)
     for key in TEXT_FIELDS:
         out[key] = a.get(key) if a.get(key) == b.get(key) else "mixed"
     return _with_derived(out)
@@ -98,8 +109,8 @@ class UpdateStats:
     """What one measured optimizer step (or several merged) did, per module: ``by_module[name]`` holds
     ``numel_with_grad``, ``lost``, ``lost_fraction``, ``update_ratio``, ``state_underflow``, ``weight_amax`` (and
     ``numel``, ``changed``, ``weight_nonfinite``, ``weight_subnormal``, ``sq_change``, ``sq_weight``, ``dtype``,
-    ``state_dtype``, ``numel_lr_zero``). Made from host records or from device rows on their way to the host
-    (nothing is read until a value is asked for). ``skipped``: a fused optimizer's step that GradScaler's
+    ``state_dtype``, ``numel_lr_zero``, ``numel_kept``). Made from host records or from device rows on their way to
+    the host (nothing is read until a value is asked for). ``skipped``: a fused optimizer's step that GradScaler's
     found_inf turned off."""
 
     def __init__(
@@ -108,8 +119,10 @@ class UpdateStats:
         self.step = step
         self.complete = complete  # False while optimizers of the step may still add their statistics
         # (copy of counts / sums / amax / applied, the module of each row, the (dtype, state dtype) of each row,
-        # whether the step was asked to move each row: False for a parameter group at learning rate 0)
-        self._pending: list[tuple[_Pending, Sequence[str], Sequence[tuple[str, str | None]], Sequence[bool]]] = []
+        # the (asked, kept) of each row: add() says what they mean)
+        self._pending: list[
+            tuple[_Pending, Sequence[str], Sequence[tuple[str, str | None]], Sequence[tuple[bool, bool]]]
+        ] = []
         self._modules: dict[str, dict[str, Any]] = {m: _with_derived(r) for m, r in (modules or {}).items()}
         self._skipped = False
 
@@ -119,11 +132,16 @@ class UpdateStats:
         names: Sequence[str],
         dtypes: Sequence[tuple[str, str | None]],
         asked: Sequence[bool] | None = None,
+        kept: Sequence[bool] | None = None,
     ) -> None:
         """Device rows on their way to the host (``copy`` holds counts, sums, amax and the flag applied). ``asked``:
         per row, whether the step was asked to move it (False: its group's learning rate was 0, so an unchanged
-        weight is no lost update: the row counts no element with a gradient and none lost)."""
-        self._pending.append((copy, list(names), list(dtypes), [True] * len(names) if asked is None else list(asked)))
+        weight is no lost update: the row counts no element with a gradient and none lost). ``kept``: per row,
+        whether its optimizer keeps the sub-ulp part of the update (stochastic rounding, Kahan compensation): an
+        unchanged weight there lost nothing either (the row counts none lost)."""
+        asked = [True] * len(names) if asked is None else list(asked)
+        kept = [False] * len(names) if kept is None else list(kept)
+        self._pending.append((copy, list(names), list(dtypes), list(zip(asked, kept, strict=True))))
 
     def ready(self) -> bool:
         """Whether the values are all there and can be read without waiting for the device."""
@@ -131,7 +149,7 @@ class UpdateStats:
 
     def _read(self) -> None:
         modules = self._modules
-        for copy, names, dtypes, asked in self._pending:
+        for copy, names, dtypes, notes in self._pending:
             h = copy.host()
             if not bool(h["applied"]):
                 self._skipped = True  # a fused step turned off by found_inf: nothing changed, nothing was lost
@@ -148,9 +166,13 @@ class UpdateStats:
                         position[s.output] += 1
                     record[SHOWN.get(s.name, s.name)] = int(value) if s.is_count else float(value)
                 record["dtype"], record["state_dtype"] = dtypes[i]
-                record[LR_ZERO_FIELD] = 0 if asked[i] else record["numel"]
-                if not asked[i]:  # learning rate 0: nothing was asked of these elements, nothing could be lost
+                asked, kept = notes[i]
+                record[LR_ZERO_FIELD] = 0 if asked else record["numel"]
+                record[KEPT_FIELD] = record["numel"] if kept else 0
+                if not asked:  # learning rate 0: nothing was asked of these elements, nothing could be lost
                     record["numel_with_grad"] = record["lost"] = record["state_underflow"] = 0
+                if kept:  # the rounded-off part lives on (stochastic rounding, a compensation buffer)
+                    record["lost"] = 0
                 record = _with_derived(record)
                 modules[name] = merge_records(modules[name], record) if name in modules else record
         self._pending = []
@@ -205,7 +227,7 @@ class UpdateStats:
             try:
                 values: dict[str, Any] = {k: int(m[k]) for k in COUNT_FIELDS}
                 values.update({k: float(m[k]) for k in FLOAT_FIELDS})
-                values[LR_ZERO_FIELD] = int(m.get(LR_ZERO_FIELD, 0))
+                values.update({k: int(m.get(k, 0)) for k in HOST_COUNT_FIELDS})
             except (KeyError, TypeError, ValueError) as error:
                 raise ValueError(
                     f"the update record of module {shown_name(str(name))!r} is malformed ({error})"
@@ -315,6 +337,8 @@ class UpdateOverview:
             line += f"{lost} updates lost ({_percent(total['lost_fraction'])}: the weight did not change)"
         else:
             line += "no element had a finite nonzero gradient"
+        if total.get(KEPT_FIELD):
+            line += f", {total[KEPT_FIELD]:,} elements under stochastic rounding or compensated summation (none lost)"
         if total["state_underflow"]:
             line += f", {total['state_underflow']:,} with exp_avg_sq zero or subnormal"
         ratios = list(self.median_ratio.values())

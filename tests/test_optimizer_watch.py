@@ -512,3 +512,119 @@ def test_a_module_grown_from_zeros_is_no_high_update_ratio() -> None:
     model = Net(torch.float32)
     insp, _ = _run(model, [torch.optim.SGD(model.parameters(), lr=5.0)], steps=4)
     assert "update-ratio" in insp.doctor().codes
+
+
+class StochasticSGD(torch.optim.Optimizer):
+    """SGD on bf16 weights that rounds each new weight stochastically (random low 16 bits added to the float32
+    value, then cut off), as torchao's bf16_stochastic_round does; ``bf16_stochastic_round`` says so, as torchao's
+    optimizers do."""
+
+    def __init__(self, params: object, lr: float, stochastic: bool = True) -> None:
+        super().__init__(params, {"lr": lr})
+        self.bf16_stochastic_round = stochastic
+        self.gen = torch.Generator().manual_seed(3)
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                exact = p.float() - group["lr"] * p.grad.float()
+                if not self.bf16_stochastic_round:
+                    p.copy_(exact)
+                    continue
+                noise = torch.randint(0, 1 << 16, exact.shape, generator=self.gen, dtype=torch.int32)
+                p.copy_(((exact.view(torch.int32) + noise) & -65536).view(torch.float32))
+
+
+class KahanSGD(torch.optim.Optimizer):
+    """SGD on bf16 weights with a Kahan compensation buffer ``kahan_comp`` in the state, as optimi keeps one."""
+
+    def __init__(self, params: object, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                comp = self.state[p].setdefault("kahan_comp", torch.zeros_like(p))
+                wanted = comp.float() - group["lr"] * p.grad.float()
+                before = p.float()
+                p.copy_(before + wanted)
+                comp.copy_(wanted - (p.float() - before))
+
+
+@pytest.mark.parametrize("make", [lambda ps: StochasticSGD(ps, lr=1e-4), lambda ps: KahanSGD(ps, lr=1e-4)])
+def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_rounding(make) -> None:
+    model = Net(torch.bfloat16)
+    insp, oracles = _run(model, [make(model.parameters())], steps=3)
+    fc1 = insp.last_update.by_module["fc1"]
+    assert oracles[-1][1]["fc1"]["lost"] > 0.5 * oracles[-1][1]["fc1"]["with_grad"]  # most weights did not change
+    assert fc1["lost"] == 0 and fc1["numel_kept"] == fc1["numel"] > 0
+    assert "updates-rounded-away" not in insp.doctor().codes
+    assert "under stochastic rounding or compensated summation (none lost)" in str(insp.summary())
+
+    # The same steps rounded to nearest lose them, and say so.
+    model = Net(torch.bfloat16)
+    insp, oracles = _run(model, [StochasticSGD(model.parameters(), lr=1e-4, stochastic=False)], steps=3)
+    assert insp.last_update.by_module["fc1"]["lost"] == oracles[-1][1]["fc1"]["lost"] > 0
+    assert insp.last_update.by_module["fc1"]["numel_kept"] == 0
+    assert "updates-rounded-away" in insp.doctor().codes
+
+
+class Marked(torch.Tensor):
+    """A tensor subclass (as torchao's quantized-training weights and 8-bit optimizer states are)."""
+
+
+def test_a_parameter_of_a_tensor_subclass_is_left_out_with_one_warning() -> None:
+    model = Net(torch.float32)
+    model.fc1.weight = nn.Parameter(Marked(model.fc1.weight.detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with pytest.warns(RuntimeWarning, match="update_every leaves out fc1 and every other parameter held in a tensor"):
+        insp, _ = _run(model, [opt], steps=2)
+    assert insp.last_update.by_module["fc1"]["numel"] == model.fc1.bias.numel()  # the bias, a plain tensor
+    assert insp.last_update.by_module["fc2"]["numel"] == 32 * 8 + 8
+
+
+def test_a_measurement_that_fails_turns_update_every_off_and_training_goes_on(monkeypatch) -> None:
+    import amp_inspect.optimizer_watch as watch_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the op cannot read this state")
+
+    monkeypatch.setattr(watch_module, "update_stats", broken)
+    model = Net(torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    before = model.fc1.weight.detach().clone()
+    with pytest.warns(RuntimeWarning, match="update_every turned off: measuring optimizer.step.. failed .RuntimeError"):
+        insp, _ = _run(model, [opt], steps=3)
+    assert not torch.equal(before, model.fc1.weight)  # every step applied
+    assert insp.last_update is None and not opt._optimizer_step_post_hooks
+
+
+def test_torchao_low_bit_state_and_stochastic_rounding() -> None:
+    optim = pytest.importorskip("torchao.optim")
+    model = Net(torch.bfloat16)
+    model.fc1 = nn.Linear(128, 64).bfloat16()  # 8192 elements: AdamW8bit quantizes state of 4096 and more
+    model.fc2 = nn.Linear(64, 8).bfloat16()
+    opt = optim.AdamW8bit(model.parameters(), lr=1e-5)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    for _ in range(2):
+        model(torch.randn(4, 128).bfloat16()).float().pow(2).mean().backward()
+        insp.check()
+        opt.step()  # the 8-bit state is a tensor subclass: left out, not a crash inside the step
+        opt.zero_grad()
+    assert insp.last_update.by_module["fc1"]["state_dtype"] == "mixed"  # the weight's is left out, the bias's read
+    assert "updates-rounded-away" in insp.doctor().codes
+
+    sr = optim._AdamW(model.parameters(), lr=1e-5, bf16_stochastic_round=True)
+    insp.detach()
+    insp = amp_inspect.attach(model, optimizer=sr, update_every=1)
+    model(torch.randn(4, 128).bfloat16()).float().pow(2).mean().backward()
+    insp.check()
+    sr.step()
+    assert insp.last_update.by_module["fc1"]["numel_kept"] > 0
+    assert "updates-rounded-away" not in insp.doctor().codes
