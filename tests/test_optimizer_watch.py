@@ -514,14 +514,16 @@ def test_a_module_grown_from_zeros_is_no_high_update_ratio() -> None:
     assert "update-ratio" in insp.doctor().codes
 
 
-class StochasticSGD(torch.optim.Optimizer):
-    """SGD on bf16 weights that rounds each new weight stochastically (random low 16 bits added to the float32
-    value, then cut off), as torchao's bf16_stochastic_round does; ``bf16_stochastic_round`` says so, as torchao's
-    optimizers do."""
+class RoundingSGD(torch.optim.Optimizer):
+    """SGD on bf16 weights, the new weight computed in float32 and written back by ``rounding``: "nearest" (a plain
+    copy), "stochastic" (random low 16 bits added, then cut off, as torchao's bf16_stochastic_round does; the
+    optimizer says so by its ``bf16_stochastic_round`` attribute, as torchao's do) or "kahan" (the remainder kept
+    in a ``kahan_comp`` buffer in the state, as optimi keeps it)."""
 
-    def __init__(self, params: object, lr: float, stochastic: bool = True) -> None:
+    def __init__(self, params: object, lr: float, rounding: str) -> None:
         super().__init__(params, {"lr": lr})
-        self.bf16_stochastic_round = stochastic
+        self.rounding = rounding
+        self.bf16_stochastic_round = rounding == "stochastic"
         self.gen = torch.Generator().manual_seed(3)
 
     @torch.no_grad()
@@ -530,37 +532,24 @@ class StochasticSGD(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                exact = p.float() - group["lr"] * p.grad.float()
-                if not self.bf16_stochastic_round:
-                    p.copy_(exact)
-                    continue
-                noise = torch.randint(0, 1 << 16, exact.shape, generator=self.gen, dtype=torch.int32)
-                p.copy_(((exact.view(torch.int32) + noise) & -65536).view(torch.float32))
-
-
-class KahanSGD(torch.optim.Optimizer):
-    """SGD on bf16 weights with a Kahan compensation buffer ``kahan_comp`` in the state, as optimi keeps one."""
-
-    def __init__(self, params: object, lr: float) -> None:
-        super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure: object = None) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                comp = self.state[p].setdefault("kahan_comp", torch.zeros_like(p))
-                wanted = comp.float() - group["lr"] * p.grad.float()
                 before = p.float()
-                p.copy_(before + wanted)
-                comp.copy_(wanted - (p.float() - before))
+                if self.rounding == "kahan":
+                    comp = self.state[p].setdefault("kahan_comp", torch.zeros_like(p))
+                    wanted = comp.float() - group["lr"] * p.grad.float()
+                    p.copy_(before + wanted)
+                    comp.copy_(wanted - (p.float() - before))
+                elif self.rounding == "stochastic":
+                    exact = before - group["lr"] * p.grad.float()
+                    noise = torch.randint(0, 1 << 16, exact.shape, generator=self.gen, dtype=torch.int32)
+                    p.copy_(((exact.view(torch.int32) + noise) & -65536).view(torch.float32))
+                else:
+                    p.copy_(before - group["lr"] * p.grad.float())
 
 
-@pytest.mark.parametrize("make", [lambda ps: StochasticSGD(ps, lr=1e-4), lambda ps: KahanSGD(ps, lr=1e-4)])
-def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_rounding(make) -> None:
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_rounding(rounding: str) -> None:
     model = Net(torch.bfloat16)
-    insp, oracles = _run(model, [make(model.parameters())], steps=3)
+    insp, oracles = _run(model, [RoundingSGD(model.parameters(), lr=1e-4, rounding=rounding)], steps=3)
     fc1 = insp.last_update.by_module["fc1"]
     assert oracles[-1][1]["fc1"]["lost"] > 0.5 * oracles[-1][1]["fc1"]["with_grad"]  # most weights did not change
     assert fc1["lost"] == 0 and fc1["numel_kept"] == fc1["numel"] > 0
@@ -569,7 +558,7 @@ def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_r
 
     # The same steps rounded to nearest lose them, and say so.
     model = Net(torch.bfloat16)
-    insp, oracles = _run(model, [StochasticSGD(model.parameters(), lr=1e-4, stochastic=False)], steps=3)
+    insp, oracles = _run(model, [RoundingSGD(model.parameters(), lr=1e-4, rounding="nearest")], steps=3)
     assert insp.last_update.by_module["fc1"]["lost"] == oracles[-1][1]["fc1"]["lost"] > 0
     assert insp.last_update.by_module["fc1"]["numel_kept"] == 0
     assert "updates-rounded-away" in insp.doctor().codes
