@@ -335,8 +335,12 @@ class UpdateOverview:
         if total["numel_with_grad"]:
             lost = f"{total['lost']:,} of {total['numel_with_grad']:,}"
             line += f"{lost} updates lost ({_percent(total['lost_fraction'])}: the weight did not change)"
+        elif total.get(LR_ZERO_FIELD):
+            line += "no update was asked for"
         else:
             line += "no element had a finite nonzero gradient"
+        if total.get(LR_ZERO_FIELD):
+            line += f", {total[LR_ZERO_FIELD]:,} elements at learning rate 0 (nothing asked of them, none lost)"
         if total.get(KEPT_FIELD):
             line += f", {total[KEPT_FIELD]:,} elements under stochastic rounding or compensated summation (none lost)"
         if total["state_underflow"]:

@@ -214,3 +214,16 @@ def test_lost_fp32_updates_are_not_told_to_keep_fp32_master_weights() -> None:
     both = {"fc": _record(500, 1000, dtype="fp32"), "head": _record(500, 1000, dtype="mixed")}
     (mixed,) = update_verdicts([UpdateStats(0, both)])
     assert "keep fp32 master weights" in mixed.fix  # a module with a 16-bit parameter among the lossy ones
+
+
+def test_the_headline_says_learning_rate_0_and_not_that_nothing_had_a_gradient() -> None:
+    from amp_inspect.update_report import overview
+
+    frozen = {**_record(0, 0, dtype="bf16", ratio=0.0), "numel": 100, "numel_lr_zero": 100}
+    line = overview([UpdateStats(0, {"fc": frozen})]).headline()
+    assert "no update was asked for, 100 elements at learning rate 0" in line
+    assert "gradient" not in line
+    dead = {**_record(0, 0, dtype="bf16", ratio=0.0), "numel": 100}
+    assert "no element had a finite nonzero gradient" in overview([UpdateStats(0, {"fc": dead})]).headline()
+    warm = overview([UpdateStats(0, {"fc": frozen}), UpdateStats(1, {"fc": _record(5, 100)})]).headline()
+    assert "5 of 100 updates lost" in warm and "100 elements at learning rate 0" in warm
