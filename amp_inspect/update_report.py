@@ -168,7 +168,7 @@ class UpdateStats:
                 record["dtype"], record["state_dtype"] = dtypes[i]
                 asked, kept = notes[i]
                 record[LR_ZERO_FIELD] = 0 if asked else record["numel"]
-                record[KEPT_FIELD] = record["numel"] if kept else 0
+                record[KEPT_FIELD] = record["numel"] if kept and asked else 0  # at lr 0: counted as that alone
                 if not asked:  # learning rate 0: nothing was asked of these elements, nothing could be lost
                     record["numel_with_grad"] = record["lost"] = record["state_underflow"] = 0
                 if kept:  # the rounded-off part lives on (stochastic rounding, a compensation buffer)

@@ -556,6 +556,14 @@ def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_r
     assert "updates-rounded-away" not in insp.doctor().codes
     assert "under stochastic rounding or compensated summation (none lost)" in str(insp.summary())
 
+    # A group at learning rate 0 under the same optimizer is counted as that, not also as kept.
+    model = Net(torch.bfloat16)
+    groups = [{"params": model.fc1.parameters(), "lr": 0.0}, {"params": model.fc2.parameters()}]
+    insp, _ = _run(model, [RoundingSGD(groups, lr=1e-4, rounding=rounding)], steps=1)
+    fc1, fc2 = insp.last_update.by_module["fc1"], insp.last_update.by_module["fc2"]
+    assert fc1["numel_lr_zero"] == fc1["numel"] and fc1["numel_kept"] == 0
+    assert fc2["numel_kept"] == fc2["numel"] and fc2["numel_lr_zero"] == 0
+
     # The same steps rounded to nearest lose them, and say so.
     model = Net(torch.bfloat16)
     insp, oracles = _run(model, [RoundingSGD(model.parameters(), lr=1e-4, rounding="nearest")], steps=3)
