@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ from .distributed import is_distributed, local_shards, to_local, wait_all
 from .report import HostCopy, StepReport
 from .scaler import InspectingGradScaler
 from .statistics import SUM, UPDATE_OUTPUTS
+from .step_context import LOW_PRECISION
 from .update_report import UpdateStats
 from .updates import INPUT_DTYPES, update_stats
 
@@ -115,14 +116,9 @@ class _Hook:
         watch = self._watch()
         if watch is None or watch.every is None:
             return None
-        try:
-            if self._after:
-                watch._after_step(optimizer)
-                return None
-            return watch._before_step(optimizer, args, kwargs)
-        except Exception as error:  # a measurement must never stop the user's training
-            watch._give_up(error)
-            return None
+        if self._after:
+            return watch._safely(watch._after_step, optimizer)
+        return watch._safely(watch._before_step, optimizer, args, kwargs)
 
     def __reduce__(self) -> tuple[type, tuple]:
         return (_Inert, ())
@@ -223,10 +219,7 @@ class OptimizerWatch:
         def measured_closure() -> Any:
             loss = closure()
             if self.every is not None and id(optimizer) not in self._snapshots:  # LBFGS calls it again mid-step
-                try:
-                    self._snapshot(optimizer)
-                except Exception as error:  # as in _Hook: the user's step goes on
-                    self._give_up(error)
+                self._safely(self._snapshot, optimizer)
             return loss
 
         if "closure" in kwargs:
@@ -334,8 +327,16 @@ class OptimizerWatch:
             f"amp_inspect: update_every leaves out {name} and every other parameter held in a tensor subclass "
             f"({type(param).__name__}): what the optimizer did is measured on plain tensors only",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,  # past _safely and the hook
         )
+
+    def _safely(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, or None after ``_give_up`` when it raises: a measurement never stops the user's step."""
+        try:
+            return call(*args)
+        except Exception as error:
+            self._give_up(error)
+            return None
 
     def _give_up(self, error: Exception) -> None:
         """A hook failed (out of memory for the snapshot, an optimizer state the op cannot read): update_every is
@@ -347,7 +348,7 @@ class OptimizerWatch:
             f"amp_inspect: update_every turned off: measuring optimizer.step() failed ({type(error).__name__}: "
             f"{error}); training goes on unmeasured",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,  # past _safely and the hook
         )
 
     # ---- removal ----
@@ -406,8 +407,7 @@ def _keeps_small_updates(optimizer: torch.optim.Optimizer, params: Sequence[torc
     for p in params:
         state = optimizer.state.get(p)
         compensated = isinstance(state, dict) and isinstance(state.get(COMPENSATION_STATE), torch.Tensor)
-        sixteen_bit = p.dtype in (torch.bfloat16, torch.float16)
-        out.append(sixteen_bit and (flagged or id(p) in in_flagged_group or compensated))
+        out.append(p.dtype in LOW_PRECISION and (flagged or id(p) in in_flagged_group or compensated))
     return out
 
 
