@@ -152,7 +152,7 @@ class OptimizerWatch:
         self._snapshots: dict[int, _Snapshot] = {}
         self._slots: dict[int, _Slot] = {}
         self._handles: list[RemovableHandle] = []
-        self._warned_subclass = False
+        self._warned: set[str] = set()  # why parameters were left out, each said once
         for optimizer in self.optimizers:
             self._handles.append(optimizer.register_step_pre_hook(_Hook(self, after=False)))
             self._handles.append(optimizer.register_step_post_hook(_Hook(self, after=True)))
@@ -238,10 +238,11 @@ class OptimizerWatch:
             moves = not _zero_learning_rate(group)
             for i, p in enumerate(group["params"]):
                 grad = p.grad
-                if grad is None or p.dtype not in INPUT_DTYPES or grad.layout != torch.strided:
+                if grad is None:
                     continue
-                if not (_plain(p.detach()) and _plain(grad)):
-                    self._warn_subclass(p)
+                why = _left_out(p, grad)
+                if why is not None:
+                    self._warn_left_out(p, why)
                     continue
                 params.append(p)
                 asked.append(moves)
@@ -315,17 +316,16 @@ class OptimizerWatch:
 
     # ---- what is not measured ----
 
-    def _warn_subclass(self, param: torch.Tensor) -> None:
-        """Once per watch: a parameter (or gradient) of a tensor subclass (torchao's quantized training weights) is
-        left out; the op reads plain tensors only."""
-        if self._warned_subclass:
+    def _warn_left_out(self, param: torch.Tensor, why: str) -> None:
+        """Once per watch and reason: a parameter the op cannot read (``_left_out`` says why) is not measured."""
+        if why in self._warned:
             return
-        self._warned_subclass = True
+        self._warned.add(why)
         owner = self._owner()
         name = (owner.module_of(param) if owner is not None else None) or "a parameter"
         warnings.warn(
-            f"amp_inspect: update_every leaves out {name} and every other parameter held in a tensor subclass "
-            f"({type(param).__name__}): what the optimizer did is measured on plain tensors only",
+            f"amp_inspect: update_every leaves out {name} and every other parameter {why}: what the optimizer "
+            "did is measured on dense float32, bfloat16 and float16 tensors only",
             RuntimeWarning,
             stacklevel=5,  # past _safely and the hook
         )
@@ -376,6 +376,17 @@ def _state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tenso
         and _plain(value.detach())  # not torchao's 8-bit / 4-bit / fp8 state, which the op cannot read
     ):
         return value.detach()
+    return None
+
+
+def _left_out(param: torch.Tensor, grad: torch.Tensor) -> str | None:
+    """Why the op cannot read ``param`` and its gradient (the words the warning ends with), or None when it can."""
+    if not (_plain(param.detach()) and _plain(grad)):  # torchao's quantized-training weights
+        return f"held in a tensor subclass ({type(param).__name__})"
+    if grad.layout != torch.strided:  # nn.Embedding(sparse=True), for SparseAdam
+        return f"with a sparse gradient ({grad.layout})"
+    if param.dtype not in INPUT_DTYPES:
+        return f"of dtype {param.dtype}"
     return None
 
 

@@ -4,12 +4,14 @@ comparison of every weight before and after the step."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 import amp_inspect
+from tests.models import SparseNet
 
 pytestmark = pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")
 
@@ -584,6 +586,32 @@ def test_a_parameter_of_a_tensor_subclass_is_left_out_with_one_warning() -> None
         insp, _ = _run(model, [opt], steps=2)
     assert insp.last_update.by_module["fc1"]["numel"] == model.fc1.bias.numel()  # the bias, a plain tensor
     assert insp.last_update.by_module["fc2"]["numel"] == 32 * 8 + 8
+
+
+def test_a_sparse_gradient_is_left_out_with_one_warning() -> None:
+    model = SparseNet()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    with pytest.warns(RuntimeWarning, match=r"leaves out emb and every other parameter with a sparse gradient") as w:
+        for _ in range(2):
+            model(torch.randint(0, 16, (8,))).pow(2).backward()
+            insp.check()
+            opt.step()
+            opt.zero_grad()
+    assert sum("update_every leaves out" in str(x.message) for x in w) == 1  # once, not once per step
+    assert set(insp.last_update.by_module) == {"head"}  # the dense layer is still measured
+
+
+def test_a_float64_model_is_left_out_with_a_warning_and_a_float32_one_without() -> None:
+    wide = Net(torch.float64)
+    with pytest.warns(RuntimeWarning, match=r"leaves out fc1 and every other parameter of dtype torch.float64"):
+        insp, _ = _run(wide, [torch.optim.SGD(wide.parameters(), lr=1e-3)], steps=1)
+    assert not insp.last_update.by_module
+    model = Net(torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        insp, _ = _run(model, [torch.optim.SGD(model.parameters(), lr=1e-3)], steps=1)
+    assert set(insp.last_update.by_module) == {"fc1", "fc2"}
 
 
 def test_a_measurement_that_fails_turns_update_every_off_and_training_goes_on(monkeypatch) -> None:
