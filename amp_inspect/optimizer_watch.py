@@ -113,6 +113,14 @@ class _Hook:
         self._after = after
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if torch.compiler.is_compiling():
+            # A compiled optimizer.step (torch.compile(opt.step), the recipe for a fast step): the hook runs eagerly,
+            # outside the graph. Traced, it would guard on the step number and break the graph where it reads the
+            # learning rate, with a warning to the user each time.
+            return _eagerly()(self, optimizer, args, kwargs)
+        return self._run(optimizer, args, kwargs)
+
+    def _run(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         watch = self._watch()
         if watch is None or watch.every is None:
             return None
@@ -122,6 +130,18 @@ class _Hook:
 
     def __reduce__(self) -> tuple[type, tuple]:
         return (_Inert, ())
+
+
+_EAGER_RUN: Callable[..., Any] | None = None
+
+
+def _eagerly() -> Callable[..., Any]:
+    """``_Hook._run`` under ``torch.compiler.disable``, made on the first call from a compiled region (so that
+    importing torch._dynamo, a second, is paid only by those who compile)."""
+    global _EAGER_RUN
+    if _EAGER_RUN is None:
+        _EAGER_RUN = torch.compiler.disable(_Hook._run)
+    return _EAGER_RUN
 
 
 class _Inert:

@@ -614,6 +614,31 @@ def test_a_float64_model_is_left_out_with_a_warning_and_a_float32_one_without() 
     assert set(insp.last_update.by_module) == {"fc1", "fc2"}
 
 
+def test_a_compiled_optimizer_step_is_measured_exactly_without_a_recompile_per_step() -> None:
+    """torch.compile(opt.step), the recipe for a fast step: the hooks run eagerly outside the graph. Traced, they
+    guarded on the step number (a new graph on steps 1 to 7) and broke the graph reading the learning rate."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    dynamo.reset()
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-5))  # a tensor lr, as compiled steps want
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=2)
+    step = torch.compile(opt.step, backend="eager")
+    gen = torch.Generator().manual_seed(1)
+    graphs = []
+    for i in range(8):
+        model(torch.randn(4, 16, generator=gen).bfloat16()).float().pow(2).mean().backward()
+        insp.check()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        step()
+        if i % 2 == 0:
+            _check_exact(insp.last_update, _oracle(model, before, grads))
+        opt.zero_grad()
+        graphs.append(dynamo.utils.counters["stats"]["unique_graphs"])
+    assert insp.last_update.by_module["fc1"]["lost"] > 0  # bf16 weights at lr 1e-5: the case measured
+    assert graphs[1] == graphs[-1]  # measured and unmeasured steps both ran: no new graph after
+
+
 def test_a_measurement_that_fails_turns_update_every_off_and_training_goes_on(monkeypatch) -> None:
     import amp_inspect.optimizer_watch as watch_module
 
