@@ -113,9 +113,11 @@ built="$cannot"
 if [ -z "$built" ] && ! ls amp_inspect/_C*.so > /dev/null 2>&1; then
   built="the install stage left no compiled library in amp_inspect/"
 fi
+# Every test file with tests marked cuda (tests/test_gpu_check.py keeps this list true), but test_distributed.py,
+# which the dist stage runs.
 cuda_tests="tests/test_cuda.py tests/test_inspector_cuda.py tests/test_fallback.py tests/test_activations.py \
-  tests/test_hardware.py tests/test_integrations.py tests/test_silent_answers.py tests/test_readiness_cuda.py \
-  tests/test_update_stats_cuda.py"
+  tests/test_hardware.py tests/test_integrations.py tests/test_readiness_cuda.py tests/test_update_stats_cuda.py \
+  tests/test_inspector.py tests/test_scaler.py"
 stage info "$built" "$py" -m amp_inspect.info
 stage tests "${built:-$no_pytest}" bash -c "'$py' -m pytest -q -p no:cacheprovider -m cuda $cuda_tests \
   && '$py' -m pytest -q -p no:cacheprovider tests/test_info.py"

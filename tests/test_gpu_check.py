@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,20 @@ def test_bench_ratios_are_carried_into_the_summary(tmp_path):
     summary = gpu_summary.summarize(tmp_path)
     assert summary["tensor_stats_cuda"]["ratios"] == [measurement]
     assert summary["step_cuda"] == "not written"
+
+
+def test_the_tests_stage_names_every_test_file_with_cuda_tests_and_only_files_that_exist() -> None:
+    """A file renamed or folded away made pytest stop the GPU run before any test ("file or directory not found"),
+    and files whose tests a shared parametrization marks cuda (tests/models.py's DEVICES) were left out."""
+    script = (BENCH / "gpu_check.sh").read_text()
+    named = set(re.search(r'cuda_tests="([^"]*)"', script).group(1).replace("\\\n", " ").split())
+    tests = BENCH.parent / "tests"
+    assert {n for n in named if not (BENCH.parent / n).is_file()} == set()
+    marked = {
+        f"tests/{f.name}"
+        for f in tests.glob("test_*.py")
+        if f.name != Path(__file__).name  # this test's own pattern
+        and re.search(r"mark\.cuda\b(?!_)|\bDEVICES\b", f.read_text())
+    }
+    assert marked - named == {"tests/test_distributed.py"}  # the dist stage runs that one
+    assert "tests/test_distributed.py" in script.split("stage dist", 1)[1].split("\n", 1)[0]
