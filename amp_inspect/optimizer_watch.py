@@ -91,7 +91,9 @@ class _Snapshot:
     before: list[torch.Tensor]
     grads: list[torch.Tensor]
     names: list[str]
-    asked: list[bool]  # False where the parameter's group has learning rate 0: the step was asked to change nothing
+    # False where the parameter's group has learning rate 0 (the step was asked to change nothing); a device flag
+    # where the learning rate is a tensor on the parameter's device, read with the statistics (``_asked_to_move``)
+    asked: list[bool | torch.Tensor]
 
 
 @dataclass
@@ -253,9 +255,11 @@ class OptimizerWatch:
         if id(optimizer) in self._slot(step).stepped:
             return  # measured once per optimizer and step (a second step() call of the same step is not)
         owner = self._owner()
-        params, names, asked = [], [], []
+        params: list[torch.Tensor] = []
+        names: list[str] = []
+        asked: list[bool | torch.Tensor] = []
         for g, group in enumerate(optimizer.param_groups):
-            moves = not _zero_learning_rate(group)
+            moves: dict[torch.device, bool | torch.Tensor] = {}  # per device of the group's parameters
             for i, p in enumerate(group["params"]):
                 grad = p.grad
                 if grad is None:
@@ -265,7 +269,9 @@ class OptimizerWatch:
                     self._warn_left_out(p, why)
                     continue
                 params.append(p)
-                asked.append(moves)
+                if p.device not in moves:
+                    moves[p.device] = _asked_to_move(group, p.device)
+                asked.append(moves[p.device])
                 name = owner.module_of(p) if owner is not None else None
                 names.append(name or f"param_groups[{g}].params[{i}]")
         with torch.no_grad():
@@ -309,12 +315,22 @@ class OptimizerWatch:
             counts, sums, amax = self._across_ranks(counts, sums, amax, group)
         device = counts.device
         flag = torch.ones((), dtype=torch.bool, device=device) if applied is None else applied.to(device)
-        copy = HostCopy({"counts": counts, "sums": sums, "amax": amax, "applied": flag}, device)
+        tensors = {"counts": counts, "sums": sums, "amax": amax, "applied": flag}
+        asked = [snap.asked[i] for i in rows]
+        if any(isinstance(a, torch.Tensor) for a in asked):  # a tensor learning rate on the device: read with the rest
+            tensors["asked"] = torch.stack(
+                [
+                    a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=torch.bool, device=device)
+                    for a in asked
+                ]
+            )
+        copy = HostCopy(tensors, device)
         dtypes = [
             (_dtype_name(p.dtype), None if s is None else _dtype_name(s.dtype))
             for p, s in zip(params, states, strict=True)
         ]
-        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, [snap.asked[i] for i in rows], kept)
+        host_asked = [a if isinstance(a, bool) else True for a in asked]  # the device flags: the copy's "asked"
+        slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, host_asked, kept)
 
     def _across_ranks(
         self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, group: Any
@@ -442,14 +458,20 @@ def _keeps_small_updates(optimizer: torch.optim.Optimizer, params: Sequence[torc
     return out
 
 
-def _zero_learning_rate(group: dict[str, Any]) -> bool:
-    """Whether a parameter group's learning rate is 0 (a warm-up's first step, a group frozen by its rate): read from
-    a number or a CPU tensor (torchao keeps it in one); a learning rate on a GPU is not read (that would sync) and
-    counts as not 0."""
+def _asked_to_move(group: dict[str, Any], device: torch.device) -> bool | torch.Tensor:
+    """Whether the step was asked to move a group's parameters on ``device``: False where its learning rate is 0 (a
+    warm-up's first step, a group frozen by its rate). A number, or a tensor on the CPU while the parameters are
+    elsewhere (torchao keeps it there), is read on the host; a tensor on the parameters' device (a compiled or
+    capturable step's) is compared there and the flag read with the statistics (no sync); a tensor on another device
+    is not read (True)."""
     lr = group.get("lr")
-    if isinstance(lr, torch.Tensor):
-        return lr.device.type == "cpu" and lr.numel() == 1 and float(lr) == 0.0
-    return isinstance(lr, (int, float)) and lr == 0
+    if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+        if lr.device == device:
+            return (lr.detach() != 0).reshape(())
+        if lr.device.type == "cpu":
+            return float(lr) != 0.0
+        return True
+    return not (isinstance(lr, (int, float)) and lr == 0)
 
 
 def _groups(snap: _Snapshot, optimizer: torch.optim.Optimizer) -> Iterable[list[int]]:

@@ -134,7 +134,8 @@ class UpdateStats:
         asked: Sequence[bool] | None = None,
         kept: Sequence[bool] | None = None,
     ) -> None:
-        """Device rows on their way to the host (``copy`` holds counts, sums, amax and the flag applied). ``asked``:
+        """Device rows on their way to the host (``copy`` holds counts, sums, amax and the flag applied, and may hold
+        ``asked``, the same per row as device flags, ANDed with the host's). ``asked``:
         per row, whether the step was asked to move it (False: its group's learning rate was 0, so an unchanged
         weight is no lost update: the row counts no element with a gradient and none lost). ``kept``: per row,
         whether its optimizer keeps the sub-ulp part of the update (stochastic rounding, Kahan compensation): an
@@ -155,6 +156,7 @@ class UpdateStats:
                 self._skipped = True  # a fused step turned off by found_inf: nothing changed, nothing was lost
                 continue
             rows = {"counts": h["counts"].tolist(), "sums": h["sums"].tolist(), "amax": h["amax"].tolist()}
+            on_device = h["asked"].tolist() if "asked" in h else None  # per row, a learning rate read on the device
             for i, name in enumerate(names):
                 record: dict[str, Any] = {}
                 position = {"counts": 0, "sums": 0}
@@ -167,6 +169,7 @@ class UpdateStats:
                     record[SHOWN.get(s.name, s.name)] = int(value) if s.is_count else float(value)
                 record["dtype"], record["state_dtype"] = dtypes[i]
                 asked, kept = notes[i]
+                asked = asked and (on_device is None or bool(on_device[i]))
                 record[LR_ZERO_FIELD] = 0 if asked else record["numel"]
                 record[KEPT_FIELD] = record["numel"] if kept and asked else 0  # at lr 0: counted as that alone
                 if not asked:  # learning rate 0: nothing was asked of these elements, nothing could be lost

@@ -438,9 +438,9 @@ def test_reading_the_history_between_check_and_the_optimizer_step_loses_no_updat
             assert record["update"]["modules"]["fc1"]["numel_with_grad"] > 0
 
 
-def _warm_up_from_zero(dtype: torch.dtype, lr: float, steps: int = 3) -> amp_inspect.Inspector:
+def _warm_up_from_zero(dtype: torch.dtype, lr: float | torch.Tensor, steps: int = 3) -> amp_inspect.Inspector:
     """AdamW under a warm-up whose learning rate is 0 on step 0 (transformers' linear warm-up, LambdaLR), measured
-    on every step."""
+    on every step. A tensor ``lr`` (a compiled step's) is on the parameters' device: read there, with the counts."""
     model = Net(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 2))
@@ -455,10 +455,11 @@ def _warm_up_from_zero(dtype: torch.dtype, lr: float, steps: int = 3) -> amp_ins
     return insp
 
 
-def test_a_warm_up_step_at_learning_rate_0_loses_no_update() -> None:
+@pytest.mark.parametrize("lr", [1e-3, torch.tensor(1e-3)], ids=["number", "tensor"])
+def test_a_warm_up_step_at_learning_rate_0_loses_no_update(lr: float | torch.Tensor) -> None:
     # Step 0 of a warm-up from 0 changes no weight: that is what the step was asked to do, not rounding. Counted as
     # lost, it made fp32 LoRA-style runs report "17% of the updates ... rounded away (fp32 weights)".
-    insp = _warm_up_from_zero(torch.float32, lr=1e-3)
+    insp = _warm_up_from_zero(torch.float32, lr=lr.clone() if isinstance(lr, torch.Tensor) else lr)
     first = insp.history[0].update
     for record in first.by_module.values():
         assert record["numel_with_grad"] == record["lost"] == 0

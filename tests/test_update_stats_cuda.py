@@ -131,3 +131,30 @@ def test_a_fused_adamw_under_gradscaler_on_the_gpu() -> None:
     for step in (0, 2):
         _check_exact(history[step].update, oracles[step])
     insp.detach()
+
+
+def test_a_learning_rate_on_the_gpu_at_0_is_read_with_the_counts_without_a_sync() -> None:
+    """A capturable AdamW with its learning rate a CUDA tensor, warmed up from 0: the flag lr != 0 is made on the
+    device and read with the counts, so step 0 loses nothing (it was counted all lost, the GPU tensor unread)."""
+    if "cuda" not in _ops.UPDATE_KERNELS:
+        pytest.skip("the loaded _C_cuda has no update_stats kernel")
+    from tests.test_optimizer_watch import Net
+
+    model = Net(torch.float32).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3, device="cuda"), capturable=True, foreach=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 2))
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    for _ in range(2):
+        model(torch.randn(4, 16, device="cuda")).float().pow(2).mean().backward()
+        insp.check()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        schedule.step()
+        opt.zero_grad()
+    first, second = insp.history[0].update.by_module["fc1"], insp.last_update.by_module["fc1"]
+    assert first["numel_with_grad"] == first["lost"] == 0 and first["numel_lr_zero"] == first["numel"]
+    assert second["numel_with_grad"] > 0 and second["numel_lr_zero"] == 0
+    insp.detach()
