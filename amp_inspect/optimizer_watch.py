@@ -78,7 +78,9 @@ def optimizers_of(optimizer: object) -> list[torch.optim.Optimizer]:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer or a list of them, got {type(item).__name__}")
         # accelerate's AcceleratedOptimizer (also the HF Trainer's) wraps the optimizer whose step() runs the hooks.
         inner = getattr(item, "optimizer", None)
-        out.append(inner if isinstance(inner, torch.optim.Optimizer) else item)
+        chosen = inner if isinstance(inner, torch.optim.Optimizer) else item
+        if all(chosen is not o for o in out):  # named twice (or once wrapped, once not): hooked once
+            out.append(chosen)
     return out
 
 

@@ -260,6 +260,14 @@ def test_two_optimizers_merge_by_module() -> None:
     assert insp.last_update.by_module["fc2"]["state_dtype"] is None
 
 
+def test_an_optimizer_named_twice_is_hooked_and_measured_once() -> None:
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    insp = amp_inspect.attach(model, optimizer=[opt, opt], update_every=1)
+    assert len(opt._optimizer_step_pre_hooks) == len(opt._optimizer_step_post_hooks) == 1
+    insp.detach()
+
+
 def test_detach_removes_the_hooks() -> None:
     model = Net(torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
