@@ -5,7 +5,8 @@
 the oracle the compiled kernels are tested against and the fallback where the op has no kernel; it reads no
 kernel and no bit helper, only torch's comparisons, so it is an independent account of the definitions:
 
-- ``counts`` int64 [T, 7]: numel, with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow;
+- ``counts`` int64 [T, 8]: numel, with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow,
+  made_nonfinite;
 - ``sums`` float64 [T, 2]: sq_change (every difference and square in float64, where before and after are both
   finite), sq_weight (before^2 over finite before);
 - ``amax`` float32 [T]: max |after| over finite after, 0 when there is none.
@@ -39,7 +40,7 @@ def _one_tensor(
     before, after, grad = before.detach().reshape(-1), after.detach().reshape(-1), grad.detach().reshape(-1)
     with_grad = torch.isfinite(grad) & (grad != 0)
     same = after == before  # values: +0 == -0, NaN != NaN
-    finite_after = torch.isfinite(after)
+    finite_before, finite_after = torch.isfinite(before), torch.isfinite(after)
     subnormal = _subnormal_or_zero(after, after.dtype) & (after != 0)
     if state is None:
         underflow = torch.zeros((), dtype=torch.int64, device=after.device)
@@ -53,9 +54,9 @@ def _one_tensor(
         "weight_nonfinite": (~finite_after).sum(),
         "weight_subnormal": subnormal.sum(),
         "state_underflow": underflow,
+        "made_nonfinite": (finite_before & torch.isfinite(grad) & ~finite_after).sum(),
     }
     b64, a64 = before.double(), after.double()
-    finite_before = torch.isfinite(before)
     both = finite_before & finite_after
     zero = torch.zeros((), dtype=torch.float64, device=after.device)
     sums = [

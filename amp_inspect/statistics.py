@@ -446,6 +446,11 @@ UPDATE: tuple[Statistic, ...] = (
         "state_underflow",
         "with-grad elements whose exp_avg_sq is zero or a subnormal of its dtype (0 when no state is given)",
     ),
+    _update_count(
+        "made_nonfinite",
+        "elements whose weight and gradient were finite before the step and whose weight is NaN or Inf after it: "
+        "the step itself made them non-finite",
+    ),
     Statistic(
         "sq_change", "float64", PER_TENSOR, SUM, "sums", 0.0, None, False,
         "sum of (after - before)^2 over elements with finite before and after, the difference in float64",

@@ -10,7 +10,10 @@ Terms (statistics.py ``UPDATE`` defines each statistic; amp_inspect/updates.py t
   squared change over its summed squared weight);
 - **state_underflow**: with-grad elements whose Adam second moment (``exp_avg_sq``) is zero or subnormal in its
   dtype: Adam's step is then m / eps;
-- **weight_amax**: max |W| after the step.
+- **weight_amax**: max |W| after the step;
+- **made_nonfinite**: elements whose weight and gradient were finite before the step and whose weight is NaN or Inf
+  after it: the optimizer step itself made them (an fp16 Adam state that underflowed divides by eps; an update past
+  the weight's dtype's largest value).
 
 A module's statistics are its parameter tensors' merged by the schema's rules (counts and sums add, amax the
 maximum), and so are several optimizers', FSDP2 ranks' shards and several measured steps.
@@ -22,6 +25,8 @@ The verdicts and their thresholds (docs/usage.md, "What the optimizer did", says
   its weight, which almost never happens, so percents mean the weight's dtype eats the updates.
 - **optimizer state underflow**: a module with at least ``STATE_UNDERFLOW_THRESHOLD`` (0.1%) of its with-grad
   elements' exp_avg_sq zero or subnormal: each such element's step is divided by eps alone.
+- **weights made NaN/Inf by the step** (an error): a module with any ``made_nonfinite`` element. Every later step
+  computes with those weights, so the NaN/Inf the gradients show from then on starts here, not in the forward pass.
 - **update ratio out of range**: ~1e-3 per step is the commonly quoted healthy update-to-weight ratio (Karpathy's
   "update/data ratio", the log10 of which should sit near -3); a module whose median ratio over the measured
   steps is above ``RATIO_HIGH`` (1e-2) changes by over 1% a step, and one whose ratio is exactly 0 on every
@@ -73,6 +78,8 @@ TEXT_FIELDS = ("dtype", "state_dtype")  # the parameter's dtype, its exp_avg_sq'
 LR_ZERO_FIELD = "numel_lr_zero"
 KEPT_FIELD = "numel_kept"
 HOST_COUNT_FIELDS = (LR_ZERO_FIELD, KEPT_FIELD)
+# Counts the op gained after the first logs were written: 0 where a record has none.
+LATER_COUNT_FIELDS = ("made_nonfinite",)
 
 
 class _Pending(Protocol):
@@ -86,6 +93,8 @@ class _Pending(Protocol):
 def _with_derived(values: Mapping[str, Any]) -> dict[str, Any]:
     """A module record: the merged statistics by their shown names, and the derived fractions."""
     out = dict(values)
+    for key in LATER_COUNT_FIELDS:
+        out.setdefault(key, 0)
     raw = {s.name: out[SHOWN.get(s.name, s.name)] for s in UPDATE}
     for name in DERIVED_FIELDS:
         out[name] = float(derive_update(name, raw))
@@ -228,7 +237,9 @@ class UpdateStats:
             if not isinstance(m, Mapping):
                 raise ValueError(f"the update record of module {shown_name(str(name))!r} is not an object")
             try:
-                values: dict[str, Any] = {k: int(m[k]) for k in COUNT_FIELDS}
+                values: dict[str, Any] = {
+                    k: int(m[k] if k not in LATER_COUNT_FIELDS else m.get(k, 0)) for k in COUNT_FIELDS
+                }
                 values.update({k: float(m[k]) for k in FLOAT_FIELDS})
                 values.update({k: int(m.get(k, 0)) for k in HOST_COUNT_FIELDS})
             except (KeyError, TypeError, ValueError) as error:
@@ -319,6 +330,7 @@ class UpdateOverview:
     merged: UpdateStats
     ratios: dict[str, list[float]]
     from_zeros: frozenset[str] = frozenset()
+    first_made_nonfinite: int | None = None  # the first measured step on which the step made a weight NaN/Inf
 
     @property
     def median_ratio(self) -> dict[str, float]:
@@ -348,6 +360,8 @@ class UpdateOverview:
             line += f", {total[KEPT_FIELD]:,} elements under stochastic rounding or compensated summation (none lost)"
         if total["state_underflow"]:
             line += f", {total['state_underflow']:,} with exp_avg_sq zero or subnormal"
+        if total["made_nonfinite"]:
+            line += f", {total['made_nonfinite']:,} finite weights made NaN/Inf by the step"
         ratios = list(self.median_ratio.values())
         if ratios:
             line += f"; update ratio per module (median per step) {_ratio(min(ratios))} to {_ratio(max(ratios))}"
@@ -397,13 +411,17 @@ def overview(updates: Sequence[UpdateStats]) -> UpdateOverview | None:
         merged = merged.merged(u)
     ratios: dict[str, list[float]] = {}
     from_zeros: set[str] = set()
+    first_made_nonfinite = next(
+        (u.step for u in measured if any(r["made_nonfinite"] for r in u.by_module.values())), None
+    )
     for u in measured:
         for m, r in u.by_module.items():
             if r["numel_with_grad"] and not math.isnan(r["update_ratio"]):
                 ratios.setdefault(m, []).append(r["update_ratio"])
             if r["numel"] and r["sq_weight"] == 0:
                 from_zeros.add(m)
-    return UpdateOverview(len(measured), sum(u.skipped for u in updates), merged, ratios, frozenset(from_zeros))
+    skipped = sum(u.skipped for u in updates)
+    return UpdateOverview(len(measured), skipped, merged, ratios, frozenset(from_zeros), first_made_nonfinite)
 
 
 def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> list[UpdateVerdict]:
@@ -415,6 +433,29 @@ def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> l
     modules = seen.merged.by_module
     steps = seen.steps_text
     verdicts: list[UpdateVerdict] = []
+
+    made = sorted((m for m, r in modules.items() if r["made_nonfinite"]), key=lambda m: -modules[m]["made_nonfinite"])
+    if made:
+        count = sum(modules[m]["made_nonfinite"] for m in made)
+        when = f"first on step {seen.first_made_nonfinite}; " if seen.first_made_nonfinite is not None else ""
+        underflowing = [m for m in made if modules[m]["state_underflow"]]
+        cause = (
+            f"in {_named(underflowing)} Adam's exp_avg_sq is zero or subnormal, so the step divided by eps alone; keep "
+            "the optimizer state in fp32, or raise eps (the exp_avg_sq line says how far)"
+            if underflowing
+            else "an update went past the largest value of the weights' dtype or divided by a zero denominator; keep "
+            "fp32 master weights, lower the learning rate or raise the optimizer's eps"
+        )
+        verdicts.append(
+            UpdateVerdict(
+                "optimizer-made-nonfinite",
+                f"the optimizer step itself turned {count:,} finite weights NaN/Inf in {len(made)} "
+                f"module{'s' if len(made) != 1 else ''} ({_named(made)}) whose gradients were finite ({when}over "
+                f"{steps}), so the NaN/Inf of every later step starts there",
+                cause,
+                "error",
+            )
+        )
 
     # An fp32 module of which nothing changed at all was not rounded: it did not step (lr 0, frozen): the ratio's.
     lossy = sorted(

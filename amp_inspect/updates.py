@@ -45,6 +45,7 @@ class UpdateTensorStats:
     weight_nonfinite: torch.Tensor
     weight_subnormal: torch.Tensor
     state_underflow: torch.Tensor
+    made_nonfinite: torch.Tensor
     sq_change: torch.Tensor
     sq_weight: torch.Tensor
     amax: torch.Tensor

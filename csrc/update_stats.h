@@ -10,6 +10,7 @@
 //   weight_nonfinite : after is NaN or Inf
 //   weight_subnormal : after is nonzero and below the smallest normal of the parameter's dtype
 //   state_underflow  : with_grad and exp_avg_sq below the smallest normal of its dtype (zero included)
+//   made_nonfinite   : before and grad finite and after NaN or Inf: the step itself made the weight non-finite
 //   sq_change        : (after - before)^2 in float64, where both are finite
 //   sq_weight        : before^2 in float64, where before is finite
 //   amax             : max |after| over finite after, kept as |bits| (monotone in the value for finite floats)
@@ -30,12 +31,14 @@ enum UpdateCount : int32_t {
   kUpdWeightNonfinite,
   kUpdWeightSubnormal,
   kUpdStateUnderflow,
+  kUpdMadeNonfinite,
 };
 enum UpdateSum : int32_t { kUpdSqChange = 0, kUpdSqWeight };
-constexpr int kUpdateCountColumns = kUpdStateUnderflow + 1;
+constexpr int kUpdateCountColumns = kUpdMadeNonfinite + 1;
 constexpr int kUpdateSumColumns = kUpdSqWeight + 1;
 constexpr const char* kUpdateCountNames[kUpdateCountColumns] = {
-    "numel", "with_grad", "lost", "changed", "weight_nonfinite", "weight_subnormal", "state_underflow"};
+    "numel",           "with_grad",       "lost",          "changed", "weight_nonfinite",
+    "weight_subnormal", "state_underflow", "made_nonfinite"};
 constexpr const char* kUpdateSumNames[kUpdateSumColumns] = {"sq_change", "sq_weight"};
 
 // The smallest normal of an input dtype as float32 |bits|: float32 and bfloat16 share float32's exponent range
@@ -66,7 +69,7 @@ AMPI_HD void merge_tally(UpdateTally& into, const UpdateTally& from) {
 // float64 (0 where it takes no part). The one element logic of both kernels: the CPU kernel keeps these in lanes of
 // its own in vectorised loops (update_stats_cpu.cpp), the CUDA kernel adds them with tally_update_element.
 struct UpdateElement {
-  int32_t with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow;
+  int32_t with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow, made_nonfinite;
   double sq_change, sq_weight;
   uint32_t magnitude;  // |after| bits where after is finite, else 0 (its amax term)
 };
@@ -76,7 +79,8 @@ AMPI_HD UpdateElement judge_update_element(uint32_t before, uint32_t after, uint
   // Non-short-circuit & and | on the tests: every test is computed, so a vectorising compiler sees no branch.
   const uint32_t abs_before = before & kAbsMask32, abs_after = after & kAbsMask32, abs_grad = grad & kAbsMask32;
   const bool finite_before = is_finite32(abs_before), finite_after = is_finite32(abs_after);
-  const bool with_grad = is_finite32(abs_grad) & (abs_grad != 0u);
+  const bool finite_grad = is_finite32(abs_grad);
+  const bool with_grad = finite_grad & (abs_grad != 0u);
   // The same value: equal bits, or both zeros, and neither a NaN (the bits of finite floats and Inf are unique per
   // value; a NaN's |bits| are above Inf's)
   const bool nan = (abs_before > kInfBits32) | (abs_after > kInfBits32);
@@ -88,6 +92,7 @@ AMPI_HD UpdateElement judge_update_element(uint32_t before, uint32_t after, uint
   e.weight_nonfinite = !finite_after;
   e.weight_subnormal = (abs_after != 0u) & (abs_after < weight_normal);
   e.state_underflow = has_state & with_grad & ((state & kAbsMask32) < state_normal);
+  e.made_nonfinite = finite_before & finite_grad & !finite_after;
   const double b = static_cast<double>(bits_as_float32(before)), a = static_cast<double>(bits_as_float32(after));
   const double change = a - b;
   e.sq_change = finite_before & finite_after ? change * change : 0.0;
@@ -106,6 +111,7 @@ AMPI_HD void tally_update_element(UpdateTally& t, uint32_t before, uint32_t afte
   t.counts[kUpdWeightNonfinite] += e.weight_nonfinite;
   t.counts[kUpdWeightSubnormal] += e.weight_subnormal;
   t.counts[kUpdStateUnderflow] += e.state_underflow;
+  t.counts[kUpdMadeNonfinite] += e.made_nonfinite;
   t.sums[kUpdSqChange] += e.sq_change;
   t.sums[kUpdSqWeight] += e.sq_weight;
   t.amax_bits = t.amax_bits > e.magnitude ? t.amax_bits : e.magnitude;

@@ -4,7 +4,8 @@
 //
 // The op (schema in tensor_stats.cpp):
 //   update_stats(Tensor[] before, Tensor[] after, Tensor[] grads, Tensor[] exp_avg_sq) -> (counts, sums, amax)
-//   counts int64   [T, 7]  numel, with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow
+//   counts int64   [T, 8]  numel, with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow,
+//                          made_nonfinite
 //   sums   float64 [T, 2]  sq_change, sq_weight
 //   amax   float32 [T]     max |after| over finite after (0 when none)
 // amp_inspect/statistics.py's UPDATE entries are the same table, checked against _C.layout()["update"].

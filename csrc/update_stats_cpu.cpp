@@ -111,7 +111,7 @@ __attribute__((always_inline)) inline void tally_block(const uint32_t* __restric
                                                        const uint32_t* __restrict state, int64_t n,
                                                        uint32_t weight_normal, uint32_t state_normal,
                                                        ChunkTally& t) {
-  int32_t with_grad = 0, lost = 0, changed = 0, nonfinite = 0, subnormal = 0, underflow = 0;
+  int32_t with_grad = 0, lost = 0, changed = 0, nonfinite = 0, subnormal = 0, underflow = 0, made_nonfinite = 0;
   uint32_t amax = t.amax_bits;
   alignas(64) double sq_change[kStage];
   alignas(64) double sq_weight[kStage];
@@ -124,6 +124,7 @@ __attribute__((always_inline)) inline void tally_block(const uint32_t* __restric
     nonfinite += e.weight_nonfinite;
     subnormal += e.weight_subnormal;
     underflow += e.state_underflow;
+    made_nonfinite += e.made_nonfinite;
     sq_change[i] = e.sq_change;
     sq_weight[i] = e.sq_weight;
     amax = std::max(amax, e.magnitude);
@@ -138,6 +139,7 @@ __attribute__((always_inline)) inline void tally_block(const uint32_t* __restric
   t.counts[kUpdWeightNonfinite] += nonfinite;
   t.counts[kUpdWeightSubnormal] += subnormal;
   t.counts[kUpdStateUnderflow] += underflow;
+  t.counts[kUpdMadeNonfinite] += made_nonfinite;
   t.amax_bits = amax;
 }
 

@@ -159,6 +159,11 @@ def test_fp16_adam_state_with_eps_1e_8_underflows_and_fp32_state_does_not() -> N
     assert "optimizer-state-underflow" in doctor.codes
     found = next(f for f in doctor.findings if f.code == "optimizer-state-underflow")
     assert "eps to about 1e-4" in found.fix
+    # The weights that step 0 made Inf from finite weights and gradients: the error that says where the NaN started.
+    assert first.by_module["fc1"]["made_nonfinite"] == first.by_module["fc1"]["weight_nonfinite"] > 0
+    made = next(f for f in doctor.findings if f.code == "optimizer-made-nonfinite")
+    assert made.severity == "error" and "first on step 0" in made.message and "fc1" in made.message
+    assert "Adam's exp_avg_sq is zero or subnormal" in made.fix
 
     fp32 = Net(torch.float32)
     with torch.no_grad():
@@ -167,6 +172,31 @@ def test_fp16_adam_state_with_eps_1e_8_underflows_and_fp32_state_does_not() -> N
     insp32, _ = _run(fp32, [torch.optim.Adam(fp32.parameters(), lr=1e-3, eps=1e-8)], steps=2)
     assert all(m["state_underflow"] == 0 for m in insp32.last_update.by_module.values())
     assert "optimizer-state-underflow" not in insp32.doctor().codes
+    assert "optimizer-made-nonfinite" not in insp32.doctor().codes
+
+
+def test_an_update_past_fp16s_largest_value_is_named_and_a_nan_gradient_applied_is_not() -> None:
+    big = Net(torch.float16)
+    opt = torch.optim.SGD(big.fc2.parameters(), lr=1000.0)
+    insp = amp_inspect.attach(big, optimizer=opt, update_every=1)
+    with torch.no_grad():
+        big.fc2.weight.fill_(65000.0)  # one step of +1000 takes it past fp16's largest value, 65504: Inf
+    for p in big.parameters():
+        p.grad = torch.full_like(p, -1.0)  # finite gradients
+    insp.check()
+    opt.step()
+    assert insp.last_update.by_module["fc2"]["made_nonfinite"] == big.fc2.weight.numel()
+    made = next(f for f in insp.doctor().findings if f.code == "optimizer-made-nonfinite")
+    assert "(fc2)" in made.message and "went past the largest value" in made.fix
+    assert "finite weights made NaN/Inf by the step" in str(insp.summary())
+
+    # A NaN gradient the loop applies (no scaler) makes NaN weights too, but the gradients already say so (the
+    # poisoned-steps advice): the step did not make them from finite ones.
+    poisoned = Net(torch.float32)
+    insp, _ = _run(poisoned, [torch.optim.SGD(poisoned.parameters(), lr=1e-3)], steps=1, poison_step=0)
+    assert insp.last_update.by_module["fc1"]["weight_nonfinite"] > 0
+    assert insp.last_update.by_module["fc1"]["made_nonfinite"] == 0
+    assert "optimizer-made-nonfinite" not in insp.doctor().codes
 
 
 def _fused_on_cpu(cls: type) -> bool:

@@ -80,6 +80,16 @@ def test_a_malformed_update_entry_is_one_sentence() -> None:
         UpdateStats.from_record({"modules": {"fc": {"lost": 1}}})
 
 
+def test_a_log_written_before_made_nonfinite_reads_as_none_made() -> None:
+    older = {"modules": {"fc": _record(lost=10, with_grad=100)}}  # no "made_nonfinite": the op had no such count
+    assert "made_nonfinite" not in older["modules"]["fc"]
+    back = UpdateStats.from_record(older, 3)
+    assert back.by_module["fc"]["made_nonfinite"] == 0
+    assert "optimizer-made-nonfinite" not in [v.code for v in update_verdicts([back])]
+    made = UpdateStats.from_record({"modules": {"fc": {**_record(lost=10, with_grad=100), "made_nonfinite": 4}}}, 3)
+    assert [v.code for v in update_verdicts([made])][0] == "optimizer-made-nonfinite"
+
+
 def test_the_lost_threshold_is_where_the_verdict_starts() -> None:
     at = math.ceil(LOST_THRESHOLD * 1000)
     below = UpdateStats(0, {"fc": _record(at - 1, 1000)})

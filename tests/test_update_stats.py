@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import amp_inspect
 from amp_inspect import _ops
-from amp_inspect.reference_update import update_stats_reference
+from amp_inspect.reference_update import COUNT_NAMES, update_stats_reference
 from amp_inspect.statistics import UPDATE, UPDATE_DERIVED
 from amp_inspect.updates import UpdateTensorStats
 
@@ -97,6 +97,22 @@ def test_nan_and_inf_weights(measure, dtype) -> None:
     assert got.sq_change.tolist() == [0.25]  # only the element finite before and after
     assert got.sq_weight.tolist() == [4.0 + 1.0 + 9.0]  # finite before
     assert got.amax.tolist() == [1.5]
+
+
+@FACES
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_made_nonfinite_is_a_finite_weight_and_gradient_turned_nan_or_inf_by_the_step(measure, dtype) -> None:
+    """Every combination of before, gradient and after among a normal, zero, the largest finite, +-Inf and NaN,
+    against Python floats: counted exactly where before and gradient are finite and after is not."""
+    big = torch.finfo(dtype).max
+    values = [1.0, 0.0, -0.0, big, -big, INF, -INF, NAN]
+    combos = [(b, g, a) for b in values for g in values for a in values]
+    before, grad, after = (torch.tensor(list(column), dtype=dtype) for column in zip(*combos, strict=True))
+    got = measure([before], [after], [grad])
+    want = sum(math.isfinite(b) and math.isfinite(g) and not math.isfinite(a) for b, g, a in combos)
+    assert want == 5 * 5 * 3  # finite before (5 values) x finite gradient (5) x Inf, -Inf, NaN after
+    assert got.made_nonfinite.tolist() == [want]
+    assert got.weight_nonfinite.tolist() == [len(values) ** 2 * 3]  # every before and gradient, after non-finite
 
 
 @FACES
@@ -453,7 +469,7 @@ def test_kernel_equals_reference_on_the_hand_made_cases_and_layouts() -> None:
     assert_kernel_matches_reference([torch.zeros(0, 3)], [torch.zeros(0, 3)], [torch.zeros(0, 3)])
     # An empty Tensor[] gives the dispatcher no key: the face answers it without the op.
     got = amp_inspect.update_stats([], [], []).outputs()
-    assert [tuple(t.shape) for t in got] == [(0, 7), (0, 2), (0,)]
+    assert [tuple(t.shape) for t in got] == [(0, len(COUNT_NAMES)), (0, 2), (0,)]
 
 
 @needs_kernel
