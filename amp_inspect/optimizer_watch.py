@@ -16,8 +16,10 @@ element, 4 per fp32), held from the start of the measured step's ``optimizer.ste
 steps. No host sync: the statistics go to the host as report.HostCopy copies them (pinned memory on CUDA).
 
 Which steps: the optimizer step is the unit, so with gradient accumulation the step that applies the accumulated
-gradients is measured. A step is measured when the inspector inspected it (``check()``, or an
-InspectingGradScaler's unscale pass) and its number is a multiple of N: ``UpdateListener`` says which step runs.
+gradients is measured. An optimizer step is measured when the inspector inspected its step (``check()``, or an
+InspectingGradScaler's unscale pass; ``UpdateListener`` says which step runs) and it is the first optimizer step at
+or after a step whose number is a multiple of N: with check() on every micro-batch the steps that apply may never
+be multiples of N, and a step GradScaler skipped moves the measurement to the next step rather than losing it.
 A step GradScaler skips never calls ``optimizer.step`` (a skipped step changed nothing: it is no lost update); a
 fused optimizer's step under GradScaler is called with ``found_inf`` and applies nothing when it is set: its
 statistics are marked skipped on the device (no sync) and left out. With a fused optimizer the gradients are still
@@ -177,6 +179,7 @@ class OptimizerWatch:
         self._slots: dict[int, _Slot] = {}
         self._handles: list[RemovableHandle] = []
         self._warned: set[str] = set()  # why parameters were left out, each said once
+        self._measured: int | None = None  # the last step whose optimizer step was measured
         for optimizer in self.optimizers:
             self._handles.append(optimizer.register_step_pre_hook(_Hook(self, after=False)))
             self._handles.append(optimizer.register_step_post_hook(_Hook(self, after=True)))
@@ -202,6 +205,13 @@ class OptimizerWatch:
         report = owner.last_report
         return report.step if report is not None and report.step == owner.step - 1 else None
 
+    def _due(self, step: int) -> bool:
+        """Whether an optimizer step that runs in ``step`` is measured: the first one at or after each multiple of
+        ``every`` (a check() on every micro-batch of an accumulation, or a step GradScaler skipped, moves the
+        measurement to the next optimizer step instead of losing it), and every optimizer's of the step measured."""
+        latest = step - step % self.every  # type: ignore[operator]
+        return self._measured is None or latest > self._measured or step == self._measured
+
     def _slot(self, step: int) -> _Slot:
         slot = self._slots.get(step)
         if slot is None:
@@ -218,8 +228,8 @@ class OptimizerWatch:
         # A step that raised inside optimizer.step() never ran its post hook: its copy of the parameters goes now.
         for key in [k for k, snap in self._snapshots.items() if snap.step < next_step - 1]:
             del self._snapshots[key]
-        due = self.every is not None and report is not None and report.step == next_step - 1
-        if due and report.step % self.every == 0:  # type: ignore[union-attr, operator]
+        this_step = self.every is not None and report is not None and report.step == next_step - 1
+        if this_step and self._due(report.step):  # type: ignore[union-attr]
             report.update = self._slot(report.step).stats  # type: ignore[union-attr]
         if optimizer_done and next_step - 1 in self._slots:
             self._complete(self._slots.pop(next_step - 1))
@@ -252,7 +262,7 @@ class OptimizerWatch:
 
     def _snapshot(self, optimizer: torch.optim.Optimizer) -> None:
         step = self._running_step()
-        if step is None or step % self.every:  # type: ignore[operator]
+        if step is None or not self._due(step):
             return
         if id(optimizer) in self._slot(step).stepped:
             return  # measured once per optimizer and step (a second step() call of the same step is not)
@@ -287,6 +297,7 @@ class OptimizerWatch:
             return
         slot = self._slot(snap.step)
         slot.stepped.add(id(optimizer))
+        self._measured = snap.step
         applied = _applied(optimizer)
         with torch.no_grad():
             for rows in _groups(snap, optimizer):

@@ -48,7 +48,8 @@ class AttachOptions:
             ``report.readiness``, the log, ``amp-inspect readiness`` (docs/readiness.md). None: off.
         optimizer: the optimizer (or a list of optimizers) whose steps ``update_every`` measures (the Lightning
             and Hugging Face callbacks take the trainer's: leave it out there).
-        update_every: every N-th step (a multiple of ``every``), measure what ``optimizer.step()`` did: updates
+        update_every: every N-th step (a multiple of ``every``; the first optimizer step at or after it, under
+            gradient accumulation or a skipped step), measure what ``optimizer.step()`` did: updates
             rounded away in the weights' dtype, Adam state underflow, the update-to-weight ratio per module
             (``insp.last_update``, ``report.update``, the log, the summary; docs/usage.md). Costs a copy of the
             parameters with gradients on those steps. None: off.

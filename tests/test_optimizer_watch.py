@@ -279,6 +279,45 @@ def test_gradient_accumulation_is_measured_on_the_step_that_applies() -> None:
         _check_exact(record.update, oracle)
 
 
+def _checked_every_micro_batch(every: int, accumulation: int = 4, micro_batches: int = 16) -> tuple:
+    """check() on every micro-batch (to catch a NaN early), optimizer.step() on every ``accumulation``-th: the
+    inspector's step numbers count micro-batches, so few or none of the steps that apply are multiples of ``every``."""
+    model = Net(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=every)
+    gen = torch.Generator().manual_seed(1)
+    oracles = {}
+    for i in range(micro_batches):
+        model(torch.randn(4, 16, generator=gen).bfloat16()).float().pow(2).mean().backward()
+        insp.check()
+        if i % accumulation == accumulation - 1:
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            opt.step()
+            oracles[i] = _oracle(model, before, grads)
+            opt.zero_grad()
+    measured = {r.step: r.update for r in insp.history if r.update is not None and r.update.by_module}
+    return measured, oracles
+
+
+@pytest.mark.parametrize(("every", "steps"), [(2, [3, 7, 11, 15]), (8, [3, 11]), (1, [3, 7, 11, 15])])
+def test_check_on_every_micro_batch_measures_the_first_applying_step_after_each_multiple(every, steps) -> None:
+    # The steps that apply (3, 7, 11, 15) are never multiples of 2: every=2 measured nothing and said nothing.
+    measured, oracles = _checked_every_micro_batch(every)
+    assert sorted(measured) == steps
+    for step in steps:
+        _check_exact(measured[step], oracles[step])
+
+
+def test_a_step_gradscaler_skipped_moves_the_measurement_to_the_next_step() -> None:
+    model = Net(torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    insp, _ = _run(model, [opt], steps=8, every=4, scaler=scaler, poison_step=4)
+    assert insp.history[4].skipped
+    assert [r.step for r in insp.history if r.update is not None and r.update.by_module] == [0, 5]
+
+
 def test_two_optimizers_merge_by_module() -> None:
     model = Net(torch.bfloat16)
     first = torch.optim.AdamW(model.fc1.parameters(), lr=1e-5)
