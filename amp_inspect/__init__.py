@@ -22,49 +22,49 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_names
+from amp_inspect._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from .checks import doctor, watch_clipping
-    from .ddp import ddp_comm_hook
-    from .distributed import DistributedInspectionError
-    from .formats import FORMATS
-    from .history import StepRecord, Summary
-    from .inspector import Inspector, attach
-    from .readiness import ReadinessStats, format_readiness
-    from .report import Headroom, StepReport
-    from .runlog import read_log
-    from .scale_policy import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
-    from .scaler import InspectingGradScaler
-    from .stats import TensorStats, tensor_stats
-    from .updates import UpdateTensorStats, update_stats
+    from amp_inspect.core.format_readiness import ReadinessStats, format_readiness
+    from amp_inspect.core.formats import FORMATS
+    from amp_inspect.core.tensor_stats import TensorStats, tensor_stats
+    from amp_inspect.core.update_stats import UpdateTensorStats, update_stats
+    from amp_inspect.diagnosis.doctor import doctor, watch_clipping
+    from amp_inspect.diagnosis.history import StepRecord, Summary
+    from amp_inspect.distributed.combine import DistributedInspectionError
+    from amp_inspect.distributed.ddp import ddp_comm_hook
+    from amp_inspect.gradients.step_report import Headroom, StepReport
+    from amp_inspect.inspection.inspector import Inspector, attach
+    from amp_inspect.runlog.log import read_log
+    from amp_inspect.scaling.policies import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
+    from amp_inspect.scaling.scaler import InspectingGradScaler
 
-__version__ = "0.1.0"
+from amp_inspect._version import __version__ as __version__
 
 _MODULE_OF = {
-    "FORMATS": "formats",
-    "DistributedInspectionError": "distributed",
-    "Headroom": "report",
-    "HeadroomPolicy": "scale_policy",
-    "InspectingGradScaler": "scaler",
-    "Inspector": "inspector",
-    "ReadinessStats": "readiness",
-    "StepRecord": "history",
-    "StepReport": "report",
-    "ScaleDecision": "scale_policy",
-    "ScalePolicy": "scale_policy",
-    "Summary": "history",
-    "TensorStats": "stats",
-    "attach": "inspector",
-    "ddp_comm_hook": "ddp",
-    "format_readiness": "readiness",
-    "doctor": "checks",  # the function; its module is not named `doctor`, which would shadow it when imported
-    "read_log": "runlog",
-    "register_policy": "scale_policy",
-    "tensor_stats": "stats",
-    "UpdateTensorStats": "updates",
-    "update_stats": "updates",  # the function; a submodule named update_stats would shadow it
-    "watch_clipping": "checks",
+    "FORMATS": "core.formats",
+    "DistributedInspectionError": "distributed.combine",
+    "Headroom": "gradients.step_report",
+    "HeadroomPolicy": "scaling.policies",
+    "InspectingGradScaler": "scaling.scaler",
+    "Inspector": "inspection.inspector",
+    "ReadinessStats": "core.format_readiness",
+    "StepRecord": "diagnosis.history",
+    "StepReport": "gradients.step_report",
+    "ScaleDecision": "scaling.policies",
+    "ScalePolicy": "scaling.policies",
+    "Summary": "diagnosis.history",
+    "TensorStats": "core.tensor_stats",
+    "attach": "inspection.inspector",
+    "ddp_comm_hook": "distributed.ddp",
+    "format_readiness": "core.format_readiness",
+    "doctor": "diagnosis.doctor",  # the function; its module is not named `doctor`, which would shadow it when imported
+    "read_log": "runlog.log",
+    "register_policy": "scaling.policies",
+    "tensor_stats": "core.tensor_stats",
+    "UpdateTensorStats": "core.update_stats",
+    "update_stats": "core.update_stats",  # the function; a submodule named update_stats would shadow it
+    "watch_clipping": "diagnosis.doctor",
 }
 
 __all__ = [

@@ -1,5 +1,5 @@
 """``python -m amp_inspect``: the same as the ``amp-inspect`` command."""
 
-from .cli import main
+from amp_inspect.cli.main import main
 
 raise SystemExit(main())

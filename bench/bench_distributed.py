@@ -1,7 +1,7 @@
 """Distributed benchmark: what amp_inspect all-reduces and what it adds to a training step, DDP and FSDP2.
 
 Two processes (torch.multiprocessing, spawn) on gloo over 127.0.0.1, one torch thread each, train a small
-GPT (models.make_gpt, bench_step.py's model, amp_inspect.tiny_gpt.TinyGPT: pre-LN blocks, tied embeddings, GPT-2
+GPT (models.make_gpt, bench_step.py's model, amp_inspect.cli.tiny_gpt.TinyGPT: pre-LN blocks, tied embeddings, GPT-2
 initialisation) with bf16 autocast on CPU, GradScaler("cpu") (init scale 2**10) and AdamW; each rank trains on its
 own fixed random batches.
 
@@ -28,13 +28,13 @@ distribution-free ~95% confidence interval of that median. The time spent in the
 
 Bytes: ``torch.distributed.all_reduce`` (and the functional ``all_reduce`` that DTensor uses) are wrapped
 in each process by a counter of numel * element_size per call, classified by the calling function:
-``amp_inspect.ddp`` averaging the bucket (``HookState.average``) is DDP's own gradient averaging (a comm
+``amp_inspect.distributed.ddp`` averaging the bucket (``HookState.average``) is DDP's own gradient averaging (a comm
 hook must do it), the one-time
-``amp_inspect.distributed.check_same_layout`` is reported apart, any other amp_inspect caller is the
+``amp_inspect.distributed.combine.check_same_layout`` is reported apart, any other amp_inspect caller is the
 inspection's traffic, and callers in torch are torch's own (GradScaler's found_inf on DTensor gradients).
 DDP's reducer without a hook and FSDP2's reduce-scatter / all-gather do not go through these functions and
 are not counted; the gradient bytes (parameters * 4) are shown for scale. The measured inspection bytes are
-printed beside the sizes from the docstrings of amp_inspect/ddp.py and amp_inspect/distributed.py.
+printed beside the sizes from the docstrings of amp_inspect/distributed/ddp.py and amp_inspect/distributed/combine.py.
 
 Why this file is ~800 lines: besides the timing (harness.py) it holds its own instruments, which belong to no
 other benchmark: the all-reduce byte counter classified by caller, the timer wrapped around the comm hook and
@@ -92,11 +92,11 @@ from harness import (  # noqa: E402
 from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
-from amp_inspect import _ops  # noqa: E402
-from amp_inspect import distributed as amp_distributed  # noqa: E402
-from amp_inspect.ddp import NonfiniteByRank  # noqa: E402
-from amp_inspect.distributed import to_local  # noqa: E402
-from amp_inspect.tiny_gpt import TinyGPT  # noqa: E402
+from amp_inspect.cli.tiny_gpt import TinyGPT  # noqa: E402
+from amp_inspect.core import ops as _ops  # noqa: E402
+from amp_inspect.distributed import combine as amp_distributed  # noqa: E402
+from amp_inspect.distributed.combine import to_local  # noqa: E402
+from amp_inspect.distributed.ddp import NonfiniteByRank  # noqa: E402
 
 WORLD = 2
 BACKEND = "gloo"
@@ -125,7 +125,7 @@ LAYOUT_CHECK = "layout_check"  # check_same_layout: once per inspector / scaler,
 TORCH_OWN = "torch"  # called from torch itself (DTensor's found_inf reduction in GradScaler's unscale)
 OTHER = "other"
 CATEGORIES = (DDP_GRADIENTS, INSPECTION, LAYOUT_CHECK, TORCH_OWN, OTHER)
-HOOK_FUNCTIONS = ("ddp_comm_hook", "average")  # where amp_inspect/ddp.py all-reduces the gradient bucket
+HOOK_FUNCTIONS = ("ddp_comm_hook", "average")  # where amp_inspect/distributed/ddp.py all-reduces the gradient bucket
 LAYOUT_FUNCTION = "check_same_layout"
 
 
@@ -532,17 +532,17 @@ class BenchResult:
 
 
 def ddp_table_bytes(world: int, tensors: int) -> int:
-    """amp_inspect/ddp.py: 8 * world * parameters bytes per step (the int64 [world, T] NaN/Inf table)."""
+    """amp_inspect/distributed/ddp.py: 8 * world * parameters bytes per step (the int64 [world, T] NaN/Inf table)."""
     return 8 * world * tensors
 
 
 def reduce_stats_bytes(world: int, tensors: int, formats: int) -> int:
-    """amp_inspect/distributed.py: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T bytes per reduce_stats call."""
+    """amp_inspect/distributed/combine.py: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T bytes per reduce_stats call."""
     return 8 * tensors * (5 + 3 * formats + 256 + 1 + world) + 8 * tensors
 
 
 def layout_check_bytes(world: int) -> int:
-    """amp_inspect/distributed.py, check_same_layout: one all-reduce of 2 * world int64."""
+    """amp_inspect/distributed/combine.py, check_same_layout: one all-reduce of 2 * world int64."""
     return 8 * 2 * world
 
 

@@ -35,9 +35,9 @@ from harness import SEED, machine_info, print_table, write_result  # noqa: E402
 from models import gpt2_style_shapes  # noqa: E402
 
 import amp_inspect  # noqa: E402
-from amp_inspect import _ops  # noqa: E402
-from amp_inspect.recipes import RECIPE_NAMES  # noqa: E402
-from amp_inspect.reference_readiness import format_readiness_reference  # noqa: E402
+from amp_inspect.core import ops as _ops  # noqa: E402
+from amp_inspect.core.recipes import RECIPE_NAMES  # noqa: E402
+from amp_inspect.core.references.format_readiness import format_readiness_reference  # noqa: E402
 
 ROOFLINE = "vector_norm"
 

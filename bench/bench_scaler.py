@@ -1,7 +1,7 @@
 """Loss-scaler benchmark: torch.amp.GradScaler against InspectingGradScaler(policy="headroom"), same seeds.
 
 CPU only, as the demo runs: bf16 autocast, and every parameter gradient rounded through fp16 after backward
-(``p.grad.copy_(p.grad.to(float16))``, as in amp_inspect/demo.py), so scaled gradients past 65504 become Inf
+(``p.grad.copy_(p.grad.to(float16))``, as in amp_inspect/cli/demo.py), so scaled gradients past 65504 become Inf
 and those below 2^-25 become zero, as fp16 gradients would. Models (models.small_model, small for a shared
 2-core machine): ``gpt``, the demo's TinyGPT, and ``gpt2``, a transformers GPT-2 from a config, on sequences
 that count up by one modulo the vocabulary from a random start (learnable: the loss falls); ``cnn``, two conv

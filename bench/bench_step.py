@@ -91,8 +91,8 @@ from harness import (  # noqa: E402
 from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
-from amp_inspect import _ops  # noqa: E402
-from amp_inspect.readiness import format_readiness  # noqa: E402
+from amp_inspect.core import ops as _ops  # noqa: E402
+from amp_inspect.core.format_readiness import format_readiness  # noqa: E402
 
 BARE = "bare"
 CHECK = "check"

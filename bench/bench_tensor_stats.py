@@ -62,8 +62,8 @@ from harness import (  # noqa: E402
 from models import gpt2_style_shapes  # noqa: E402
 
 import amp_inspect  # noqa: E402
-from amp_inspect.baselines import per_tensor_checks  # noqa: E402
-from amp_inspect.reference import tensor_stats_reference  # noqa: E402
+from amp_inspect.cli.baselines import per_tensor_checks  # noqa: E402
+from amp_inspect.core.references.tensor_stats import tensor_stats_reference  # noqa: E402
 
 ROOFLINE = "foreach_norm"
 PURE_PYTHON = "pure_python"

@@ -31,7 +31,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).
 from harness import SEED, machine_info, print_table, write_result  # noqa: E402
 from models import ModelSpec, make_gpt  # noqa: E402
 
-from amp_inspect import _ops  # noqa: E402
+from amp_inspect.core import ops as _ops  # noqa: E402
 
 ROOFLINE = "read"
 

@@ -9,7 +9,7 @@ and written down.
   quartiles and the per-round ratio to a baseline, with ``median_ci``, a distribution-free confidence
   interval of that ratio's median.
 - ``TargetCheck`` / ``at_most`` / ``print_checks``: PASS/MISS lines that say what was measured against what.
-- ``print_table``: a fixed-width table (amp_inspect.table.fixed_width).
+- ``print_table``: a fixed-width table (amp_inspect.core.table.fixed_width).
 - ``machine_info`` / ``write_result``: the JSON file, with the machine, torch, git commit and load average.
 - ``fused`` / ``foreach_norm`` / ``gradscaler_check``: the passes over a list of gradients that both
   bench_tensor_stats.py and bench_step.py time (each returns a call ready to time).
@@ -35,8 +35,8 @@ from typing import Any, TypeVar
 import torch
 
 import amp_inspect
-from amp_inspect import _ops
-from amp_inspect.table import fixed_width
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.table import fixed_width
 
 SEED = 20240601
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

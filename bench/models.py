@@ -1,7 +1,7 @@
 """The benchmarks' models and their data.
 
 - ``make_gpt(ModelSpec)``: the GPT-2-style model of bench_step.py and bench_distributed.py, the package's one
-  small GPT (amp_inspect/tiny_gpt.py: pre-LayerNorm blocks, fused qkv, torch's SDPA, GELU MLP) with tied
+  small GPT (amp_inspect/cli/tiny_gpt.py: pre-LayerNorm blocks, fused qkv, torch's SDPA, GELU MLP) with tied
   embeddings and GPT-2's initialisation. At the default spec its parameters are exactly bench_tensor_stats.py's
   ``gpt2-style`` gradient set at context 128 (``gpt2_style_shapes``).
 - ``small_model(kind)``: the three small models of bench_scaler.py: the demo's TinyGPT, a transformers GPT-2
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amp_inspect.tiny_gpt import TinyGPT
+from amp_inspect.cli.tiny_gpt import TinyGPT
 
 MLP_RATIO = 4  # TinyGPT's MLP width, 4 * d_model
 

@@ -266,7 +266,7 @@ def compile_object(folder: Path) -> tuple[Path, str]:
 READINESS_KERNEL = re.compile(r"readiness_kernelILi(\d)E")
 READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/numerics.h InputDtype order
 READINESS_GROUP = 8  # elements per lane per task (csrc/readiness_launch.h kReadinessGroupElems)
-RECIPE_NAMES = (  # amp_inspect/recipes.py RECIPES order (csrc/readiness.h kRecipes)
+RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness.h kRecipes)
     "fp8_e4m3_tensor",
     "fp8_e5m2_tensor",
     "fp8_e4m3_block128",

@@ -27,7 +27,7 @@
 
 namespace amp_inspect {
 
-// Formats, in the order of kFormatNames in tensor_stats.cpp and FORMATS in amp_inspect/formats.py.
+// Formats, in the order of kFormatNames in tensor_stats.cpp and FORMATS in amp_inspect/core/formats.py.
 enum FormatId : int32_t { kFp16 = 0, kBf16 = 1, kFp8E4M3 = 2, kFp8E5M2 = 3, kNumFormats = 4 };
 constexpr int kMaxFormats = kNumFormats;  // a call may ask for each format at most once
 

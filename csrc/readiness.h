@@ -4,8 +4,8 @@
 // block's scale (from the block's amax, and the tensor's for NVFP4), the element's saturating round-to-nearest-
 // even cast to the recipe's element format, and the judgement the kernels count: flushed (a finite nonzero x
 // whose dequantized value is 0), saturated (a |v| the cast clamps: clip_bits) and the squared
-// error (x - dequant)^2 in float64. The rules are amp_inspect/recipes.py's docstring, implemented as written;
-// the recipe table kRecipes has recipes.py's RECIPES order and amp_inspect._C.layout() reports it, so a binary
+// error (x - dequant)^2 in float64. The rules are amp_inspect/core/recipes.py's docstring, implemented as written;
+// the recipe table kRecipes has core/recipes.py's RECIPES order and amp_inspect._C.layout() reports it, so a binary
 // with another table is refused (statistics.readiness_layout_problem).
 //
 // Exactness, and immunity to flush-to-zero / denormals-are-zero modes (torch.set_flush_denormal, nvcc's
@@ -35,7 +35,7 @@
 
 namespace amp_inspect {
 
-// ---- the tables: element formats, scale rules, recipes (the order of amp_inspect/recipes.py) ----
+// ---- the tables: element formats, scale rules, recipes (the order of amp_inspect/core/recipes.py) ----
 
 // The element formats' grids, in the order of recipes.ELEMENT_FORMATS. A grid has `mbits` mantissa bits,
 // normal exponents emin..emax, and its largest finite value as float32 bits (every value of these grids is a
@@ -346,7 +346,7 @@ AMPI_HD uint32_t nvfp4_decode_scale_bits(uint32_t amax_t_bits) {
 AMPI_HD BlockScale nvfp4_scale(uint32_t amax_b_bits, uint32_t decode_bits) {
   if (amax_b_bits == 0) return BlockScale{1.0, 1, 1, 0};
   const uint32_t per_six = fl32_divide(amax_b_bits, e2m1_grid().max_bits);  // amax_b / 6
-  // s_b = 0 where fl32(amax_b / 6) = 0 (amax_b = 2^-149), whatever d is (recipes.py: not 0 / 0 when d = 0).
+  // s_b = 0 where fl32(amax_b / 6) = 0 (amax_b = 2^-149), whatever d is (core/recipes.py: not 0 / 0 when d = 0).
   // d = 0 with fl32(amax_b / 6) > 0: the quotient is +Inf, saturating to 448, and total = 0.
   const uint32_t wanted = per_six == 0 ? 0u : decode_bits == 0 ? kInfBits32 : fl32_divide(per_six, decode_bits);
   const uint32_t s_b = cast_abs_bits(wanted, e4m3_grid());  // an E4M3 value, as float32 bits

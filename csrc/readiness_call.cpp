@@ -45,7 +45,7 @@ ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const s
   bool seen[kNumRecipes] = {};
   for (const int64_t id : recipes) {
     AMPI_CHECK(id >= 0 && id < kNumRecipes, kOp, "recipe index ", id, " is out of range; there are ", kNumRecipes,
-               " recipes (amp_inspect.recipes.RECIPES)");
+               " recipes (amp_inspect.core.recipes.RECIPES)");
     AMPI_CHECK(!seen[id], kOp, "recipe ", kRecipes[id].name, " (index ", id, ") is asked for twice");
     seen[id] = true;
     call.recipe_ids[call.num_recipes++] = static_cast<int32_t>(id);
@@ -78,7 +78,7 @@ ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const s
     if (a.is_cpu()) {  // reading it costs no sync here
       for (int64_t t = 0; t < call.num_tensors; ++t) {
         const float v = call.tensor_amax[t];
-        // (Inf and NaN are accepted: a stale amax of those gives the unit scale, recipes.py)
+        // (Inf and NaN are accepted: a stale amax of those gives the unit scale, core/recipes.py)
         AMPI_CHECK(!(v < 0), kOp, "tensor_amax[", t, "] is ", v, "; an amax is >= 0");
       }
     }

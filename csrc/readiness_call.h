@@ -7,7 +7,7 @@
 //   counts int64   [T, 3 + 4R]  numel, nonzero, nonfinite, then per recipe flushed, saturated, blocks, scale_flushed
 //   sums   float64 [T, 1 + R]   sq_signal, then sq_error per recipe
 //   amax   float32 [T]          the tensor amax used: the given one, else the finite amax measured (0 when none)
-// amp_inspect/statistics.py's READINESS entries are the same table, checked against _C.layout().
+// amp_inspect/core/statistics.py's READINESS entries are the same table, checked against _C.layout().
 #pragma once
 
 #include <optional>

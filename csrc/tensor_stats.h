@@ -59,7 +59,7 @@ struct StatsOutputs {
 };
 
 // The outputs above as a table, in the op's order: allocation loops over it, and amp_inspect._C.layout() hands it
-// to Python, whose schema of statistics (amp_inspect/statistics.py OUTPUTS) tests/test_schema.py holds equal to it.
+// to Python, whose schema of statistics (amp_inspect/core/statistics.py OUTPUTS) tests/test_schema.py holds equal to it.
 enum class OutputColumns : int32_t { kNone, kCounts, kHistBins };  // [T], [T, count_columns(F)], [T, kHistBins]
 struct OutputSpec {
   const char* name;

@@ -3,7 +3,7 @@
 //
 // Torch-free, __host__ __device__. Every input (before, after, grad, exp_avg_sq; float32, bfloat16 or float16) is
 // widened exactly to float32 bits by numerics.h's loaders, and every test is an integer compare on those bits:
-// exact and immune to flush-to-zero modes. Definitions (amp_inspect/statistics.py `UPDATE`, the same table):
+// exact and immune to flush-to-zero modes. Definitions (amp_inspect/core/statistics.py `UPDATE`, the same table):
 //   with_grad        : grad finite and nonzero
 //   lost             : with_grad and after == before as values (+0 == -0; NaN equals nothing)
 //   changed          : not (after == before as values): NaN counts as changed
@@ -22,7 +22,7 @@
 
 namespace amp_inspect {
 
-// The counts output's columns, in the order of statistics.py's UPDATE (checked through _C.layout()).
+// The counts output's columns, in the order of core/statistics.py's UPDATE (checked through _C.layout()).
 enum UpdateCount : int32_t {
   kUpdNumel = 0,
   kUpdWithGrad,

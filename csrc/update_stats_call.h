@@ -8,7 +8,7 @@
 //                          made_nonfinite
 //   sums   float64 [T, 2]  sq_change, sq_weight
 //   amax   float32 [T]     max |after| over finite after (0 when none)
-// amp_inspect/statistics.py's UPDATE entries are the same table, checked against _C.layout()["update"].
+// amp_inspect/core/statistics.py's UPDATE entries are the same table, checked against _C.layout()["update"].
 #pragma once
 
 #include <vector>

@@ -4,7 +4,7 @@
     python examples/readiness_demo_gpt.py --steps 40 --out readiness_run.jsonl
     amp-inspect readiness readiness_run.jsonl
 
-The model is the demo's (amp_inspect.demo.TinyGPT), without the trouble the demo plants: plain next-token
+The model is the demo's (amp_inspect.cli.demo.TinyGPT), without the trouble the demo plants: plain next-token
 training on random tokens, AdamW, no loss scaler (bf16 needs none).
 """
 
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.demo import CONTEXT, VOCAB, TinyGPT
+from amp_inspect.cli.demo import CONTEXT, VOCAB, TinyGPT
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ def emulated_ops_missing() -> str | None:
     """Why the emulated CUDA ops cannot run (None: loaded): they live in the test-only library
     amp_inspect._C_emu, which in-place and editable builds make and wheels leave out."""
     try:
-        importlib.import_module("amp_inspect._native")  # _C first: it defines the library the emulated ops join
+        importlib.import_module("amp_inspect.core._native")  # _C first: it defines the library the emulated ops join
         importlib.import_module("amp_inspect._C_emu")  # loading it registers the ops
     except ImportError as error:
         return (

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import amp_inspect
-from amp_inspect.distributed import Combiner, DistributedInspectionError, reduce_stats
+from amp_inspect.distributed.combine import Combiner, DistributedInspectionError, reduce_stats
 from tests import models
 
 STEPS = 4

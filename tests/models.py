@@ -1,6 +1,6 @@
 """Small real models and a training step for the Inspector tests (CPU, bf16 autocast, GradScaler("cpu")).
 
-- ``TinyGPT``: the package's one small GPT (amp_inspect/tiny_gpt.py) with the tests' options: token embedding,
+- ``TinyGPT``: the package's one small GPT (amp_inspect/cli/tiny_gpt.py) with the tests' options: token embedding,
   a positional table registered on the model itself (module "(model)"), pre-LN blocks with causal attention and
   a GELU MLP, final LayerNorm, and a head whose weight is tied to the embedding (one tensor under two names:
   "wte.weight" and "head.weight").
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amp_inspect import tiny_gpt
+from amp_inspect.cli import tiny_gpt
 from tests import oracles
 
 COUNT_FIELDS = ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow")
@@ -158,7 +158,7 @@ def cli_output(*args: str) -> str:
     """``amp-inspect ARGS`` run as a user runs it (a process of its own, this checkout's package, a wide terminal):
     what it printed, stdout then stderr."""
     result = subprocess.run(
-        [sys.executable, "-m", "amp_inspect.cli", *args],
+        [sys.executable, "-m", "amp_inspect.cli.main", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -1,6 +1,6 @@
 """Independent oracles for amp_inspect.tensor_stats.
 
-None of these read amp_inspect's thresholds (csrc/numerics.h, amp_inspect/formats.py) or its reference:
+None of these read amp_inspect's thresholds (csrc/numerics.h, amp_inspect/core/formats.py) or its reference:
 
 - ``classify_torch_cast``: casts float32 v with ``v.to(dtype)`` and looks at what came out.
 - ``classify_numpy_fp16``: numpy's float16 cast, which rounds float32 *and float64* directly (one rounding),
@@ -11,7 +11,7 @@ None of these read amp_inspect's thresholds (csrc/numerics.h, amp_inspect/format
 - ``value_stats``: amax, amin_nonzero, sumsq and the exponent histogram computed with numpy in float64.
 
 Every classifier returns a dict ``{"overflow", "subnormal", "underflow"}`` of boolean numpy arrays, one
-entry per element, with the meaning of amp_inspect/formats.py: finite v only; overflow = the cast is Inf
+entry per element, with the meaning of amp_inspect/core/formats.py: finite v only; overflow = the cast is Inf
 (e4m3fn: |v| > 464); subnormal = the cast is a nonzero subnormal; underflow = v != 0 and the cast is zero.
 """
 

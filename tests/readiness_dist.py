@@ -11,10 +11,10 @@ import torch.distributed as dist
 from torch import nn
 
 import amp_inspect
-from amp_inspect import readiness_hooks
-from amp_inspect.readiness import format_readiness
-from amp_inspect.readiness_report import OperandStats
-from amp_inspect.recipes import RECIPE_NAMES
+from amp_inspect.core.format_readiness import format_readiness
+from amp_inspect.core.recipes import RECIPE_NAMES
+from amp_inspect.readiness import hooks as readiness_hooks
+from amp_inspect.readiness.report import OperandStats
 from tests import dist_scenarios
 
 

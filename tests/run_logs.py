@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from amp_inspect.runlog import RunLog
+from amp_inspect.runlog.log import RunLog
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 needs_mpl = pytest.mark.skipif(not HAVE_MPL, reason="the report needs matplotlib")

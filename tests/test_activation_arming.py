@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from amp_inspect.activation_arming import NO_FORWARD_SEEN, ActivationArming
+from amp_inspect.probes._activation_arming import NO_FORWARD_SEEN, ActivationArming
 
 
 class Owner:

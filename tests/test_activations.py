@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amp_inspect.activations import (
+from amp_inspect.probes.activations import (
     FORWARD_OUTPUT,
     OUTPUT_GRADIENT,
     ActivationFinding,

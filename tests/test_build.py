@@ -88,7 +88,7 @@ def _run_with_torch_cuda(version: str | None) -> subprocess.CompletedProcess:
 
 
 def _build_has_cuda() -> bool:
-    from amp_inspect import _ops
+    from amp_inspect.core import ops as _ops
 
     return _ops.build_info().get("cuda") == "1"
 
@@ -97,7 +97,7 @@ def _build_has_cuda() -> bool:
 def test_cuda_kernels_off_beside_a_torch_of_another_cuda_major():
     """A cu13 binary beside a cu12 torch: it imports, serves the CPU kernels, and one line says why the CUDA
     kernels are off and how to build them; beside its own CUDA major the CUDA kernels load, silently."""
-    from amp_inspect import _ops
+    from amp_inspect.core import ops as _ops
 
     major = _ops.build_info()["cuda_major"]
     other = "12.8" if major != "12" else "13.0"
@@ -215,7 +215,7 @@ def test_the_emulated_ops_are_built_in_place_and_left_out_of_a_wheel(tmp_path):
 def test_the_shipped_library_holds_no_emulated_op():
     """amp_inspect._C (what a wheel ships) registers the users' ops only; amp_inspect._C_emu adds the tests'."""
     code = (
-        "import importlib.util, torch, amp_inspect._native\n"
+        "import importlib.util, torch, amp_inspect.core._native\n"
         "ops = torch.ops.amp_inspect\n"
         "print(hasattr(ops, 'tensor_stats'), hasattr(ops, '_tensor_stats_emulated'))\n"
         "if importlib.util.find_spec('amp_inspect._C_emu'):\n"

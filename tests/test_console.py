@@ -1,4 +1,4 @@
-"""The console's tables and the summary it prints (amp_inspect/console.py)."""
+"""The console's tables and the summary it prints (amp_inspect/render/console.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amp_inspect import cli
+from amp_inspect.cli import main as cli
 from tests.run_logs import log_record, write_log
 
 # ---- rich markup in module names prints literally ----
@@ -33,7 +33,7 @@ def test_markup_in_module_names_prints_literally(tmp_path: Path, capsys: pytest.
 
 
 def test_console_tables_print_markup_literally(capsys: pytest.CaptureFixture[str]) -> None:
-    from amp_inspect.console import print_table
+    from amp_inspect.render.console import print_table
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

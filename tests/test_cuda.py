@@ -207,7 +207,7 @@ def test_second_gpu_when_present(rng):
 
 
 def test_gpu_the_binary_cannot_serve_falls_back_to_the_reference(rng, monkeypatch):
-    from amp_inspect import _ops
+    from amp_inspect.core import ops as _ops
 
     index = torch.cuda.current_device()
     monkeypatch.setitem(_ops._device_supported, index, False)

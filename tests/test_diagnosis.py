@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.attribution import FROM_ACTIVATIONS, FROM_BACKWARD_ORDER, blame, origin_in_order
-from amp_inspect.checks import doctor
-from amp_inspect.headroom import Headroom
-from amp_inspect.history import StepRecord, collapse_warning, stable_recommended_scale, summarize
-from amp_inspect.scale_policy import NONFINITE_NOT_FROM_SCALE, ScaleDecision
-from amp_inspect.spikes import SPIKE_FACTOR, find_spikes
+from amp_inspect.diagnosis.doctor import doctor
+from amp_inspect.diagnosis.history import StepRecord, collapse_warning, stable_recommended_scale, summarize
+from amp_inspect.evidence.attribution import FROM_ACTIVATIONS, FROM_BACKWARD_ORDER, blame, origin_in_order
+from amp_inspect.evidence.headroom import Headroom
+from amp_inspect.evidence.spikes import SPIKE_FACTOR, find_spikes
+from amp_inspect.scaling.policies import NONFINITE_NOT_FROM_SCALE, ScaleDecision
 from tests.models import cli_output
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,14 +105,14 @@ def test_case1_blame_names_the_module_closest_to_the_output_not_the_first_listed
 
 def test_case1_html_and_plots_take_the_same_top_offender(gpt2_runs, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from amp_inspect.series import RunSeries
+    from amp_inspect.render.series import RunSeries
 
     _, log = gpt2_runs["off"]
     records = amp_inspect.read_log(log)
     series = RunSeries.from_records(records)
     assert series.blame().top == "transformer.h.1.mlp.c_fc"
     assert series.origin(0) == ("transformer.h.1.mlp.c_fc", FROM_BACKWARD_ORDER)
-    from amp_inspect.html_report import write_report
+    from amp_inspect.render.html_report import write_report
 
     page = write_report(log, tmp_path / "report.html").read_text(encoding="utf-8")
     assert "Where the NaN/Inf of skipped steps started" in page
@@ -225,7 +225,7 @@ def test_case4_the_loss_scale_reaching_a_child_module_is_not_an_fp16_overflow() 
 
 
 def test_case4_an_fp16_output_gradient_that_overflows_is_still_found() -> None:
-    from amp_inspect.activations import ActivationWatcher
+    from amp_inspect.probes.activations import ActivationWatcher
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)).half()
@@ -410,7 +410,7 @@ def test_case9_a_report_under_a_policy_shows_only_the_policys_next_scale() -> No
 
 
 def test_case13_an_all_nan_module_shows_unknown_amax_and_norm() -> None:
-    from amp_inspect.console import module_rows
+    from amp_inspect.render.console import module_rows
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
@@ -430,7 +430,7 @@ def test_case13_an_all_nan_module_shows_unknown_amax_and_norm() -> None:
 
 
 def test_case13_the_cpu_line_does_not_say_cpu_autocast_is_bf16_only() -> None:
-    from amp_inspect.environment_checks import gpus
+    from amp_inspect.diagnosis.environment_checks import gpus
 
     for finding in gpus():
         if finding.code == "no-gpu":

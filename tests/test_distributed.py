@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torch import nn
 
 import amp_inspect
-from amp_inspect.distributed import reduce_stats
-from amp_inspect.history import StepRecord, summarize
-from amp_inspect.report import BEFORE_ALLREDUCE, SHARDS
+from amp_inspect.diagnosis.history import StepRecord, summarize
+from amp_inspect.distributed.combine import reduce_stats
+from amp_inspect.gradients.step_report import BEFORE_ALLREDUCE, SHARDS
 from tests import models
 from tests.dist_scenarios import INF_STEP, STEPS
 from tests.models import SparseNet, TwoLayer
@@ -184,8 +184,8 @@ def test_rank_origin_counts_are_grouped_by_module_most_first() -> None:
 
 
 def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log(tmp_path) -> None:
-    from amp_inspect.history import StepRecord
-    from amp_inspect.report import Headroom
+    from amp_inspect.diagnosis.history import StepRecord
+    from amp_inspect.gradients.step_report import Headroom
 
     def record(step: int, ranks: list[int], origin: str = BEFORE_ALLREDUCE) -> StepRecord:
         skipped, offenders = bool(ranks), ["head"] if ranks else []
@@ -218,7 +218,7 @@ def test_summary_names_the_rank_behind_every_skip_and_reads_it_back_from_the_log
 
 
 def test_the_hooks_cheap_host_check_never_hides_a_nan_or_inf() -> None:
-    from amp_inspect.ddp import _surely_finite
+    from amp_inspect.distributed.ddp import _surely_finite
 
     assert _surely_finite(torch.randn(1000))
     for bad in (float("nan"), float("inf"), -float("inf")):
@@ -234,7 +234,7 @@ def test_the_hooks_cheap_host_check_never_hides_a_nan_or_inf() -> None:
 
 def test_ddp_comm_hook_refuses_sparse_gradients_with_a_clear_error() -> None:
     # The refusal attach() makes for a DDP model with ddp_hook=True (the hook cannot count sparse buckets).
-    from amp_inspect.wrappers import refuse_sparse_with_comm_hook
+    from amp_inspect.model.wrappers import refuse_sparse_with_comm_hook
 
     with pytest.raises(ValueError, match=r"sparse gradients \(emb use sparse=True\): attach with ddp_hook=False"):
         refuse_sparse_with_comm_hook(SparseNet())

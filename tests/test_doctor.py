@@ -18,15 +18,15 @@ import torch.nn.utils.clip_grad
 from torch import nn
 
 import amp_inspect
-import amp_inspect.checks
-from amp_inspect import cli
-from amp_inspect.checks import ClipWatch, DoctorReport, Finding, doctor, watch_clipping
-from amp_inspect.history import StepRecord
-from amp_inspect.report import Headroom
-from amp_inspect.runlog import RunLog
+import amp_inspect.diagnosis.doctor
+from amp_inspect.cli import main as cli
+from amp_inspect.diagnosis.doctor import ClipWatch, DoctorReport, Finding, doctor, watch_clipping
+from amp_inspect.diagnosis.history import StepRecord
+from amp_inspect.gradients.step_report import Headroom
+from amp_inspect.runlog.log import RunLog
 from tests.models import hf_gpt2
 
-findings_module = importlib.import_module("amp_inspect.findings")  # the check registry
+findings_module = importlib.import_module("amp_inspect.diagnosis.findings")  # the check registry
 
 
 def main(argv: list[str]) -> int:
@@ -243,7 +243,7 @@ def test_history_may_be_an_inspector() -> None:
 def test_new_checks_are_registered_with_a_decorator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(findings_module, "CHECKS", list(findings_module.CHECKS))
 
-    @amp_inspect.checks.check
+    @amp_inspect.diagnosis.doctor.check
     def always(setup):
         yield Finding("custom", "info", f"model is {type(setup.model).__name__}")
 
@@ -511,7 +511,8 @@ print(parser.parse_args(["doctor", "--collapse-skips", "7"]).collapse_skips)
 def test_a_gpu_the_binary_cannot_run_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """The doctor reads the binary's images (sm_80 ... compute_120) the way `amp_inspect.info` does: a Turing
     GPU (7.5) is missing from the default build, an H200 (9.0) and a later Blackwell (12.1) are not."""
-    from amp_inspect import _ops, environment_checks
+    from amp_inspect.core import ops as _ops
+    from amp_inspect.diagnosis import environment_checks
 
     if not _ops.has_kernel("cuda"):
         pytest.skip("built without CUDA kernels")

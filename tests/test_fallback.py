@@ -1,9 +1,9 @@
-"""The pure-torch fallback (amp_inspect/reference.py) as a GPU without the compiled CUDA kernels gets it (issue
-17, D): exactly the compiled op's outputs, no host sync, and torch ops per call that do not grow with the
+"""The pure-torch fallback (amp_inspect/core/references/tensor_stats.py) as a GPU without the compiled CUDA kernels gets
+it (issue 17, D): exactly the compiled op's outputs, no host sync, and torch ops per call that do not grow with the
 number of tensors, counted with torch.profiler on the CPU; and (issue 17, C) the warning at the first call,
 the `python -m amp_inspect.info` lines and the doctor's finding that say so, with the fix.
 
-The fallback is forced here by hiding the compiled kernels from amp_inspect._ops (``KERNELS``), which is what a
+The fallback is forced here by hiding the compiled kernels from amp_inspect.core.ops (``KERNELS``), which is what a
 binary built without them looks like to the Python layer."""
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import _ops, environment_checks, info, reference
-from amp_inspect.formats import FORMATS
+from amp_inspect import info
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.formats import FORMATS
+from amp_inspect.core.references import tensor_stats as reference
+from amp_inspect.diagnosis import environment_checks
 from tests import oracles
 from tests import test_boundaries as boundaries_suite
 
@@ -84,7 +87,7 @@ def three_hundred() -> list[torch.Tensor]:
 
 
 def call(variant: str, tensors: list[torch.Tensor], formats) -> tuple[torch.Tensor, ...]:
-    """One op-level call (amp_inspect._ops, what the public API and the scaler call) of a variant."""
+    """One op-level call (amp_inspect.core.ops, what the public API and the scaler call) of a variant."""
     formats = list(formats)
     if variant == "plain":
         return _ops.tensor_stats_op(tensors, None, None, formats)
@@ -142,7 +145,7 @@ def test_the_public_call_stays_within_the_target(fallback):
 
 def test_ops_grow_by_a_fixed_number_per_chunk_only():
     """Past CHUNK_ELEMENTS a call works in several buffers: each adds the same ops (bounded memory, see
-    reference.py), and the outputs stay exact across the cut tensors."""
+    core/references/tensor_stats.py), and the outputs stay exact across the cut tensors."""
     tensors = gradients([(1000,), (37, 50), (3, 700)])  # 5950 elements
     counts = []
     for chunk in (6000, 3000, 2000):  # 1, 2 and 3 chunks

@@ -1,4 +1,4 @@
-"""The one gradient pass (amp_inspect/gradient_pass.py): sparse and complex gradients judged the same way by
+"""The one gradient pass (amp_inspect/gradients/gradient_pass.py): sparse and complex gradients judged the same way by
 check(), by InspectingGradScaler's unscale and fused-optimizer check, and by Inspector.clip_grad_norm_; the
 report built once from one or several passes."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect import gradient_pass
+from amp_inspect.gradients import gradient_pass
 from tests.models import SparseNet
 
 TOKENS = torch.tensor([1, 2, 1, 5])  # token 1 twice: an uncoalesced sparse gradient

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from amp_inspect import hardware
-from amp_inspect.hardware import KEYS, HardwareMonitor, NvmlSession, visible_devices
+from amp_inspect.runlog import hardware
+from amp_inspect.runlog.hardware import KEYS, HardwareMonitor, NvmlSession, visible_devices
 
 GPU_KEYS = ("gpu_mem_used", "gpu_mem_total", "gpu_util", "gpu_temp")
 TORCH_KEYS = ("torch_allocated", "torch_reserved", "torch_peak")

@@ -1,8 +1,9 @@
-"""The run's history (amp_inspect/history.py): StepRecords read from run logs, and what the summary makes of them."""
+"""The run's history (amp_inspect/diagnosis/history.py): StepRecords read from run logs, and what the summary makes of
+them."""
 
 from __future__ import annotations
 
-from amp_inspect.history import StepRecord
+from amp_inspect.diagnosis.history import StepRecord
 
 # ---- steps with NaN/Inf and no enabled scaler ----
 

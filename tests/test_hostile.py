@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect import cli
-from amp_inspect.printable import MAX_SHOWN, shown_name
-from amp_inspect.runlog import RunLog
+from amp_inspect.cli import main as cli
+from amp_inspect.core.printable import MAX_SHOWN, shown_name
+from amp_inspect.runlog.log import RunLog
 from tests.run_logs import module_record
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
@@ -122,7 +122,7 @@ def test_cli_errors_and_warnings_print_hostile_text_escaped(tmp_path: Path, caps
 
 @pytest.mark.skipif(not HAVE_MPL, reason="needs matplotlib")
 def test_png_heatmap_labels_are_escaped() -> None:
-    from amp_inspect.plots import short_names
+    from amp_inspect.render.plots import short_names
 
     labels = short_names(HOSTILE)
     assert all(c.isprintable() for label in labels for c in label)

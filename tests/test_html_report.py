@@ -26,10 +26,10 @@ pytest.importorskip("matplotlib", reason="the HTML report's figures need matplot
 
 import pytest
 
-from amp_inspect import plots  # noqa: E402
-from amp_inspect.history import StepRecord, summarize
-from amp_inspect.html_report import write_report  # noqa: E402
-from amp_inspect.runlog import RunLog, read_log, sparse_hist  # noqa: E402
+from amp_inspect.diagnosis.history import StepRecord, summarize
+from amp_inspect.render import plots  # noqa: E402
+from amp_inspect.render.html_report import write_report  # noqa: E402
+from amp_inspect.runlog.log import RunLog, read_log, sparse_hist  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCRIPT_NAME = "<script>alert(1)</script>"
@@ -382,7 +382,7 @@ def test_distributed_log_names_the_ranks_behind_skips(tmp_path: Path) -> None:
 
 
 def test_poisoned_steps_in_plots_html_and_console(tmp_path, capsys) -> None:
-    from amp_inspect import console, html_report, plots
+    from amp_inspect.render import console, html_report, plots
 
     records = [
         {"step": s, "scale": None, "skipped": False, "poisoned": s == 2, "offenders": ["a"] if s == 2 else []}

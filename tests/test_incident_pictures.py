@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import plots
-from amp_inspect.hist_schedule import AFTER_SKIP, HistogramSchedule
-from amp_inspect.history import StepRecord, first_findings
+from amp_inspect.diagnosis.history import StepRecord, first_findings
+from amp_inspect.inspection._hist_schedule import AFTER_SKIP, HistogramSchedule
+from amp_inspect.render import plots
 from tests import models
 
 matplotlib.use("Agg")
@@ -87,9 +87,9 @@ def test_findings_that_differ_only_in_a_count_are_one_line() -> None:
 
 
 def test_the_schedule_and_the_summary_call_the_same_steps_spikes() -> None:
-    """One definition of a spike (amp_inspect.spikes): the steps whose histograms the schedule keeps as a spike's
-    are the spikes the summary reports, NaN steps and a norm history longer than the window included."""
-    from amp_inspect.spikes import find_spikes
+    """One definition of a spike (amp_inspect.evidence.spikes): the steps whose histograms the schedule keeps as a
+    spike's are the spikes the summary reports, NaN steps and a norm history longer than the window included."""
+    from amp_inspect.evidence.spikes import find_spikes
 
     norms = [1.0, 1.1, 0.9, float("nan"), 1.0, 30.0, 1.0, 1.2, 0.8, 1.0, 1.1, 0.9, 1.0, 1.05, 12.0, 1.0, 9.0]
     schedule = HistogramSchedule(hist_every=1000)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from amp_inspect import _ops
-from amp_inspect.info import built_images, collect, covers
+from amp_inspect.cli.info import collect
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.ops import built_images, covers
 
 DEFAULT_IMAGES = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "compute_120", "sm_120"]
 
@@ -66,7 +67,7 @@ def test_the_images_info_names_are_the_ones_in_the_binary():
         pass
     if tool is None:
         pytest.skip("no cuobjdump to read the binary with")
-    # The CUDA kernels are a library of their own beside _C (amp_inspect/_native.py loads it).
+    # The CUDA kernels are a library of their own beside _C (amp_inspect/core/_native.py loads it).
     cuda_library = str(next(Path(extension.__file__).parent.glob("_C_cuda*.so")))
     listing = subprocess.run(
         [tool, "--list-elf", "--list-ptx", cuda_library], capture_output=True, text=True, check=True

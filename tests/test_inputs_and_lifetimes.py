@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect import cli
-from amp_inspect.runlog import RunLog
+from amp_inspect.cli import main as cli
+from amp_inspect.runlog.log import RunLog
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -28,7 +28,7 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 @pytest.mark.skipif(not HAVE_MPL, reason="the report needs matplotlib")
 def test_report_of_a_missing_log_says_no_such_file_even_beside_old_outputs(tmp_path: Path, capsys, monkeypatch):
     """Case 10: before, "loss_scale.png ... already exist" and the advice "-o NEW.html", which cannot help."""
-    from amp_inspect.plots import FIGURES
+    from amp_inspect.render.plots import FIGURES
 
     monkeypatch.chdir(tmp_path)
     for name in FIGURES:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.history import StepRecord, summarize
+from amp_inspect.diagnosis.history import StepRecord, summarize
 from tests import models, oracles
 from tests.models import (
     CNN_PARAM_MODULES,
@@ -693,7 +693,7 @@ def test_check_links_a_scaler_given_later_and_counts_extra_formats() -> None:
 
 
 def test_skips_several_steps_apart_are_not_a_run() -> None:
-    from amp_inspect.history import StepRecord, collapse_warning, longest_skip_run
+    from amp_inspect.diagnosis.history import StepRecord, collapse_warning, longest_skip_run
 
     room = amp_inspect.Headroom(1, 1)
     history = [StepRecord(0, 1024.0, False, [], 1.0, room, None)]

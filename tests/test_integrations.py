@@ -575,14 +575,14 @@ def test_lightning_16_mixed_cpu_inspecting_grad_scaler_logs_the_current_step(lig
     assert scales == [r.scale for r in history]
 
 
-# ---- attach()'s options, defined once (amp_inspect/options.py) ----
+# ---- attach()'s options, defined once (amp_inspect/inspection/options.py) ----
 
 
 def test_attach_the_inspector_and_both_callbacks_take_every_attach_option_with_one_default(lightning, hf) -> None:
     import dataclasses
     import inspect
 
-    from amp_inspect.options import AttachOptions
+    from amp_inspect.inspection.options import AttachOptions
 
     defaults = {f.name: f.default for f in dataclasses.fields(AttachOptions)}
     for takes in (amp_inspect.attach, amp_inspect.Inspector, lightning[1], hf[1]):

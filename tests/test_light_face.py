@@ -20,30 +20,30 @@ from pathlib import Path
 import pytest
 
 import amp_inspect
-from amp_inspect.runlog import RunLog
+from amp_inspect.runlog.log import RunLog
 
 REPO = Path(__file__).resolve().parent.parent
 POISON = "raise RuntimeError('torch was imported')\n"
 # The modules that read, summarise and draw a run log: none may import torch.
 TORCH_FREE = (
     "amp_inspect._lazy",
-    "amp_inspect.attribution",
-    "amp_inspect.checked",
-    "amp_inspect.console",
-    "amp_inspect.formats",
-    "amp_inspect.headroom",
-    "amp_inspect.history",
-    "amp_inspect.printable",
-    "amp_inspect.readiness_report",
-    "amp_inspect.recipes",
-    "amp_inspect.runlog",
-    "amp_inspect.scale_policy",
-    "amp_inspect.scale_timeline",
-    "amp_inspect.series",
-    "amp_inspect.spikes",
-    "amp_inspect.statistics",
-    "amp_inspect.table",
-    "amp_inspect.update_report",
+    "amp_inspect.evidence.attribution",
+    "amp_inspect.scaling._checked",
+    "amp_inspect.render.console",
+    "amp_inspect.core.formats",
+    "amp_inspect.evidence.headroom",
+    "amp_inspect.diagnosis.history",
+    "amp_inspect.core.printable",
+    "amp_inspect.readiness.report",
+    "amp_inspect.core.recipes",
+    "amp_inspect.runlog.log",
+    "amp_inspect.scaling.policies",
+    "amp_inspect.scaling.timeline",
+    "amp_inspect.render.series",
+    "amp_inspect.evidence.spikes",
+    "amp_inspect.core.statistics",
+    "amp_inspect.core.table",
+    "amp_inspect.updates.report",
 )
 
 
@@ -178,12 +178,12 @@ def test_doctor_stays_the_function_after_its_module_is_imported(tmp_path: Path) 
     # In a fresh interpreter the doctor's module is imported before the name is first read: the package attribute
     # must still be the function, and the package a plain module (no class swapped in to keep it so).
     code = """
-        import amp_inspect.checks
+        import amp_inspect.diagnosis.doctor
         import amp_inspect
-        from amp_inspect.checks import watch_clipping
+        from amp_inspect.diagnosis.doctor import watch_clipping
         print(callable(amp_inspect.doctor) and not isinstance(amp_inspect.doctor, type(amp_inspect)))
-        print(amp_inspect.doctor is amp_inspect.checks.doctor)
-        print(type(amp_inspect) is type(amp_inspect.checks))
+        print(amp_inspect.doctor is amp_inspect.diagnosis.doctor.doctor)
+        print(type(amp_inspect) is type(amp_inspect.diagnosis.doctor))
     """
     script = tmp_path / "doctor_name.py"
     script.write_text(textwrap.dedent(code))
@@ -210,4 +210,4 @@ def test_torch_free_modules_list_matches_what_the_log_commands_load(tmp_path: Pa
     result = _run_without_torch(tmp_path, code)
     _assert_torch_free(result)
     loaded = json.loads(result.stdout.rstrip().splitlines()[-2])
-    assert set(loaded) - {"amp_inspect.__main__", "amp_inspect.cli", "amp_inspect.argtypes"} <= set(TORCH_FREE)
+    assert set(loaded) - {"amp_inspect.__main__", "amp_inspect.cli.main", "amp_inspect.cli.argtypes"} <= set(TORCH_FREE)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.naming import module_names, param_entries
+from amp_inspect.model.naming import module_names, param_entries
 from tests.models import hf_gpt2
 from tests.test_doctor import sizes_finding
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import _ops
-from amp_inspect._ops import tensor_stats_op, unscale_stats_op
-from amp_inspect.reference import tensor_stats_reference
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.ops import tensor_stats_op, unscale_stats_op
+from amp_inspect.core.references.tensor_stats import tensor_stats_reference
 from tests import oracles
 from tests.oracles import ALL_FORMATS
 

@@ -97,7 +97,7 @@ def _run(
     return insp, oracles
 
 
-def _check_exact(update: amp_inspect.update_report.UpdateStats, oracle: dict[str, dict]) -> None:
+def _check_exact(update: amp_inspect.updates.report.UpdateStats, oracle: dict[str, dict]) -> None:
     assert set(update.by_module) == set(oracle)
     for module, want in oracle.items():
         got = update.by_module[module]
@@ -137,7 +137,7 @@ def test_the_same_model_in_fp32_loses_nothing() -> None:
     # a rare element whose m is near 0 after its gradient flipped sign, a step below 2^-24 of its weight: the
     # oracle above agrees, and it stays far below the verdict's threshold.)
     assert all(m["lost"] == 0 for m in insp.history[0].update.by_module.values())
-    total = amp_inspect.update_report.UpdateStats(None)
+    total = amp_inspect.updates.report.UpdateStats(None)
     for record in insp.history:
         total = total.merged(record.update)
     assert total.total()["lost_fraction"] < 0.01
@@ -267,7 +267,7 @@ def test_a_fused_step_turned_off_by_found_inf_is_marked_skipped() -> None:
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     update = insp.history[-1].update
     assert update.skipped and not update.by_module
-    assert not amp_inspect.update_report.update_verdicts([update])
+    assert not amp_inspect.updates.report.update_verdicts([update])
 
 
 def test_gradient_accumulation_is_measured_on_the_step_that_applies() -> None:
@@ -718,7 +718,7 @@ def test_a_compiled_optimizer_step_is_measured_exactly_without_a_recompile_per_s
 
 
 def test_a_measurement_that_fails_turns_update_every_off_and_training_goes_on(monkeypatch) -> None:
-    import amp_inspect.optimizer_watch as watch_module
+    import amp_inspect.updates.watch as watch_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the op cannot read this state")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect.scale_policy import HeadroomPolicy
-from amp_inspect.scaler import InspectingGradScaler
+from amp_inspect.scaling.policies import HeadroomPolicy
+from amp_inspect.scaling.scaler import InspectingGradScaler
 from tests.models import TwoLayer
 
 

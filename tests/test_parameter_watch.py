@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from amp_inspect.parameter_watch import ParameterWatch
+from amp_inspect.model.parameter_watch import ParameterWatch
 
 
 class Wrap(nn.Module):

@@ -1,4 +1,4 @@
-"""The figures of a run log (amp_inspect/plots.py): their axes follow the log."""
+"""The figures of a run log (amp_inspect/render/plots.py): their axes follow the log."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 @pytest.mark.skipif(not HAVE_MPL, reason="plots need matplotlib")
 @pytest.mark.parametrize("first", [0, 7])
 def test_heatmap_over_time_axis_starts_at_the_first_step(first: int) -> None:
-    from amp_inspect import plots
+    from amp_inspect.render import plots
 
     records = []
     for step in range(first, first + 31):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import amp_inspect
-from amp_inspect.reference import tensor_stats_reference
+from amp_inspect.core.references.tensor_stats import tensor_stats_reference
 from tests import oracles
 from tests.oracles import ALL_FORMATS
 

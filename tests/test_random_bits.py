@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect.reference import tensor_stats_reference
+from amp_inspect.core.references.tensor_stats import tensor_stats_reference
 from tests import oracles
 from tests.oracles import ALL_FORMATS
 

@@ -1,6 +1,6 @@
 """The format_readiness op's CPU kernel (csrc/readiness_cpu.cpp on csrc/readiness.h) against the float64 reference
-(amp_inspect/reference_readiness.py) and against torch's own float8 casts; the op as torch sees it (opcheck), its
-input checks, and the Python face (amp_inspect.format_readiness, ReadinessStats).
+(amp_inspect/core/references/format_readiness.py) and against torch's own float8 casts; the op as torch sees it
+(opcheck), its input checks, and the Python face (amp_inspect.format_readiness, ReadinessStats).
 
 Exactness: counts and amax equal the reference's exactly. sq_signal and sq_error are float64 sums of the same
 float64 terms (both compute each element's x^2 and (x - dequant)^2 the same way, q / s as float64's correctly
@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import _ops
-from amp_inspect.readiness import ReadinessStats
-from amp_inspect.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
-from amp_inspect.reference_readiness import format_readiness_reference
-from amp_inspect.statistics import READINESS
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.format_readiness import ReadinessStats
+from amp_inspect.core.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
+from amp_inspect.core.references.format_readiness import format_readiness_reference
+from amp_inspect.core.statistics import READINESS
 from tests.oracles import clamped_by_cast
 from tests.test_random_bits import random_tensor
 from tests.test_readiness_reference import grid_boundaries, nvfp4_tensor

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import amp_inspect._native  # noqa: F401  (loads _C and, beside a CUDA torch of its major, _C_cuda)
-from amp_inspect.recipes import RECIPES
-from amp_inspect.reference_readiness import format_readiness_reference
+import amp_inspect.core._native  # noqa: F401  (loads _C and, beside a CUDA torch of its major, _C_cuda)
+from amp_inspect.core.recipes import RECIPES
+from amp_inspect.core.references.format_readiness import format_readiness_reference
 from tests.test_readiness_emu import DTYPES, ROW_LENGTHS, SUM_RTOL, edge_rows, gaussian, random_bits
 
 pytestmark = pytest.mark.cuda

@@ -1,7 +1,7 @@
 """Format readiness's CUDA kernels (csrc/readiness_kernels.cuh) run on the CPU through the emulation
 (csrc/readiness_emu.cpp: every CUDA thread of a block a host thread, real barriers, shuffles and atomics) against
-the float64 reference (amp_inspect/reference_readiness.py) and the CPU kernel: the counts and the amax exactly,
-the sums to SUM_RTOL (all three add the same float64 terms, in other orders). Work chunks are made small and
+the float64 reference (amp_inspect/core/references/format_readiness.py) and the CPU kernel: the counts and the amax
+exactly, the sums to SUM_RTOL (all three add the same float64 terms, in other orders). Work chunks are made small and
 grids chosen so that small tensors cross many chunk, block, warp-task and launch boundaries; row lengths sit on
 and around every lane-group and block size, so the butterfly's caps and the short last blocks are all reached.
 Marked ``cuda_emu``: no GPU needed; skipped, saying so, only where the test-only library amp_inspect._C_emu is
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from amp_inspect.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
-from amp_inspect.reference_readiness import format_readiness_reference
+from amp_inspect.core.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
+from amp_inspect.core.references.format_readiness import format_readiness_reference
 
 pytestmark = pytest.mark.cuda_emu
 

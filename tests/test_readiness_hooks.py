@@ -1,4 +1,4 @@
-"""readiness_hooks.py: attach(..., readiness_every=N) measures X, W, dY and dW of every Linear / Conv1D on every N-th
+"""readiness/hooks.py: attach(..., readiness_every=N) measures X, W, dY and dW of every Linear / Conv1D on every N-th
 step only, names them by module, leaves no hook behind, and runs compiled models eagerly on those steps."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect import readiness_hooks
-from amp_inspect.readiness import format_readiness
-from amp_inspect.readiness_hooks import ReadinessHooks, gemm_modules, is_gemm_module
-from amp_inspect.readiness_report import OperandStats
-from amp_inspect.recipes import RECIPE_NAMES
+from amp_inspect.core.format_readiness import format_readiness
+from amp_inspect.core.recipes import RECIPE_NAMES
+from amp_inspect.readiness import hooks as readiness_hooks
+from amp_inspect.readiness.hooks import ReadinessHooks, gemm_modules, is_gemm_module
+from amp_inspect.readiness.report import OperandStats
 
 
 def _model() -> nn.Module:
@@ -214,7 +214,7 @@ def test_a_compiled_model_runs_eagerly_on_readiness_steps_and_is_measured() -> N
 
 
 def test_the_eager_stance_is_put_back_whichever_holder_lets_go_first() -> None:
-    from amp_inspect.activation_arming import ActivationArming
+    from amp_inspect.probes._activation_arming import ActivationArming
 
     compiled = torch.compile(_model(), backend="eager")
     before = _stance()

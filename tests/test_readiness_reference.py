@@ -1,4 +1,4 @@
-"""Oracle tests of the float64 reference of format readiness (amp_inspect/reference_readiness.py).
+"""Oracle tests of the float64 reference of format readiness (amp_inspect/core/references/format_readiness.py).
 
 Independent of the reference where they can be: its element casts against torch's own float8 casts (and the
 E2M1 grid written out by hand) on every float32 boundary value and its bit neighbours; each recipe at its
@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amp_inspect.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES, RECIPES_BY_NAME
-from amp_inspect.reference_readiness import (
+from amp_inspect.core.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES, RECIPES_BY_NAME
+from amp_inspect.core.references.format_readiness import (
     COUNTS_PER_RECIPE,
     COUNTS_PER_TENSOR,
     cast_element,

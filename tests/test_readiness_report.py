@@ -1,4 +1,4 @@
-"""readiness_report.py: the verdicts (each where it must appear and where it must not), the best recipe, merging,
+"""readiness/report.py: the verdicts (each where it must appear and where it must not), the best recipe, merging,
 the run log's "readiness" entry, ``amp-inspect readiness`` and the HTML report's heatmap."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect import cli, readiness_hooks
-from amp_inspect.html_report import write_report
-from amp_inspect.readiness import format_readiness
-from amp_inspect.readiness_report import (
+from amp_inspect.cli import main as cli
+from amp_inspect.core.format_readiness import format_readiness
+from amp_inspect.core.recipes import RECIPE_NAMES, RECIPES_BY_NAME
+from amp_inspect.readiness import hooks as readiness_hooks
+from amp_inspect.readiness.report import (
     BORDERLINE,
     NOT_READY,
     READY,
@@ -25,8 +26,8 @@ from amp_inspect.readiness_report import (
     from_log,
     mantissa_bound_db,
 )
-from amp_inspect.recipes import RECIPE_NAMES, RECIPES_BY_NAME
-from amp_inspect.runlog import RunLog, read_log
+from amp_inspect.render.html_report import write_report
+from amp_inspect.runlog.log import RunLog, read_log
 
 
 def _operand(t: torch.Tensor) -> OperandStats:

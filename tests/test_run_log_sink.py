@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 
-from amp_inspect.history import StepRecord
-from amp_inspect.report import StepReport
-from amp_inspect.run_log_sink import RunLogSink
-from amp_inspect.runlog import read_log
-from amp_inspect.stats import tensor_stats
+from amp_inspect.core.tensor_stats import tensor_stats
+from amp_inspect.diagnosis.history import StepRecord
+from amp_inspect.gradients.step_report import StepReport
+from amp_inspect.inspection._log_sink import RunLogSink
+from amp_inspect.runlog.log import read_log
 
 
 class Owner:

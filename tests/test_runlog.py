@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect import runlog
-from amp_inspect.runlog import SCHEMA_VERSION, RunLog, dense_hist, read_log, sparse_hist
+from amp_inspect.runlog import log as runlog
+from amp_inspect.runlog.log import SCHEMA_VERSION, RunLog, dense_hist, read_log, sparse_hist
 from tests.run_logs import log_record, write_log
 
 
@@ -297,7 +297,7 @@ def test_a_log_write_that_fails_costs_that_line_only(tmp_path, monkeypatch) -> N
     import torch
 
     import amp_inspect
-    from amp_inspect.runlog import RunLog
+    from amp_inspect.runlog.log import RunLog
 
     model = torch.nn.Linear(4, 4)
     insp = amp_inspect.attach(model, log=tmp_path / "run.jsonl")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from amp_inspect import runlog
-from amp_inspect.runlog import LogInUseError, RunLog, is_run_log, read_log
+from amp_inspect.runlog import log as runlog
+from amp_inspect.runlog.log import LogInUseError, RunLog, is_run_log, read_log
 
 needs_posix = pytest.mark.skipif(runlog.fcntl is None or not hasattr(os, "mkfifo"), reason="needs POSIX locks")
 
@@ -33,7 +33,7 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from amp_inspect.runlog import RunLog
+    from amp_inspect.runlog.log import RunLog
     import time
     path, ready, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     go = Path(ready + ".go")
@@ -51,7 +51,7 @@ _HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from amp_inspect.runlog import RunLog
+    from amp_inspect.runlog.log import RunLog
     log = RunLog(sys.argv[1])
     log.write({"step": 0})
     Path(sys.argv[2]).touch()
@@ -224,7 +224,7 @@ def test_a_fifo_as_log_is_refused_without_blocking(tmp_path: Path) -> None:
         "import sys, torch, amp_inspect\n"
         "try:\n    amp_inspect.attach(torch.nn.Linear(2, 2), log=sys.argv[1])\n"
         "except ValueError as err:\n    print(err)\n"
-        "print('is_run_log', amp_inspect.runlog.is_run_log(sys.argv[1]))\n"
+        "print('is_run_log', amp_inspect.runlog.log.is_run_log(sys.argv[1]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(runlog.__file__).parents[1])}
     proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, timeout=300, env=env)
@@ -250,7 +250,7 @@ def test_reading_a_fifo_as_a_log_is_refused_without_blocking(tmp_path: Path) -> 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     code = (
-        "import sys, amp_inspect.runlog as r\n"
+        "import sys, amp_inspect.runlog.log as r\n"
         "try:\n    r.read_log(sys.argv[1])\n"
         "except ValueError as err:\n    print(err)\n"
     )

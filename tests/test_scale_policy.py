@@ -1,4 +1,4 @@
-"""The headroom loss-scale policy (amp_inspect/scale_policy.py): decisions on planted statistics, and
+"""The headroom loss-scale policy (amp_inspect/scaling/policies.py): decisions on planted statistics, and
 InspectingGradScaler(policy="headroom") on the CPU loop of the demo (bf16 autocast, gradients rounded through
 fp16): no warm-up skips, a NaN burst that does not collapse the scale, a spike recovered in one step,
 state_dict round trips, decisions in the run log."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect.scale_policy import (
+from amp_inspect.scaling.policies import (
     HEADROOM,
     MARGIN,
     NO_DATA,
@@ -174,7 +174,7 @@ def _round_through_fp16(param: torch.Tensor) -> None:
 def make(policy: str, seed: int = 0, **kwargs):
     model = models.gpt(seed)
     for p in model.parameters():
-        p.register_post_accumulate_grad_hook(_round_through_fp16)  # fp16 gradients, as in amp_inspect/demo.py
+        p.register_post_accumulate_grad_hook(_round_through_fp16)  # fp16 gradients, as in amp_inspect/cli/demo.py
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     if policy == "gradscaler":
         scaler = torch.amp.GradScaler("cpu", growth_interval=10, **kwargs)
@@ -365,8 +365,8 @@ class HalveOnNonfinite:
 def test_a_custom_policy_runs_the_scaler_and_names_its_decisions_in_the_log_summary_and_cli(
     tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from amp_inspect import cli
-    from amp_inspect.runlog import read_log
+    from amp_inspect.cli import main as cli
+    from amp_inspect.runlog.log import read_log
 
     model, opt, scaler = make(HalveOnNonfinite())
     assert scaler.policy == "halve_on_nonfinite" and scaler.get_scale() == 2.0**8  # its first scale
@@ -412,7 +412,7 @@ def test_a_policy_without_a_required_method_is_refused_in_one_sentence() -> None
     text = str(refused.value)
     assert text == (
         "InspectingGradScaler: policy NoDecide is not a ScalePolicy: it lacks decide (a ScalePolicy has name, "
-        "first_scale, decide, state_dict, load_state_dict: amp_inspect/scale_policy.py)"
+        "first_scale, decide, state_dict, load_state_dict: amp_inspect/scaling/policies.py)"
     )
     with pytest.raises(TypeError, match="lacks name"):
         amp_inspect.InspectingGradScaler("cpu", policy=object())
@@ -422,7 +422,7 @@ def test_a_policy_without_a_required_method_is_refused_in_one_sentence() -> None
 
 
 def test_a_log_of_a_policy_unknown_here_shows_its_reasons_as_recorded_and_old_logs_read_as_headroom() -> None:
-    from amp_inspect.scale_timeline import decision_from_record, policy_of, scale_changes
+    from amp_inspect.scaling.timeline import decision_from_record, policy_of, scale_changes
 
     old = decision_from_record({"scale": 2.0, "previous": 4.0, "reason": OVERFLOW, "skip": SKIP_OVERFLOW})
     assert old.policy == "headroom" and policy_of([None, old]) == "headroom"

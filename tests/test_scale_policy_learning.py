@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.scale_policy import MARGIN, NO_DATA, HeadroomPolicy, StepStats
-from amp_inspect.scale_timeline import scale_changes
+from amp_inspect.scaling.policies import MARGIN, NO_DATA, HeadroomPolicy, StepStats
+from amp_inspect.scaling.timeline import scale_changes
 from tests import models
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -154,7 +154,7 @@ def _round_through_fp16(param: torch.Tensor) -> None:
 
 def test_all_zero_steps_grow_at_gradscalers_pace_and_real_gradients_then_cost_no_skips() -> None:
     model = models.gpt(0)
-    for p in model.parameters():  # fp16 gradients, as in amp_inspect/demo.py: a scale of 2^32 overflows them
+    for p in model.parameters():  # fp16 gradients, as in amp_inspect/cli/demo.py: a scale of 2^32 overflows them
         p.register_post_accumulate_grad_hook(_round_through_fp16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = amp_inspect.InspectingGradScaler("cpu", policy="headroom", growth_interval=10)

@@ -1,4 +1,4 @@
-"""The loss scaler's decisions on the scale timeline (amp_inspect/scale_timeline.py): ``amp-inspect summary``, the
+"""The loss scaler's decisions on the scale timeline (amp_inspect/scaling/timeline.py): ``amp-inspect summary``, the
 console, the HTML report and the loss-scale figure show each step where InspectingGradScaler(policy="headroom")
 changed the scale or skipped, with the reason and the skip kind; and the Summary's advice follows the policy the
 log was written under (GradScaler's settings under policy="torch", the policy's decisions under "headroom").
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from amp_inspect import cli
-from amp_inspect.history import StepRecord, summarize
-from amp_inspect.runlog import RunLog, read_log
-from amp_inspect.scale_policy import (
+from amp_inspect.cli import main as cli
+from amp_inspect.diagnosis.history import StepRecord, summarize
+from amp_inspect.runlog.log import RunLog, read_log
+from amp_inspect.scaling.policies import (
     HEADROOM,
     MARGIN,
     NONFINITE_NOT_FROM_SCALE,
@@ -29,7 +29,7 @@ from amp_inspect.scale_policy import (
     StepStats,
     register_policy,
 )
-from amp_inspect.scale_timeline import (
+from amp_inspect.scaling.timeline import (
     POLICY_HEADROOM,
     POLICY_TORCH,
     ScaleChange,
@@ -179,7 +179,7 @@ def test_a_torch_policy_log_has_no_decisions(tmp_path: Path, capsys: pytest.Capt
 
 def test_html_report_lists_the_decisions(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the report needs matplotlib")
-    from amp_inspect.html_report import write_report
+    from amp_inspect.render.html_report import write_report
 
     records, _ = _headroom_run()
     records[SPIKE_STEP]["scale_decision"]["offenders"] = ["<b>head</b>"]
@@ -195,7 +195,7 @@ def test_html_report_lists_the_decisions(tmp_path: Path) -> None:
 
 def test_loss_scale_figure_marks_the_decisions_by_reason() -> None:
     pytest.importorskip("matplotlib", reason="the figures need matplotlib")
-    from amp_inspect import plots
+    from amp_inspect.render import plots
 
     records, _ = _headroom_run()
     fig = plots.loss_scale(records)
@@ -228,7 +228,7 @@ class WordsOfItsOwn:
 
 
 def _decision_marks(records: list[dict]) -> dict[str, object]:
-    from amp_inspect import plots
+    from amp_inspect.render import plots
 
     ax = plots.loss_scale(records).axes[0]
     return {line.get_label(): line for line in ax.get_lines() if line.get_label().startswith("decision: ")}

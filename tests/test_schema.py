@@ -1,4 +1,4 @@
-"""The schema of statistics (amp_inspect/statistics.py): the compiled tables and Python's copy agree, and every
+"""The schema of statistics (amp_inspect/core/statistics.py): the compiled tables and Python's copy agree, and every
 place that slices, allocates, merges or records the statistics follows the schema: the op's outputs, the fake
 kernel, the reference, TensorStats, the per-module views, the ranks' reduction and the run log's fields."""
 
@@ -18,12 +18,15 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import _ops, reference, runlog, statistics
-from amp_inspect.distributed import reduce_stats
-from amp_inspect.formats import FORMAT_BOUNDS, HIST_BINS, float32_from_bits, float64_from_bits
-from amp_inspect.report import StepReport
-from amp_inspect.statistics import OUTPUTS, PER_BIN, PER_FORMAT, PER_TENSOR, STATISTICS, layout_problem
-from amp_inspect.stats import TensorStats
+from amp_inspect.core import ops as _ops
+from amp_inspect.core import statistics
+from amp_inspect.core.formats import FORMAT_BOUNDS, HIST_BINS, float32_from_bits, float64_from_bits
+from amp_inspect.core.references import tensor_stats as reference
+from amp_inspect.core.statistics import OUTPUTS, PER_BIN, PER_FORMAT, PER_TENSOR, STATISTICS, layout_problem
+from amp_inspect.core.tensor_stats import TensorStats
+from amp_inspect.distributed.combine import reduce_stats
+from amp_inspect.gradients.step_report import StepReport
+from amp_inspect.runlog import log as runlog
 from tests.conftest import emulated_ops_missing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -316,7 +319,7 @@ def test_a_broken_negative_scale_leaves_an_empty_modules_amax_at_plus_zero() -> 
 
 @needs_extension
 def test_compiled_recipe_table_equals_recipes_py() -> None:
-    from amp_inspect.recipes import ELEMENT_FORMATS, RECIPES, SCALE_RULES
+    from amp_inspect.core.recipes import ELEMENT_FORMATS, RECIPES, SCALE_RULES
 
     theirs = _native()["readiness"]
     assert statistics.readiness_layout_problem(_native()) is None
@@ -351,7 +354,7 @@ def test_a_binary_of_another_recipe_table_is_named_and_refused(change, said: str
     native = _native()
     changed = _readiness_changed(native, **change(native["readiness"]))
     assert said in (statistics.readiness_layout_problem(changed) or "")
-    assert said in (layout_problem(changed) or "")  # what _native.py asks at load time: the binary is refused
+    assert said in (layout_problem(changed) or "")  # what core/_native.py asks at load time: the binary is refused
 
 
 def test_a_binary_without_format_readiness_is_not_refused_for_it() -> None:
@@ -382,7 +385,7 @@ def test_readiness_schema_rules_and_the_contracts_columns() -> None:
 def test_readiness_stats_fields_are_the_schemas_statistics() -> None:
     import dataclasses
 
-    from amp_inspect import readiness
+    from amp_inspect.core import format_readiness as readiness
 
     names = [f.name for f in dataclasses.fields(readiness.ReadinessStats) if f.name not in ("recipes", "delayed")]
     assert names == [s.name for s in statistics.READINESS]

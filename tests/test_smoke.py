@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import _ops
-from amp_inspect.reference import tensor_stats_reference
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.references.tensor_stats import tensor_stats_reference
 
 pytestmark = pytest.mark.smoke
 

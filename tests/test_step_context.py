@@ -6,15 +6,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from amp_inspect.naming import param_entries
-from amp_inspect.report import StepReport
-from amp_inspect.stats import tensor_stats
-from amp_inspect.step_context import StepContext
+from amp_inspect.core.tensor_stats import tensor_stats
+from amp_inspect.gradients.step_context import StepContext
+from amp_inspect.gradients.step_report import StepReport
 
 
 def _seen_bf16(follow: bool) -> tuple[nn.Module, StepContext]:
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
-    context = StepContext(model, param_entries(model), follow_autocast=follow)
+    context = StepContext(model, follow_autocast=follow)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(torch.randn(3, 2)).float().sum().backward()
     return model, context
@@ -41,7 +40,7 @@ def test_the_report_gets_the_backward_order_and_the_autocast_seen() -> None:
 
 def _seen_off(dtype: torch.dtype, follow: bool = True) -> StepContext:
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)).to(dtype)
-    context = StepContext(model, param_entries(model), follow_autocast=follow)
+    context = StepContext(model, follow_autocast=follow)
     model(torch.randn(3, 2, dtype=dtype)).float().sum().backward()  # no autocast
     return context
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from amp_inspect.report import StepReport
-from amp_inspect.stats import tensor_stats
-from amp_inspect.step_history import StepHistory
+from amp_inspect.core.tensor_stats import tensor_stats
+from amp_inspect.gradients.step_report import StepReport
+from amp_inspect.inspection._step_history import StepHistory
 
 
 def _report(step: int, value: float) -> StepReport:
@@ -49,7 +49,7 @@ def test_a_spike_after_nan_steps_gets_module_norms_as_the_summary_sees_it() -> N
     import torch
 
     import amp_inspect
-    from amp_inspect.spikes import find_spikes
+    from amp_inspect.evidence.spikes import find_spikes
 
     model = torch.nn.Linear(4, 4)
     insp = amp_inspect.attach(model, activations="off")

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from amp_inspect.thread_guard import OneCaller
+from amp_inspect.inspection._thread_guard import OneCaller
 
 
 def _in_thread(body) -> BaseException | None:

@@ -1,4 +1,4 @@
-"""torch's private names amp_inspect relies on (amp_inspect/_torch_compat.py), each checked against the installed
+"""torch's private names amp_inspect relies on (amp_inspect/core/torch_compat.py), each checked against the installed
 torch: a torch release that renames or changes one fails here with a sentence naming it, not later as a wrong
 report. And no private torch name is used anywhere else in the package."""
 
@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from amp_inspect import _torch_compat as compat
+from amp_inspect.core import torch_compat as compat
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _changed(name: str, what: str) -> str:
     return (
-        f"torch {torch.__version__} changed {name} ({what}): amp_inspect/_torch_compat.py relies on it and needs "
+        f"torch {torch.__version__} changed {name} ({what}): amp_inspect/core/torch_compat.py relies on it and needs "
         "updating for this torch"
     )
 
@@ -150,7 +150,7 @@ def test_public_replacements_behave_as_the_private_names_did() -> None:
 def test_the_kernels_the_build_lists_are_the_ones_the_dispatcher_has() -> None:
     """_ops.KERNELS comes from build_info() and what _native loaded, not from torch's private dispatcher query; this
     asks the dispatcher (torch._C, private, allowed in a test) that the two agree."""
-    from amp_inspect import _ops
+    from amp_inspect.core import ops as _ops
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     registered = {key.lower() for key in ("CPU", "CUDA") if has(_ops.OP_NAME, key)}
@@ -158,7 +158,7 @@ def test_the_kernels_the_build_lists_are_the_ones_the_dispatcher_has() -> None:
     assert "cpu" in _ops.KERNELS  # the worktree's _C holds the CPU kernels: the comparison is not vacuous
 
 
-# Nowhere outside _torch_compat.py may a private torch name appear (comments and docstrings aside).
+# Nowhere outside core/torch_compat.py may a private torch name appear (comments and docstrings aside).
 PRIVATE = re.compile(
     r"torch(?:\.\w+)*\._(?!_)\w+|\._(?:values|scale|init_scale|growth_\w+|backoff_factor|enabled|per_optimizer_states"
     r"|orig_mod|compiled_call_impl|comm_hooks|maybe_opt_step)\b|\"_(?:device|scale|init_scale|orig_mod|comm_hooks"
@@ -183,11 +183,11 @@ def test_no_private_torch_name_outside_the_compat_module() -> None:
     found: dict[str, set[str]] = {}
     for path in sorted((ROOT / "amp_inspect").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "amp_inspect/_torch_compat.py":
+        if rel == "amp_inspect/core/torch_compat.py":
             continue
         for code in _code_by_line(path).values():
             if "sys.modules.get(" in code:
                 continue  # asks only whether torch imported one of its modules
             for match in PRIVATE.findall(code):
                 found.setdefault(rel, set()).add(match)
-    assert not found, f"private torch names outside amp_inspect/_torch_compat.py: {found}"
+    assert not found, f"private torch names outside amp_inspect/core/torch_compat.py: {found}"

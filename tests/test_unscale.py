@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect._ops import unscale_stats_op
-from amp_inspect.reference import tensor_stats_reference
+from amp_inspect.core.ops import unscale_stats_op
+from amp_inspect.core.references.tensor_stats import tensor_stats_reference
 from tests import oracles
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect import cli
-from amp_inspect.update_report import LOST_THRESHOLD, UpdateStats, update_verdicts
+from amp_inspect.cli import main as cli
+from amp_inspect.updates.report import LOST_THRESHOLD, UpdateStats, update_verdicts
 from tests.test_optimizer_watch import Net, _run
 
 pytestmark = pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")
@@ -116,7 +116,7 @@ def test_update_ratio_range() -> None:
 
 def test_the_html_report_plots_the_update_ratio_beside_the_heatmaps(tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from amp_inspect.html_report import write_report
+    from amp_inspect.render.html_report import write_report
 
     log = _log(tmp_path, torch.bfloat16)
     page = write_report(log, tmp_path / "report.html").read_text()
@@ -130,7 +130,7 @@ def test_the_html_report_plots_the_update_ratio_beside_the_heatmaps(tmp_path) ->
 
 def test_a_log_without_updates_has_no_update_section(tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from amp_inspect.update_plot import html_section
+    from amp_inspect.updates.plot import html_section
 
     assert html_section([{"step": 0}]) is None
 
@@ -185,7 +185,7 @@ def test_amp_inspect_updates_on_a_log_without_them_says_how_to_get_them(tmp_path
 
 
 def test_the_overview_counts_skipped_steps_apart() -> None:
-    from amp_inspect.update_report import overview
+    from amp_inspect.updates.report import overview
 
     applied = UpdateStats(1, {"fc": _record(10, 100)})
     skipped = UpdateStats(2, {})
@@ -227,7 +227,7 @@ def test_lost_fp32_updates_are_not_told_to_keep_fp32_master_weights() -> None:
 
 
 def test_the_headline_says_learning_rate_0_and_not_that_nothing_had_a_gradient() -> None:
-    from amp_inspect.update_report import overview
+    from amp_inspect.updates.report import overview
 
     frozen = {**_record(0, 0, dtype="bf16", ratio=0.0), "numel": 100, "numel_lr_zero": 100}
     line = overview([UpdateStats(0, {"fc": frozen})]).headline()

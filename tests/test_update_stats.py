@@ -1,7 +1,7 @@
 """amp_inspect.update_stats (what optimizer.step() did to each parameter) against hand-made oracles: each weight
 compared before and after by the test itself, and values whose class (lost, subnormal, underflowing state) is known
 by construction. The same cases run through the public face (the compiled kernel where one serves, else the
-reference) and through the pure-torch reference alone (amp_inspect/reference_update.py)."""
+reference) and through the pure-torch reference alone (amp_inspect/core/references/update_stats.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import amp_inspect
-from amp_inspect import _ops
-from amp_inspect.reference_update import COUNT_NAMES, update_stats_reference
-from amp_inspect.statistics import UPDATE, UPDATE_DERIVED
-from amp_inspect.updates import UpdateTensorStats
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.references.update_stats import COUNT_NAMES, update_stats_reference
+from amp_inspect.core.statistics import UPDATE, UPDATE_DERIVED
+from amp_inspect.core.update_stats import UpdateTensorStats
 
 NAN, INF = float("nan"), float("inf")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -182,9 +182,9 @@ def test_several_tensors_of_every_dtype_and_empty_ones(measure) -> None:
 
 
 def test_update_stats_is_the_function_whatever_was_imported_first() -> None:
-    import amp_inspect.updates  # noqa: F401
+    import amp_inspect.core.update_stats  # noqa: F401
 
-    assert callable(amp_inspect.update_stats) and amp_inspect.update_stats.__module__ == "amp_inspect.updates"
+    assert callable(amp_inspect.update_stats) and amp_inspect.update_stats.__module__ == "amp_inspect.core.update_stats"
     assert amp_inspect.UpdateTensorStats is UpdateTensorStats
 
 
@@ -522,7 +522,7 @@ def test_the_binary_reports_the_schema_columns() -> None:
     if not _ops.extension_loaded():
         pytest.skip(f"no compiled extension: {_ops.LOAD_ERROR}")
     from amp_inspect import _C
-    from amp_inspect.statistics import update_layout_problem
+    from amp_inspect.core.statistics import update_layout_problem
 
     native = _C.layout()
     if "update" not in native:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import amp_inspect
-import amp_inspect._native  # noqa: F401  (loads _C and, beside a CUDA torch of its major, _C_cuda)
-from amp_inspect import _ops
-from amp_inspect.reference_update import update_stats_reference
+import amp_inspect.core._native  # noqa: F401  (loads _C and, beside a CUDA torch of its major, _C_cuda)
+from amp_inspect.core import ops as _ops
+from amp_inspect.core.references.update_stats import update_stats_reference
 from tests.test_update_stats import DTYPES, random_step, sums_rtol
 
 pytestmark = pytest.mark.cuda

@@ -1,7 +1,7 @@
 """update_stats' CUDA kernel (csrc/update_stats_kernels.cuh) run on the CPU through the emulation
 (csrc/update_stats_emu.cpp: every CUDA thread of a block a host thread, real barriers and atomics) against the
-pure-torch reference (amp_inspect/reference_update.py) and the CPU kernel: counts and amax exactly, the sums to a
-relative 2n * 2^-53 (the same float64 terms added in another order). Chunks are made small and grids chosen so
+pure-torch reference (amp_inspect/core/references/update_stats.py) and the CPU kernel: counts and amax exactly, the sums
+to a relative 2n * 2^-53 (the same float64 terms added in another order). Chunks are made small and grids chosen so
 that small tensors cross many chunk, block and launch boundaries. Marked ``cuda_emu``: no GPU needed; skipped,
 saying so, only where the test-only library amp_inspect._C_emu is not built.
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from amp_inspect.reference_update import update_stats_reference
+from amp_inspect.core.references.update_stats import update_stats_reference
 from tests.test_update_stats import DTYPES, adamw_step, random_step, sums_rtol
 
 pytestmark = pytest.mark.cuda_emu

@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.attribution import FROM_BACKWARD_ORDER, FROM_EVERY_MODULE, LOSS_OR_FORWARD
-from amp_inspect.checks import doctor
-from amp_inspect.headroom import Headroom
-from amp_inspect.history import StepRecord, summarize
-from amp_inspect.setup_checks import split_advice
-from amp_inspect.spikes import find_spikes
+from amp_inspect.diagnosis.doctor import doctor
+from amp_inspect.diagnosis.history import StepRecord, summarize
+from amp_inspect.diagnosis.setup_checks import split_advice
+from amp_inspect.evidence.attribution import FROM_BACKWARD_ORDER, FROM_EVERY_MODULE, LOSS_OR_FORWARD
+from amp_inspect.evidence.headroom import Headroom
+from amp_inspect.evidence.spikes import find_spikes
 from tests.models import cli_output
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,7 +182,7 @@ def test_a_scale_bouncing_off_one_ceiling_is_told_growth_interval_not_init_scale
 
 
 def test_a_clean_run_without_a_scaler_is_not_told_its_loss_scale_looks_healthy() -> None:
-    from amp_inspect import html_report, plots
+    from amp_inspect.render import html_report, plots
 
     def page(scale: float | None) -> str:
         records = [{"step": s, "scale": scale, "skipped": False, "offenders": [], "total_norm": 1.0} for s in range(4)]
@@ -195,7 +195,7 @@ def test_a_clean_run_without_a_scaler_is_not_told_its_loss_scale_looks_healthy()
 
 
 def test_a_single_module_is_named_not_called_the_forward_pass() -> None:
-    from amp_inspect.attribution import every_module
+    from amp_inspect.evidence.attribution import every_module
 
     counts = {"numel": 4, "nan": 4}
     assert not every_module(["only"], {"only": counts})  # one module: it is named
@@ -267,7 +267,7 @@ def codes_of(findings) -> set[str]:
 
 
 def test_the_loss_scale_caption_explains_a_saw_tooth_only_where_a_loss_scale_exists() -> None:
-    from amp_inspect import html_report, plots
+    from amp_inspect.render import html_report, plots
 
     def caption(scale: float | None, poisoned: tuple[int, ...] = ()) -> str:
         records = [

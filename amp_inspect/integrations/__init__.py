@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_names
+from amp_inspect._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from .hf import AmpInspectTrainerCallback
-    from .lightning import AmpInspectCallback
-    from .tensorboard import TensorBoardLogger
-    from .wandb import WandbLogger
+    from amp_inspect.integrations.hf import AmpInspectTrainerCallback
+    from amp_inspect.integrations.lightning import AmpInspectCallback
+    from amp_inspect.integrations.tensorboard import TensorBoardLogger
+    from amp_inspect.integrations.wandb import WandbLogger
 
 _MODULE_OF = {
     "TensorBoardLogger": "tensorboard",

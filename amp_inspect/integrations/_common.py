@@ -1,8 +1,8 @@
 """What the integrations share: the scalars of a report, the exponent histogram as buckets, and following an
 Inspector's finalized reports. Imports no optional package.
 
-Terms (report terms as in amp_inspect/report.py; "the first format" is the inspector's first format, fp16 by
-default):
+Terms (report terms as in amp_inspect/gradients/step_report.py; "the first format" is the inspector's first format, fp16
+by default):
 
 - **Step scalars**: ``loss_scale`` (only with a scaler), ``skipped`` (1.0 when a gradient holds NaN/Inf and an
   enabled GradScaler skips the step), ``poisoned`` (only without an enabled scaler, e.g. bf16 runs: 1.0 when a
@@ -13,7 +13,7 @@ default):
   format over the module's gradient elements) and ``nonfinite`` (NaN and Inf elements) of a module.
 - **Trouble** ranks modules: NaN/Inf elements first, then overflow, underflow, subnormal counts.
 - **Exponent axis**: the histograms' x is log2 of the judged (scaled) magnitude, log2|v|: float32 exponent
-  bin e (stats.py) is the binade [e - 127, e - 126). Bin 0 (zeros and float32 subnormals) is drawn as
+  bin e (core/tensor_stats.py) is the binade [e - 127, e - 126). Bin 0 (zeros and float32 subnormals) is drawn as
   [-127, -126), bin 255 (NaN/Inf, no finite position) as [128, 129): past every finite float32 (log2 < 128),
   so its count stays visible and separate. On this axis the format's edges do not move with the loss scale
   (fp16 overflows from 16, underflows below -24); log2|g| of the unscaled gradient is x - log2(loss_scale).
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN
-from ..options import TRAINER_OPTIMIZER, AttachOptions
+from amp_inspect.core.formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN
+from amp_inspect.inspection.options import TRAINER_OPTIMIZER, AttachOptions
 
 if TYPE_CHECKING:
-    from ..inspector import Inspector
-    from ..report import StepReport
+    from amp_inspect.gradients.step_report import StepReport
+    from amp_inspect.inspection.inspector import Inspector
 
 PREFIX = "amp_inspect/"
 ALL_MODULES = "(all)"  # the histogram of all modules together
@@ -169,7 +169,7 @@ def exponent_edges(first: int, last: int) -> np.ndarray:
 class ReportFollower:
     """Follows an Inspector's finalized reports without waiting on the device: ``take()`` gives the newest
     one not taken yet (None when there is none) and the number of skipped steps among the reports finalized
-    since the previous take (``poisoned_taken``: the poisoned ones, see amp_inspect/report.py).
+    since the previous take (``poisoned_taken``: the poisoned ones, see amp_inspect/gradients/step_report.py).
 
     Example::
 

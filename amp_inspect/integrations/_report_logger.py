@@ -10,13 +10,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._common import PREFIX, check_every, exponent_edges, exponent_span, on_finalized, report_values
+from amp_inspect.integrations._common import (
+    PREFIX,
+    check_every,
+    exponent_edges,
+    exponent_span,
+    on_finalized,
+    report_values,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..inspector import Inspector
-    from ..report import StepReport
+    from amp_inspect.gradients.step_report import StepReport
+    from amp_inspect.inspection.inspector import Inspector
 
 
 class ReportLogger(ABC):

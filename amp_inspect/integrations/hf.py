@@ -49,9 +49,16 @@ from typing import Any
 
 import torch
 
-from ..inspector import Inspector
-from ..options import AttachOptions, takes_attach_options
-from ._common import PREFIX, ReportFollower, attach_kwargs, callback_options, require, step_scalars
+from amp_inspect.inspection.inspector import Inspector
+from amp_inspect.inspection.options import AttachOptions, takes_attach_options
+from amp_inspect.integrations._common import (
+    PREFIX,
+    ReportFollower,
+    attach_kwargs,
+    callback_options,
+    require,
+    step_scalars,
+)
 
 transformers = require("transformers", "hf", "AmpInspectTrainerCallback")
 if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
@@ -72,7 +79,8 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
         scaler: the GradScaler to read the loss scale from; None finds it (see the module docstring).
         loggers: amp_inspect loggers (``TensorBoardLogger``, ``WandbLogger``) to attach to the Inspector at
             train begin: they then get every finalized report, histograms included.
-        and ``amp_inspect.attach``'s options (amp_inspect/options.py), for the Inspector attached at train begin.
+        and ``amp_inspect.attach``'s options (amp_inspect/inspection/options.py), for the Inspector attached at train
+        begin.
 
     Example::
 

@@ -43,9 +43,17 @@ from typing import Any
 
 import torch
 
-from ..inspector import Inspector
-from ..options import AttachOptions, takes_attach_options
-from ._common import PREFIX, ReportFollower, attach_kwargs, callback_options, check_every, require, step_scalars
+from amp_inspect.inspection.inspector import Inspector
+from amp_inspect.inspection.options import AttachOptions, takes_attach_options
+from amp_inspect.integrations._common import (
+    PREFIX,
+    ReportFollower,
+    attach_kwargs,
+    callback_options,
+    check_every,
+    require,
+    step_scalars,
+)
 
 
 def _import_lightning() -> Any:
@@ -78,7 +86,8 @@ class AmpInspectCallback(pl.Callback):
         log_every: ``pl_module.log`` the scalars every N optimizer steps; 0 logs nothing.
         loggers: amp_inspect loggers (``TensorBoardLogger``, ``WandbLogger``) to attach to the Inspector
             at fit start: they then get every finalized report, histograms included.
-        and ``amp_inspect.attach``'s options (amp_inspect/options.py), for the Inspector attached at fit start.
+        and ``amp_inspect.attach``'s options (amp_inspect/inspection/options.py), for the Inspector attached at fit
+        start.
 
     Example::
 

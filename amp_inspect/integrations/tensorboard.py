@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._common import require
-from ._report_logger import ReportLogger
+from amp_inspect.integrations._common import require
+from amp_inspect.integrations._report_logger import ReportLogger
 
 if TYPE_CHECKING:
-    from ..report import StepReport
+    from amp_inspect.gradients.step_report import StepReport
 
 
 class TensorBoardLogger(ReportLogger):

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._common import require
-from ._report_logger import ReportLogger
+from amp_inspect.integrations._common import require
+from amp_inspect.integrations._report_logger import ReportLogger
 
 wandb = require("wandb", "wandb", "WandbLogger")
 
 if TYPE_CHECKING:
-    from ..report import StepReport
+    from amp_inspect.gradients.step_report import StepReport
 
 
 class WandbLogger(ReportLogger):

@@ -1,0 +1,314 @@
+"""Statistics combined across ranks: one picture on N ranks, and the rank that broke the step.
+
+``reduce_stats(stats, group)`` merges the TensorStats of the same T tensors (or the shards of the same T
+tensors) held by every rank of a process group into global statistics, each by its merge in the schema of
+statistics (amp_inspect/core/statistics.py: counts and histograms summed, amax max, amin_nonzero min, sumsq
+summed). It also says how many NaN/Inf each rank held in each tensor. That is
+exact for disjoint pieces of each tensor (FSDP2 shards, or each rank's local gradients before DDP's
+all-reduce); replicated gradients (after DDP's all-reduce) would be counted once per rank, so the Inspector
+never combines those (see amp_inspect/distributed/ddp.py for DDP).
+
+Cost: two all-reduces issued together (SUM of one packed float64 buffer: counts, histograms, sums of
+squares and the per-rank NaN/Inf counts, exact below 2^53; MAX of amax and of -amin_nonzero), asynchronous
+where the backend allows; with a world of one, nothing is communicated. Bytes per call, for T tensors, F
+formats and W ranks: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T.
+
+Failure: a rank that died, left, or skipped the collective, or ranks holding different models, raise
+``DistributedInspectionError`` (a RuntimeError) naming what went wrong, never a hang: on host tensors (gloo)
+after at most the timeout; on CUDA tensors (NCCL) through the process group's own timeout and watchdog,
+because a timed wait there would stall the host every step (see ``wait_all``).
+``Combiner`` checks once, before its first combine, that every rank holds the same tensor layout.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from amp_inspect.core.statistics import MAX, MIN, OUTPUTS, SUM
+from amp_inspect.core.tensor_stats import TensorStats
+
+DEFAULT_TIMEOUT_S = 300.0  # far below the process groups' own defaults (10-30 min), far above step skew
+
+
+class RankOrigin(NamedTuple):
+    """Where a step's NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K], the
+    NaN/Inf count of each rank's local gradients (``kind`` BEFORE_ALLREDUCE: DDP) or shards (SHARDS: FSDP2) of K
+    tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank."""
+
+    nonfinite_by_rank: torch.Tensor
+    module_of_column: Sequence[str]
+    ranks: Sequence[int] | None
+    kind: str
+
+
+class DistributedInspectionError(RuntimeError):
+    """A collective of the inspection failed or timed out: a rank died, or the ranks do not match."""
+
+
+def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether a process group of more than one rank is there to combine over."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return None
+    return DTensor
+
+
+def to_local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local piece (a view: writing it writes the DTensor), any other tensor itself."""
+    dtensor = _dtensor_type()
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
+
+
+def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.ProcessGroup | None, str | None]:
+    """The tensors to inspect on this rank: a DTensor (FSDP2, HSDP, tensor parallel) is replaced by its local
+    shard. Returns (tensors, group to combine over, why not). The group is set when every tensor is a
+    DTensor on one mesh, sharded along exactly one mesh dimension and replicated along the others (FSDP2: a
+    1-D mesh; HSDP: (replicate, shard)): the shards in that dimension's group are disjoint pieces and
+    reduce_stats makes whole-tensor statistics of them. Otherwise the group is None, and the reason says why
+    when the statistics are partial (fully replicated DTensors need no combining: no reason)."""
+    dtensor = _dtensor_type()
+    if dtensor is None:  # pragma: no cover - torch without DTensor
+        return grads, None, None
+    local, meshes, layouts = [], set(), set()
+    for g in grads:
+        if isinstance(g, dtensor):
+            local.append(g.to_local())
+            meshes.add(g.device_mesh)
+            shard_dims = tuple(i for i, p in enumerate(g.placements) if p.is_shard())
+            others_replicated = all(p.is_shard() or p.is_replicate() for p in g.placements)
+            layouts.add(shard_dims if others_replicated else None)
+        else:
+            local.append(g)
+    if not meshes:
+        return local, None, None
+    if len(meshes) > 1:
+        return local, None, "DTensor gradients on several meshes: statistics are of this rank's local pieces"
+    if len(local) != sum(isinstance(g, dtensor) for g in grads):
+        return local, None, "a mix of DTensor and plain gradients: statistics are of this rank's local pieces"
+    if layouts == {()}:
+        return local, None, None  # replicated everywhere: every rank holds the whole gradients
+    layout = next(iter(layouts))
+    if len(layouts) > 1 or layout is None or len(layout) != 1:
+        return (
+            local,
+            None,
+            (
+                "DTensor gradients not sharded along exactly one mesh dimension (with the others replicated): "
+                "statistics are of this rank's local pieces"
+            ),
+        )
+    return local, next(iter(meshes)).get_group(layout[0]), None
+
+
+def sharded_groups(grads: Sequence[torch.Tensor]) -> list[dist.ProcessGroup]:
+    """The process groups of every mesh dimension along which some DTensor in ``grads`` is not replicated, in
+    a fixed order: where GradScaler's found_inf must agree (torch's DTensor unscale reduces it over exactly
+    these), when the statistics themselves are not combined."""
+    dtensor = _dtensor_type()
+    groups: dict[int, dist.ProcessGroup] = {}
+    for g in grads:
+        if dtensor is not None and isinstance(g, dtensor):
+            for dim, placement in enumerate(g.placements):
+                if not placement.is_replicate():
+                    group = g.device_mesh.get_group(dim)
+                    groups.setdefault(id(group), group)
+    return [g for g in groups.values() if dist.get_world_size(g) > 1]
+
+
+def global_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    """The global rank of each rank of ``group``, in group-rank order (reports name global ranks: with DDP
+    or FSDP over a subgroup, as in pipeline or hybrid parallelism, the group's rank 1 is not global rank 1)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return (0,)
+    if group is None or group is dist.group.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_global_rank(group, r) for r in range(dist.get_world_size(group)))
+
+
+@dataclass(frozen=True)
+class GlobalStats:
+    stats: TensorStats  # statistics over every rank's pieces
+    nonfinite_by_rank: torch.Tensor  # int64 [world, T]: NaN/Inf count of each rank's piece of each tensor
+    ranks: tuple[int, ...] = (0,)  # the global rank of each row of nonfinite_by_rank
+
+    @property
+    def ranks_with_inf(self) -> torch.Tensor:
+        """bool [world]: which ranks held NaN/Inf in their pieces."""
+        return self.nonfinite_by_rank.sum(dim=1) > 0
+
+
+def wait_all(
+    works: Sequence[dist.Work], timeout_s: float, what: str, group: dist.ProcessGroup | None, device: torch.device
+) -> None:
+    """Waits for ``works`` and turns any failure into a DistributedInspectionError that says what was being
+    combined and what usually causes it. For host tensors (gloo) the wait lasts at most ``timeout_s``. For
+    CUDA tensors it only orders the current stream after the collective: NCCL turns a timed wait into a busy
+    wait of the host, a sync on every step; there the process group's own timeout and watchdog apply."""
+    try:
+        for work in works:
+            if device.type == "cuda":
+                work.wait()
+            else:
+                work.wait(timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        world = dist.get_world_size(group)
+        raise DistributedInspectionError(
+            f"amp_inspect: {what} across {world} ranks failed or took longer than {timeout_s:g} s (on CUDA tensors: "
+            "the process group's own timeout). A rank may have "
+            "died or left the group, or not inspected this step: every rank must call check() (and run the "
+            f"scaler's step) on the same steps, with the same model. Cause: {error}"
+        ) from error
+
+
+def reduce_stats(
+    stats: TensorStats, group: dist.ProcessGroup | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> GlobalStats:
+    """Combines every rank's statistics of the same T tensors (see the module docstring): each output of the
+    schema (amp_inspect/core/statistics.py) by its statistics' merge. Collective: every rank of ``group`` must call
+    it with statistics of the same shape, in the same order."""
+    outputs = stats.outputs()
+    device = outputs[0].device
+    nonfinite = stats.nonfinite
+    if not is_distributed(group):
+        return GlobalStats(stats, nonfinite.reshape(1, -1))
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    summed = [k for k, o in enumerate(OUTPUTS) if o.merge == SUM]
+    extreme = [k for k, o in enumerate(OUTPUTS) if o.merge in (MAX, MIN)]
+    # One SUM buffer: the summed outputs as float64 (counts exact below 2^53), and this rank's NaN/Inf counts in
+    # its own row of a [world, T] block (zeros elsewhere).
+    by_rank = torch.zeros(world, len(stats), dtype=torch.float64, device=device)
+    by_rank[rank] = nonfinite.to(torch.float64)
+    packed = torch.cat([*(outputs[k].double().flatten() for k in summed), by_rank.flatten()])
+    # One MAX buffer: the maxima, and the minima negated (min(x) = -max(-x), exact: negation only flips the sign).
+    # In float32 when every extreme is (it is today), else float64.
+    common = outputs[extreme[0]].dtype if len({outputs[k].dtype for k in extreme}) == 1 else torch.float64
+    sent = [outputs[k].to(common).flatten() for k in extreme]
+    extremes = torch.cat([t if OUTPUTS[k].merge == MAX else -t for k, t in zip(extreme, sent, strict=True)])
+    works = [
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True),
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True),
+    ]
+    wait_all(works, timeout_s, "combining the gradient statistics", group, device)
+    merged: list[torch.Tensor] = list(outputs)
+    *summed_pieces, by_rank_piece = packed.split([*(outputs[k].numel() for k in summed), by_rank.numel()])
+    for k, piece in zip(summed, summed_pieces, strict=True):
+        merged[k] = _as_output(piece, outputs[k])
+    for k, piece in zip(extreme, extremes.split([outputs[k].numel() for k in extreme]), strict=True):
+        merged[k] = _as_output(piece if OUTPUTS[k].merge == MAX else -piece, outputs[k])
+    merged_by_rank = by_rank_piece.round().to(torch.int64).reshape(world, len(stats))
+    return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), merged_by_rank, global_ranks(group))
+
+
+def _as_output(piece: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A merged buffer's piece back in the output's dtype and shape (counts rounded: exact below 2^53)."""
+    if not like.dtype.is_floating_point:
+        piece = piece.round()
+    return piece.to(like.dtype).reshape(like.shape)
+
+
+def layout_key(shapes: Sequence[Sequence[int]]) -> int:
+    """A 31-bit fingerprint of the tensors' global shapes, in order: equal on ranks holding the same model."""
+    text = ";".join("x".join(str(int(n)) for n in shape) for shape in shapes)
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def check_same_layout(
+    shapes: Sequence[Sequence[int]], group: dist.ProcessGroup | None, device: torch.device, timeout_s: float
+) -> None:
+    """Collective: raises DistributedInspectionError on every rank unless all ranks of ``group`` hold tensors
+    of the same global shapes in the same order (one all-reduce of 2 * world int64)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    table = torch.zeros(world, 2, dtype=torch.int64, device=device)
+    table[rank, 0] = len(shapes)
+    table[rank, 1] = layout_key(shapes)
+    work = dist.all_reduce(table, group=group, async_op=True)
+    wait_all([work], timeout_s, "checking the tensor layout", group, device)
+    rows = table.tolist()
+    differ = [r for r, row in enumerate(rows) if row != rows[0]]
+    if differ:
+        ranks = global_ranks(group)  # as reports name them
+        others = []
+        for r in differ:
+            others.append(
+                f"rank {ranks[r]} has {rows[r][0]}" + (" of other shapes" if rows[r][0] == rows[0][0] else "")
+            )
+        raise DistributedInspectionError(
+            f"amp_inspect: the ranks do not hold the same gradients to combine: rank {ranks[0]} has {rows[0][0]} "
+            f"tensors, {', '.join(others)}. Attach the inspector to the same model on every rank of the group."
+        )
+
+
+class Combiner:
+    """reduce_stats over one group, with the layout check made once per layout this rank combines (several
+    optimizers each have theirs), before its first combine. Ranks whose layouts differ from the start all
+    fail that check; a rank whose layout changes later, alone, runs the check while the others combine: a
+    collective mismatch, which gloo reports as an error (or a crash of that rank) and NCCL may not."""
+
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.group = group
+        self.timeout_s = timeout_s
+        self._checked: set[tuple[tuple[int, ...], ...]] = set()
+
+    def combine(self, stats: TensorStats, shapes: Sequence[Sequence[int]]) -> GlobalStats:
+        layout = tuple(tuple(int(n) for n in shape) for shape in shapes)
+        if layout not in self._checked and is_distributed(self.group):
+            check_same_layout(layout, self.group, stats.numel.device, self.timeout_s)
+            self._checked.add(layout)
+        return reduce_stats(stats, self.group, self.timeout_s)
+
+
+class Combiners:
+    """The Combiner for each process group sharded gradients are combined over (the Inspector and the
+    InspectingGradScaler each keep one set: a Combiner remembers the layouts it has checked)."""
+
+    def __init__(self) -> None:
+        self._by_group: dict[int, Combiner] = {}
+
+    def over(
+        self, shard_group: dist.ProcessGroup | None, chosen: dist.ProcessGroup | None, timeout_s: float
+    ) -> Combiner | None:
+        """The Combiner for gradients sharded over ``shard_group`` (None: not sharded), or over ``chosen``
+        (the user's ``group=``) when given; None when there is nothing to combine (not sharded, or one rank)."""
+        if shard_group is None:
+            return None
+        group = chosen if chosen is not None else shard_group
+        if not is_distributed(group):
+            return None
+        combiner = self._by_group.get(id(group))
+        if combiner is None:
+            combiner = self._by_group[id(group)] = Combiner(group, timeout_s)
+        return combiner
+
+
+def log_path_of_rank(
+    log: str | os.PathLike[str], all_ranks: bool, group: dist.ProcessGroup | None = None
+) -> str | os.PathLike[str] | None:
+    """Where this rank writes the log. In a distributed run the reports are the same on every rank of the
+    group the inspector reports over (``group``, default the world), so its first rank alone writes: ``log``
+    when the group is the world; ``<stem>.rank<r><suffix>`` (r: global rank) when there are several groups
+    (DDP over subgroups), each with its own reports. With ``all_ranks`` every rank r writes the latter."""
+    if not is_distributed():
+        return log
+    rank = dist.get_rank()
+    path = Path(log).expanduser()
+    own_file = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+    if all_ranks:
+        return own_file
+    if group is not None and global_ranks(group) != tuple(range(dist.get_world_size())):
+        return own_file if dist.get_rank(group) == 0 else None
+    return log if rank == 0 else None

@@ -1,0 +1,88 @@
+"""Where an inspector's finalized steps go on disk: the run log (runlog/log.py), with exponent histograms on the
+steps inspection/_hist_schedule.py picks and the hardware note once, on the first line written.
+
+A line that cannot be written (disk full, a network file system gone) costs that line, never the training run,
+the history or the listeners: one warning per kind of error, and the next step tries again (RunLog starts it on
+a fresh line, and read_log skips the torn one). A run that ends without close() still closes its log at exit
+(no ResourceWarning, no lost buffered lines of the steps already written).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from typing import Any
+
+import torch
+
+from amp_inspect.diagnosis.history import StepRecord
+from amp_inspect.distributed.combine import log_path_of_rank
+from amp_inspect.gradients.step_report import StepReport
+from amp_inspect.inspection._hist_schedule import HistogramSchedule
+from amp_inspect.runlog import hardware
+from amp_inspect.runlog.log import RunLog
+
+
+class RunLogSink:
+    """One inspector's run log at ``path``; ``owner`` is the inspector, whose end (garbage) closes the file."""
+
+    def __init__(self, path: str | os.PathLike[str], hist_every: int, owner: object) -> None:
+        self.log = RunLog(path, hist_every=hist_every)
+        self._hists = HistogramSchedule(hist_every)  # regular steps, and those of an incident
+        self._closer = weakref.finalize(owner, self.log.close)  # holds the log, not the owner
+        self._hardware_note_written = False
+        self._error: str | None = None  # the last failed write, warned about once per error kind
+
+    @classmethod
+    def of_rank(
+        cls,
+        log: str | os.PathLike[str] | None,
+        all_ranks: bool,
+        group: Any,
+        hist_every: int,
+        owner: object,
+    ) -> RunLogSink | None:
+        """This rank's sink for the ``log=`` option (distributed.log_path_of_rank: in a distributed run the first
+        rank of ``group`` writes, or every rank its own file with ``all_ranks``); None where this rank writes none."""
+        path = log_path_of_rank(log, all_ranks, group) if log is not None else None
+        return cls(path, hist_every, owner) if path is not None else None
+
+    def sample_hardware(self, report: StepReport, device: torch.device | None) -> None:
+        """The memory of the step of ``report``, sampled now (no sync), for its line written later."""
+        report.hardware = hardware.sample(device)
+
+    def write(self, report: StepReport, record: StepRecord, device: torch.device | None) -> None:
+        """Writes the step of ``report`` (``record`` its history entry) as one line; the first line carries the
+        hardware note of ``device``."""
+        wants = self._hists.wants(report.step, skipped=record.skipped or record.poisoned, total_norm=record.total_norm)
+        entry = report.to_record(with_hist=wants)
+        entry["hardware"] = report.hardware
+        if not self._hardware_note_written:
+            self._hardware_note_written = True
+            note = hardware.note(device)
+            if note:
+                entry["hardware_note"] = note
+        self._write(entry)
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        try:
+            self.log.write(entry)
+        except OSError as error:
+            message = f"{type(error).__name__}: {error.strerror or error}"
+            if message != self._error:
+                warnings.warn(
+                    f"amp_inspect: could not write step {entry.get('step')} to the run log {self.log.path} "
+                    f"({message}); training and inspection go on, and later steps are written again when the file "
+                    "takes them.",
+                    RuntimeWarning,
+                    stacklevel=6,  # the caller of check(), scaler.update() or history
+                )
+            self._error = message
+        else:
+            self._error = None
+
+    def close(self) -> None:
+        """Closes the file (idempotent); nothing is written after."""
+        self.log.close()
+        self._closer.detach()

@@ -1,0 +1,318 @@
+"""``amp_inspect.attach(model, scaler)`` and the Inspector it returns: what users touch.
+
+Typical loop (GradScaler on "cuda" or "cpu")::
+
+    insp = amp_inspect.attach(model, scaler)
+    for batch in data:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(batch)
+        scaler.scale(loss).backward()
+        report = insp.check()            # after backward, before scaler.step
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+Cost: one fused pass over all gradients per inspected step (``every`` sets how often), no host sync on CUDA
+(statistics go to pinned memory asynchronously; history and log are filled one step behind). The hooks of
+``activations`` exist only while armed. ``detach()`` removes everything the inspector registered, except a
+DDP comm hook (DDP cannot remove one): that hook then only averages, exactly as DDP would.
+
+The Inspector's one job is the step: which steps to inspect, and each report on to the history. The rest is
+its collaborators': attach_refusals, gradient_pass, parameter_watch, activation_arming, step_history,
+run_log_sink, thread_guard, ddp.DdpLink, gradscaler_patches.ScalerLink, readiness_hooks, optimizer_watch,
+run_advice (summary, doctor, the clip watch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from amp_inspect.diagnosis.doctor import ClipWatch, DoctorReport
+from amp_inspect.diagnosis.history import StepRecord, Summary
+from amp_inspect.distributed.ddp import DdpLink, HookState, NonfiniteByRank
+from amp_inspect.gradients import gradient_pass
+from amp_inspect.gradients.step_context import StepContext
+from amp_inspect.gradients.step_report import StepReport
+from amp_inspect.inspection._log_sink import RunLogSink
+from amp_inspect.inspection._refusals import refuse_bad_attach
+from amp_inspect.inspection._step_history import StepHistory
+from amp_inspect.inspection._thread_guard import OneCaller
+from amp_inspect.inspection.options import AttachOptions, takes_attach_options
+from amp_inspect.inspection.run_advice import RunAdvice
+from amp_inspect.model.naming import ParamEntry
+from amp_inspect.model.parameter_watch import ParameterWatch
+from amp_inspect.model.view import ModelView
+from amp_inspect.probes._activation_arming import NO_FORWARD_SEEN, ActivationArming
+from amp_inspect.readiness.hooks import ReadinessHooks, ReadinessReport
+from amp_inspect.scaling.scaler import InspectingGradScaler
+from amp_inspect.scaling.scaler_link import ScalerLink
+from amp_inspect.updates.watch import OptimizerWatch, UpdateStats
+
+__all__ = ["NO_FORWARD_SEEN", "Inspector", "attach"]
+
+
+class Inspector:
+    """Inspects a model's gradients each step; see the module docstring and ``attach``.
+
+    Attributes: ``last_report`` (the StepReport of the last inspected step), ``history`` (one StepRecord
+    per inspected step; reading it waits for outstanding device copies), ``formats``, ``step``, ``options``.
+
+    It is the listener of its InspectingGradScaler (scaler.ScalerListener: ``formats``, ``group``, ``timeout``,
+    ``module_of``, ``step_ended``) and of its DDP comm hook (ddp.HookListener: ``nonfinite_by_rank``,
+    ``step_in_progress``): those methods are for them, not for a training loop.
+    """
+
+    @takes_attach_options
+    def __init__(self, model: nn.Module, scaler: torch.amp.GradScaler | None = None, **options: Any) -> None:
+        """Attaches to ``model`` (and ``scaler``); ``attach`` says the same with its own name."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"attach() needs an nn.Module, got {type(model).__name__}")
+        self.options = opts = AttachOptions(**options)
+        # The model seen once (model/view.py): every collaborator below reads this view, none walks the model.
+        self.view = view = ModelView(model)
+        refuse_bad_attach(view, scaler, opts, self)  # inspection/_refusals.py: before anything is hooked
+        self.model, self.formats, self.every = model, opts.formats, opts.every
+        self.activations, self.arm_steps, self.collapse_skips = opts.activations, opts.arm_steps, opts.collapse_skips
+        self.group, self.timeout = opts.group, opts.timeout
+        self._params = ParameterWatch(view)  # parameters added or removed after attach are noticed at check()
+        # formats= left to its default follows the autocast dtype the run is seen to use (gradients/step_context.py).
+        self._context = StepContext(view, follow_autocast="formats" not in options)
+        self._one_caller = OneCaller()
+        self.step = 0  # the step the next check() inspects
+        self.last_report: StepReport | None = None
+        self._pass = gradient_pass.ParameterPass()
+        report_group = ddp.process_group if (ddp := view.ddp) is not None else opts.group
+        self._sink = RunLogSink.of_rank(opts.log, opts.log_all_ranks, report_group, opts.hist_every, self)
+        self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
+        self._arming = ActivationArming(view, opts.activations, opts.arm_steps, self.formats, self, self.step)
+        self._readiness = ReadinessHooks.of_options(view, opts, self, self.step, report_group)  # readiness_every
+        self._updates = OptimizerWatch.of_options(opts, self)  # update_every: what optimizer.step() did
+        self._scaler = ScalerLink()
+        self._inspected_step: int | None = None  # the step of an InspectingGradScaler check() inspected itself
+        if scaler is not None:
+            self._link(scaler)
+        self._advice = RunAdvice(view, scaler, opts.watch_clipping, opts.collapse_skips)  # summary(), doctor()
+        self.clip_watch: ClipWatch | None = self._advice.clip_watch  # watch_clipping=True: the doctor reads it
+        self._ddp = DdpLink(view, self, opts.ddp_hook)
+
+    @property
+    def entries(self) -> list[ParamEntry]:
+        """Every distinct parameter inspected, with its clean name and module, in registration order."""
+        return self._params.entries
+
+    # ---- scaler link ----
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The scaler this inspector is linked to (given to attach or check), None before one is."""
+        return self._scaler.scaler
+
+    def _link(self, scaler: torch.amp.GradScaler) -> None:
+        on_skip = (lambda: self._inspect_skipped_step(scaler)) if self.every > 1 else None
+        self._scaler.link(scaler, self, on_skip)
+
+    def _inspect_skipped_step(self, scaler: torch.amp.GradScaler) -> None:
+        """With every > 1, a step that a plain GradScaler skips between inspected steps still gets full
+        statistics (scaling/scaler_link.py says how it is seen)."""
+        last = self.last_report
+        if last is None or last.step != self.step - 1:
+            self._inspect(self.step - 1, scaler)
+            self._steps.collect(False, self._follow_step)
+
+    # ---- what the InspectingGradScaler and the DDP hook ask (ScalerListener, HookListener) ----
+
+    def module_of(self, param: torch.Tensor) -> str | None:
+        """The module name of ``param``, None for a parameter this inspector does not know."""
+        return self._params.module_of(param)
+
+    def step_ended(self, report: StepReport | None) -> None:
+        """The end of a step: the linked InspectingGradScaler's update() hands over the report of its unscale
+        pass (None when none ran); then activation findings of the step, then reports whose copies are complete."""
+        if report is not None:
+            own = self.last_report
+            if report.scale_decision is not None and own is not None and own.step == report.step:
+                own.scale_decision = report.scale_decision  # check() before step: its report is the history's
+            if self._inspected_step != report.step:  # check() did not inspect this step itself
+                self.receive(report)
+        self._after_step(optimizer_done=True)
+
+    def nonfinite_by_rank(self) -> NonfiniteByRank:
+        """The NaN/Inf counts of ddp_comm_hook (made on its first bucket: the hook may be registered by hand)."""
+        return self._ddp.nonfinite_by_rank(self.entries, self.timeout)
+
+    def step_in_progress(self) -> int:
+        """The number the report of the step now running will carry (an InspectingGradScaler numbers them)."""
+        scaler = self.scaler
+        return scaler.steps if isinstance(scaler, InspectingGradScaler) else self.step
+
+    @property
+    def comm_hook_state(self) -> HookState:
+        """The state to register ``amp_inspect.ddp_comm_hook`` with by hand (after ``attach(ddp_model,
+        ddp_hook=False)``): ``ddp_model.register_comm_hook(insp.comm_hook_state, amp_inspect.ddp_comm_hook)``."""
+        return self._ddp.hook_state(self)
+
+    # ---- the step ----
+
+    def check(self, scaler: torch.amp.GradScaler | None = None) -> StepReport | None:
+        """Inspects this step's gradients: call once per optimizer step (with gradient accumulation: after
+        the last backward), before ``scaler.step``.
+
+        One fused pass over all parameter gradients; no host sync on CUDA (the report reads its values on
+        first use). Judged as fp16 saw them: scaled gradients as stored before ``scaler.unscale_``, and
+        multiplied back by the loss scale after it. Returns None on steps that ``every`` leaves out.
+        With an InspectingGradScaler whose unscale already ran this step, returns its report.
+        Parameters added or removed since attach are noticed here (a warning names them) and inspected from
+        now on. One thread calls check(): the first one to call it, as long as it lives; a call from another
+        thread raises RuntimeError (each call counts a step: two callers would record every step twice).
+        """
+        with self._one_caller.held():
+            return self._check(scaler)
+
+    def _check(self, scaler: torch.amp.GradScaler | None) -> StepReport | None:
+        if self._params.refresh(stacklevel=3):  # parameters added or removed: the activation hooks follow them
+            self._arming.rename(self.view)
+        if scaler is not None:
+            self._link(scaler)
+        scaler = self.scaler
+        report: StepReport | None = None
+        if isinstance(scaler, InspectingGradScaler):
+            # The scaler numbers the steps (its update() calls). If its unscale pass already ran, that was
+            # the inspection; otherwise inspect now and tell it not to publish a second report.
+            step = scaler.steps
+            if self._inspected_step == step and self.last_report is not None and self.last_report.step == step:
+                report = self.last_report  # check() twice in one step: once per optimizer step is enough
+            elif scaler.unscaled_this_step:
+                report = scaler.last_report  # history and log receive it at scaler.update()
+                self.last_report = report
+            elif step % self.every == 0:
+                report = self._inspect(step, scaler)
+                self._inspected_step = step
+        else:
+            step = self.step
+            if step % self.every == 0:
+                report = self._inspect(step, scaler)
+        self.step = step + 1
+        if not isinstance(scaler, InspectingGradScaler):
+            # Linked to an InspectingGradScaler, history and log take the step at its update() (step_ended),
+            # so that the log line carries the scale decision update() makes.
+            self._after_step()
+        return report
+
+    def _follow_autocast(self) -> None:
+        """formats= left to its default: judge against the format of the autocast dtype the forward ran under."""
+        formats = self._context.formats_to_judge(self.formats, self.scaler)
+        if formats is not None:
+            self.formats = formats
+            self._arming.set_formats(formats)
+
+    def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
+        """One gradient pass (gradients/gradient_pass.py), judged at the plain GradScaler's scale where its unscale_
+        ran."""
+        self._follow_autocast()
+        params = ((e.name, e.module, e.param) for e in self.entries)
+        report = self._pass.run(step, params, self.formats, scaler, self._scaler.unscaled, self.group, self.timeout)
+        self.receive(report)
+        return report
+
+    def receive(self, report: StepReport) -> None:
+        """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
+        self._arming.give_finding(report)
+        self._context.annotate(report)
+        self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
+        origin = self._ddp.origin(report.step)  # DDP: this step's NaN/Inf counts from before the all-reduce
+        if origin is not None:
+            report.set_rank_origin(*origin[:3], kind=origin.kind)
+        if self._sink is not None:  # memory of this step, sampled now (no sync): the log is written later
+            self._sink.sample_hardware(report, self._params.device)
+        self.last_report = report
+        self._steps.add(report)
+        self.step = max(self.step, report.step + 1)
+
+    def _after_step(self, optimizer_done: bool = False) -> None:
+        """End of a step (``optimizer_done``: at scaler.update(), after the step's optimizer steps ran or were
+        skipped): activation findings of the step, then reports whose copies are complete."""
+        self._arming.end_step(self.step, self.last_report)
+        self._readiness.end_step(self.step, self.last_report)  # readiness_every: the table into the step's report
+        # update_every: the step's report waits for its update, until the optimizer steps are over
+        self._updates.end_step(self.step, self.last_report, optimizer_done)
+        self._steps.collect(False, self._follow_step)
+
+    def _follow_step(self, report: StepReport, record: StepRecord) -> None:
+        """A finalized step: into the run log; after a skipped or poisoned one, the activation hooks are armed
+        from the next forward (``on_skip``)."""
+        if self._sink is not None:
+            self._sink.write(report, record, self._params.device)
+        if record.skipped or record.poisoned:
+            self._arming.after_skip(self.step)
+
+    def add_listener(self, listener: Callable[[StepReport], None]) -> None:
+        """Calls ``listener(report)`` for every report from now on, once its statistics are on the host (reading
+        it does not wait): one step behind on CUDA. ``detach()`` removes the listeners."""
+        self._steps.listeners.append(listener)
+
+    # ---- views ----
+
+    @property
+    def history(self) -> list[StepRecord]:
+        """One StepRecord per inspected step (waits for outstanding device copies)."""
+        return self._steps.records(self._follow_step)
+
+    def summary(self) -> Summary:
+        """Skip rate, scale events and advice on the scaler's settings, from the history."""
+        return self._advice.summary(self.history, self.scaler)
+
+    def readiness(self) -> ReadinessReport | None:
+        """The last readiness step's table (``readiness_every``; docs/readiness.md); None before one, or when off."""
+        return self._readiness.last
+
+    @property
+    def last_update(self) -> UpdateStats | None:
+        """What the last measured optimizer step did, per module (``update_every``); None before one, or when off."""
+        return self._updates.last
+
+    def doctor(self, optimizer: torch.optim.Optimizer | None = None, autocast_dtype: Any = None) -> DoctorReport:
+        """The AMP doctor on this model, its scaler, the history so far and the clipping watch (when on)."""
+        return self._advice.doctor(self.history, self.scaler, optimizer, autocast_dtype)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips all gradients to a global L2 norm of ``max_norm`` using the norm of the last check() (same
+        pass: no further read of the gradients to measure them), as torch.nn.utils.clip_grad_norm_ does.
+        Call it after ``scaler.unscale_(opt)`` and ``check()``; the norm is the unscaled one. Returns it."""
+        params = (e.param for e in self.entries)
+        return gradient_pass.clip_by_report(params, max_norm, norm_type, self.last_report, self.step - 1)
+
+    def close(self) -> None:
+        """Writes out outstanding reports and closes the log (waits for outstanding device copies)."""
+        self._steps.collect(True, self._follow_step)
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None  # later steps are still inspected, no longer logged
+            self._steps.keep_module_norms = False
+
+    def detach(self) -> None:
+        """Removes every hook and patch this inspector registered and closes its log."""
+        self._arming.close()
+        self._readiness.close()
+        self._updates.close()
+        self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
+        self._context.remove()
+        self._ddp.release(self)
+        self._advice.close()
+        self.close()
+        self._steps.listeners.clear()
+
+    def __enter__(self) -> Inspector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+
+@takes_attach_options
+def attach(model: nn.Module, scaler: torch.amp.GradScaler | None = None, **options: Any) -> Inspector:
+    """Attaches an Inspector to ``model`` (and ``scaler``): see amp_inspect/inspection/inspector.py."""
+    return Inspector(model, scaler, **options)
