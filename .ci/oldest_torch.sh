@@ -55,7 +55,7 @@ if [ -z "$WHEEL_ONLY" ]; then
   if [ "$OLDEST_CUDA" = "1" ]; then
     # No GPU needed: the CUDA library loads (CUDA majors match) and registers the CUDA kernels.
     (cd "$WORK/src" && "$VENV/bin/python" -c "
-from amp_inspect import _ops
+from amp_inspect.core import ops as _ops
 info = _ops.build_info()
 assert info['cuda'] == '1' and _ops.has_kernel('cuda'), (info, _ops.CUDA_OFF)
 print('oldest-torch: CUDA kernels built with the PyPI nvcc:', info['cuda_archs'], 'for CUDA', info['cuda_major'])")

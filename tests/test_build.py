@@ -80,7 +80,7 @@ def _run_with_torch_cuda(version: str | None) -> subprocess.CompletedProcess:
         f"torch.version.cuda = {version!r}\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    from amp_inspect import _ops\n"
+        "    from amp_inspect.core import ops as _ops\n"
         "print([str(w.message) for w in caught if 'amp_inspect' in str(w.message)])\n"
         "print(_ops.has_kernel('cpu'), _ops.has_kernel('cuda'), _ops.CUDA_OFF)\n"
     )

@@ -297,13 +297,20 @@ def setup_training(init_scale: float = 2.0**16):
     return model, optimizer, torch.amp.GradScaler("cpu", init_scale=init_scale)
 
 
+def clip_findings(watch) -> list:
+    """The doctor's words for what the watch saw (its typed evidence, ``watch.scaled_clips``)."""
+    return [f for f in doctor(clip_watch=watch).findings if f.code == "clip-before-unscale"]
+
+
 def test_clip_before_unscale_is_caught() -> None:
     model, optimizer, scaler = setup_training()
     with watch_clipping(scaler) as watch:
         for step in range(3):
             train_step(model, optimizer, scaler, clip="before", step=step)
     assert_originals_restored()
-    (finding,) = watch.findings
+    (clip,) = watch.scaled_clips
+    assert (clip.function, clip.calls, clip.scale) == ("clip_grad_norm_", 3, 65536.0)
+    (finding,) = clip_findings(watch)
     assert finding.code == "clip-before-unscale" and finding.severity == "error"
     assert "clip_grad_norm_" in finding.message and "65536" in finding.message and "3 calls" in finding.message
     assert "test_doctor.py:" in finding.message
@@ -317,14 +324,14 @@ def test_clip_after_unscale_is_clean() -> None:
     with watch_clipping(scaler, optimizer) as watch:
         for step in range(3):
             train_step(model, optimizer, scaler, clip="after", step=step)
-    assert watch.calls == 0 and watch.findings == []
+    assert watch.calls == 0 and clip_findings(watch) == []
 
 
 def test_clip_value_before_unscale_is_caught() -> None:
     model, optimizer, scaler = setup_training()
     with watch_clipping(scaler) as watch:
         train_step(model, optimizer, scaler, clip="value")
-    (finding,) = watch.findings
+    (finding,) = clip_findings(watch)
     assert "clip_grad_value_" in finding.message and "clip_value/65536" in finding.message
 
 
@@ -332,7 +339,7 @@ def test_clip_at_scale_one_is_harmless() -> None:
     model, optimizer, scaler = setup_training(init_scale=1.0)
     with watch_clipping(scaler) as watch:
         train_step(model, optimizer, scaler, clip="before")
-    assert watch.calls == 1 and watch.findings == []
+    assert watch.calls == 1 and clip_findings(watch) == []
 
 
 def test_watch_does_not_change_what_clipping_does() -> None:
@@ -499,7 +506,7 @@ def test_the_doctors_command_line_options_need_no_torch() -> None:
 import sys
 import warnings
 sys.modules["torch"] = None  # importing torch now raises ImportError
-from amp_inspect import cli
+from amp_inspect.cli import main as cli
 parser = cli.build_parser()
 print(parser.parse_args(["doctor", "--collapse-skips", "7"]).collapse_skips)
 """

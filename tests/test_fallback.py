@@ -65,8 +65,8 @@ def profile(fn) -> tuple[list[str], list[str]]:
 @pytest.fixture
 def fallback(monkeypatch):
     """The compiled kernels hidden: every call takes the pure-torch fallback (its one warning silenced)."""
-    monkeypatch.setattr(_ops, "KERNELS", frozenset())
-    monkeypatch.setattr(_ops, "_warned", {"cpu"})
+    monkeypatch.setitem(_ops.OP_KERNELS, "tensor_stats", frozenset())
+    monkeypatch.setattr(_ops, "_warned", {"tensor_stats:cpu"})
 
 
 def gradients(shapes, seed: int = 0) -> list[torch.Tensor]:
@@ -272,7 +272,7 @@ def cuda_torch_without_cuda_kernels(monkeypatch):
     """A CUDA 13 torch beside a binary built without CUDA kernels."""
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(_ops, "KERNELS", frozenset({"cpu"}))
+    monkeypatch.setitem(_ops.OP_KERNELS, "tensor_stats", frozenset({"cpu"}))
     monkeypatch.setattr(_ops, "build_info", lambda: {"cpu": "1"})
 
 
@@ -295,7 +295,7 @@ def test_a_binary_with_cuda_kernels_or_a_cpu_torch_says_nothing(monkeypatch):
         pytest.skip("this binary has no CUDA kernels")
     assert _ops.cuda_kernels_missing() is None
     monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(_ops, "KERNELS", frozenset({"cpu"}))
+    monkeypatch.setitem(_ops.OP_KERNELS, "tensor_stats", frozenset({"cpu"}))
     assert _ops.cuda_kernels_missing() is None  # a CPU-only torch has no GPU to serve
 
 
@@ -328,7 +328,7 @@ def test_the_doctor_says_nothing_of_cuda_kernels_that_are_there():
 def test_the_first_call_without_a_kernel_warns_once(monkeypatch):
     """The CPU stands in for a GPU here (the CUDA test below does it on a GPU): one warning over several
     calls, none after."""
-    monkeypatch.setattr(_ops, "KERNELS", frozenset())
+    monkeypatch.setitem(_ops.OP_KERNELS, "tensor_stats", frozenset())
     monkeypatch.setattr(_ops, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -344,7 +344,7 @@ def test_on_a_gpu_the_fallback_equals_the_kernel_syncs_nothing_and_says_so_once(
     outputs equal the CUDA kernel's, and no call waits for the GPU (no synchronising CUDA runtime call)."""
     tensors = [t.cuda() for t in awkward_tensors(seed=3)]
     want = [torch.ops.amp_inspect.tensor_stats(tensors, None, v, list(FORMATS)) for v in (None, 8.0)]
-    monkeypatch.setattr(_ops, "KERNELS", frozenset({"cpu"}))
+    monkeypatch.setitem(_ops.OP_KERNELS, "tensor_stats", frozenset({"cpu"}))
     monkeypatch.setattr(_ops, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

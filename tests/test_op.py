@@ -366,7 +366,7 @@ FALLBACK_SCRIPT = textwrap.dedent(
     sys.meta_path.insert(0, BlockExtension())
     import torch
     import amp_inspect
-    from amp_inspect import _ops
+    from amp_inspect.core import ops as _ops
 
     assert not _ops.extension_loaded() and "blocked by the test" in _ops.LOAD_ERROR
     assert not _ops.has_kernel("cpu") and _ops.build_info() == {}

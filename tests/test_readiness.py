@@ -26,7 +26,9 @@ from tests.oracles import clamped_by_cast
 from tests.test_random_bits import random_tensor
 from tests.test_readiness_reference import grid_boundaries, nvfp4_tensor
 
-needs_kernel = pytest.mark.skipif("cpu" not in _ops.READINESS_KERNELS, reason=f"no CPU kernel: {_ops.LOAD_ERROR}")
+needs_kernel = pytest.mark.skipif(
+    "cpu" not in _ops.OP_KERNELS["format_readiness"], reason=f"no CPU kernel: {_ops.LOAD_ERROR}"
+)
 pytestmark = needs_kernel
 
 OP = torch.ops.amp_inspect.format_readiness if _ops.extension_loaded() else None
@@ -406,7 +408,7 @@ def test_no_tensors_give_empty_outputs() -> None:
 
 def test_a_device_without_a_kernel_gets_the_reference(monkeypatch) -> None:
     """Where the op has no kernel for the device the float64 reference serves, with one warning saying so."""
-    monkeypatch.setattr(_ops, "READINESS_KERNELS", frozenset())
+    monkeypatch.setitem(_ops.OP_KERNELS, "format_readiness", frozenset())
     monkeypatch.setattr(_ops, "_warned", set())
     x = [torch.randn(3, 40, generator=torch.Generator().manual_seed(12))]
     with pytest.warns(RuntimeWarning, match="no compiled format_readiness kernel for cpu tensors"):

@@ -113,7 +113,7 @@ def test_fsync_option_writes_the_same(tmp_path: Path) -> None:
 _KILLED_RUN = textwrap.dedent(
     """
     import os, signal, sys
-    from amp_inspect import runlog
+    from amp_inspect.runlog import log as runlog
     path, n = sys.argv[2], int(sys.argv[3])
     log = runlog.RunLog(path)
     for step in range(n):

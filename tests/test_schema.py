@@ -107,11 +107,11 @@ def test_a_binary_of_other_tables_is_not_used(tmp_path: Path) -> None:
     serves, with the one warning that says why: not counts in the wrong columns."""
     code = """
         import warnings
-        from amp_inspect import formats
+        from amp_inspect.core import formats
         import dataclasses
         formats.FORMAT_BOUNDS["fp16"] = dataclasses.replace(formats.FORMAT_BOUNDS["fp16"], zero_upto=0x33000001)
         import torch, amp_inspect
-        from amp_inspect import _ops
+        from amp_inspect.core import ops as _ops
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             stats = amp_inspect.tensor_stats([torch.ones(3)])
@@ -357,8 +357,15 @@ def test_a_binary_of_another_recipe_table_is_named_and_refused(change, said: str
     assert said in (layout_problem(changed) or "")  # what core/_native.py asks at load time: the binary is refused
 
 
-def test_a_binary_without_format_readiness_is_not_refused_for_it() -> None:
-    assert statistics.readiness_layout_problem({"formats": ()}) is None
+@needs_extension
+def test_a_binary_without_one_of_the_ops_is_refused_whole() -> None:
+    """A binary built before format readiness or update_stats is not half-used (tensor_stats from it, the other
+    ops from the references): core/_native.py refuses it as it refuses one whose tables differ."""
+    native = _native()
+    assert layout_problem(native) is None
+    for op, table in (("format_readiness", "readiness"), ("update_stats", "update")):
+        older = {k: v for k, v in native.items() if k != table}
+        assert f"it has no {op} op" in (layout_problem(older) or ""), op
 
 
 @needs_extension

@@ -32,10 +32,10 @@ def test_formats_follow_the_autocast_dtype_unless_told_or_scaled() -> None:
 def test_the_report_gets_the_backward_order_and_the_autocast_seen() -> None:
     model, context = _seen_bf16(follow=True)
     report = StepReport(0, tensor_stats([p.grad for p in model.parameters()]), ["0", "0", "1", "1"], None)
-    context.annotate(report)
+    report.annotate(context.annotate(report))
     assert report.autocast == "bf16"
     assert list(report.backward_order) == ["1", "0"]  # closest to the output first
-    context.remove()
+    context.close()
 
 
 def _seen_off(dtype: torch.dtype, follow: bool = True) -> StepContext:

@@ -148,14 +148,19 @@ def test_public_replacements_behave_as_the_private_names_did() -> None:
 
 
 def test_the_kernels_the_build_lists_are_the_ones_the_dispatcher_has() -> None:
-    """_ops.KERNELS comes from build_info() and what _native loaded, not from torch's private dispatcher query; this
-    asks the dispatcher (torch._C, private, allowed in a test) that the two agree."""
+    """_ops.OP_KERNELS comes from the public OpOverload.has_kernel_for_dispatch_key; this asks torch's private
+    dispatcher query (torch._C, allowed in a test) that the two agree for every op, and that the build's list
+    (build_info, what _native loaded) says the same of tensor_stats."""
     from amp_inspect.core import ops as _ops
 
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    registered = {key.lower() for key in ("CPU", "CUDA") if has(_ops.OP_NAME, key)}
-    assert registered == _ops.KERNELS, f"build_info() and _native say {set(_ops.KERNELS)}, the dispatcher {registered}"
-    assert "cpu" in _ops.KERNELS  # the worktree's _C holds the CPU kernels: the comparison is not vacuous
+    for op, kernels in _ops.OP_KERNELS.items():
+        registered = {key.lower() for key in ("CPU", "CUDA") if has(f"amp_inspect::{op}", key)}
+        assert registered == kernels, f"{op}: OP_KERNELS says {set(kernels)}, the dispatcher {registered}"
+        assert "cpu" in kernels  # the worktree's _C holds the CPU kernels: the comparison is not vacuous
+    built = _ops.build_info()
+    listed = {d for d, on in (("cpu", built.get("cpu") == "1"), ("cuda", _ops.CUDA_LOADED)) if on}
+    assert listed == _ops.OP_KERNELS["tensor_stats"]
 
 
 # Nowhere outside core/torch_compat.py may a private torch name appear (comments and docstrings aside).

@@ -21,9 +21,9 @@ try:
 except (ImportError, OSError) as error:  # pragma: no cover - exercised by the fallback test in a subprocess
     LOAD_ERROR = f"{type(error).__name__}: {error}"
 else:
-    # A binary built from other sources would put statistics in other columns than the schema says: not used.
-    # (A binary older than layout() has the tables of its time, which this package's still are.)
-    _problem = layout_problem(_C.layout()) if hasattr(_C, "layout") else None
+    # A binary built from other sources would put statistics in other columns than the schema says, and one built
+    # before an op lacks it: neither is used (a binary serves whole or not at all; the references serve instead).
+    _problem = layout_problem(_C.layout()) if hasattr(_C, "layout") else "it has no layout() (built before it)"
     if _problem is not None:
         LOAD_ERROR = f"its tables differ from this package's ({_problem}): rebuild it from these sources"
 

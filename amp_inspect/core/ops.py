@@ -6,6 +6,8 @@ clear warning, when the extension cannot load or was built without the kernel a 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -22,6 +24,7 @@ UPDATE_OP_NAME = "amp_inspect::update_stats"
 from amp_inspect.core._native import CUDA_LOADED, CUDA_OFF, LOAD_ERROR  # noqa: E402,F401
 
 _warned: set[str] = set()
+T = TypeVar("T")
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -42,23 +45,9 @@ def build_info() -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.splitlines())
 
 
-def _registered_kernels() -> frozenset[str]:
-    """The device types the loaded libraries registered kernels for: the CPU where the build holds CPU kernels
-    (``build_info``), CUDA where ``_C_cuda`` loaded (core/_native.py), as torch's dispatcher lists them
-    (tests/test_torch_compat.py checks that it agrees)."""
-    built = build_info()  # {} where _C did not load
-    return frozenset(
-        device for device, registered in (("cpu", built.get("cpu") == "1"), ("cuda", CUDA_LOADED)) if registered
-    )
-
-
-# Read once at import: torch.compile traces a constant, not a dispatcher query.
-KERNELS = _registered_kernels()
-
-
 def has_kernel(device_type: str) -> bool:
     """Whether the compiled extension registered a tensor_stats kernel for this device type ("cpu", "cuda")."""
-    return device_type in KERNELS
+    return device_type in OP_KERNELS["tensor_stats"]
 
 
 _device_supported: dict[int, bool] = {}
@@ -130,13 +119,16 @@ def cuda_fix() -> str:
     return f"`{REBUILD_COMMAND}` in a checkout of amp_inspect (it fetches NVIDIA's nvcc for CUDA {cuda} if missing)"
 
 
-def no_kernel_warning(device_type: str) -> str:
-    """The one warning of the first call whose tensors no compiled kernel serves: why, what runs instead and
-    what it costs, and the fix."""
-    fallback = (
-        "their statistics come from the pure-torch fallback (exact and with no host sync, but a few dozen torch "
-        "ops and several passes over the values per call where the kernel makes one: several times slower)"
-    )
+def no_kernel_warning(device_type: str, op: str = "tensor_stats") -> str:
+    """The one warning of the first call of ``op`` whose tensors no compiled kernel serves: why, what runs instead
+    and what it costs, and the fix. One wording for every op."""
+    fallback = f"{op} comes from the pure-torch reference as a fallback ({REFERENCE_COST[op]})"
+    if LOAD_ERROR is not None:
+        return (
+            f"amp_inspect: no compiled {op} kernel for {device_type} tensors: the compiled extension amp_inspect._C "
+            f"could not be loaded ({LOAD_ERROR}); {fallback}. Rebuild with `{REBUILD_COMMAND}` and see "
+            "`python -m amp_inspect.info`."
+        )
     if device_type == "cuda":
         why = cuda_kernels_missing() or "the compiled extension has no CUDA kernel"
         return (
@@ -145,10 +137,10 @@ def no_kernel_warning(device_type: str) -> str:
         )
     if device_type == "cpu":
         return (
-            f"amp_inspect: the compiled extension has no CPU kernel (built without it); {fallback}. Fix: "
-            f"`{REBUILD_COMMAND}` in a checkout of amp_inspect; see `python -m amp_inspect.info`."
+            f"amp_inspect: no compiled {op} kernel for cpu tensors (the extension was built without it); "
+            f"{fallback}. Fix: `{REBUILD_COMMAND}` in a checkout of amp_inspect; see `python -m amp_inspect.info`."
         )
-    return f"amp_inspect: no compiled kernel for {device_type} tensors (CPU and CUDA only); {fallback}."
+    return f"amp_inspect: no compiled {op} kernel for {device_type} tensors (CPU and CUDA only); {fallback}."
 
 
 def _empty_outputs(tensors, formats) -> tuple[torch.Tensor, ...]:
@@ -171,6 +163,7 @@ def _check_fake_devices(op: str, tensors, **others) -> None:
         )
 
 
+# A binary that loaded holds every op (core/_native.py refuses one without them), so the fakes register together.
 if LOAD_ERROR is None:
 
     @torch.library.register_fake(OP_NAME)
@@ -183,27 +176,52 @@ if LOAD_ERROR is None:
         _check_fake_devices("unscale_stats_", tensors, inv_scale=inv_scale, found_inf=found_inf)
         return _empty_outputs(tensors, formats)
 
-
-# A binary built before format readiness has no such op (its layout has no readiness table, which _native accepts:
-# tensor_stats serves, format_readiness takes the reference); registering a fake for it would fail the import.
-if LOAD_ERROR is None and hasattr(torch.ops.amp_inspect, "format_readiness"):
-
     @torch.library.register_fake(READINESS_OP_NAME)
     def _format_readiness_fake(tensors, recipes, tensor_amax):
         _check_fake_devices("format_readiness", tensors, tensor_amax=tensor_amax)
         device = tensors[0].device if tensors else torch.device("cpu")
         return new_readiness_outputs(len(tensors), len(recipes), device)
 
+    @torch.library.register_fake(UPDATE_OP_NAME)
+    def _update_stats_fake(before, after, grads, exp_avg_sq):
+        _check_fake_devices("update_stats", [*before, *after, *grads, *exp_avg_sq])
+        device = before[0].device if before else torch.device("cpu")
+        return new_update_outputs(len(before), device, filled=False)
 
-def _readiness_kernels() -> frozenset[str]:
-    """The device types the compiled extension has a format_readiness kernel for (asked once, at import)."""
-    op = getattr(torch.ops.amp_inspect, "format_readiness", None) if LOAD_ERROR is None else None
-    if op is None:  # a binary built before format readiness
+
+# Each op's reference and what it costs beside the kernel, for the one warning of a fallback.
+REFERENCE_COST = {
+    "tensor_stats": (
+        "exact and with no host sync, but a few dozen torch ops and several passes over the values per call where "
+        "the kernel makes one: several times slower"
+    ),
+    "format_readiness": "exact, but several passes per recipe and a host sync per call",
+    "update_stats": "same outputs, about 15 torch ops per tensor where the kernel makes one pass; no host sync",
+}
+_OPS = ("tensor_stats", "unscale_stats_", "format_readiness", "update_stats")
+
+
+def _registered(op: str) -> frozenset[str]:
+    """The device types ("cpu", "cuda") the loaded libraries registered ``op``'s kernel for, as torch's
+    dispatcher lists them (asked once, at import: torch.compile traces a constant, not a dispatcher query)."""
+    if LOAD_ERROR is not None:
         return frozenset()
-    return frozenset(key.lower() for key in ("CPU", "CUDA") if op.default.has_kernel_for_dispatch_key(key))
+    overload = getattr(torch.ops.amp_inspect, op).default
+    return frozenset(key.lower() for key in ("CPU", "CUDA") if overload.has_kernel_for_dispatch_key(key))
 
 
-READINESS_KERNELS = _readiness_kernels()
+OP_KERNELS = {op: _registered(op) for op in _OPS}
+
+
+def _dispatch(op: str, device: torch.device, kernel: Callable[[], T], reference: Callable[[], T]) -> T:
+    """The one dispatch of every op: its compiled kernel where one serves ``device`` (registered, and on a GPU
+    a binary image that GPU runs), else ``reference`` after the one warning of that op and device type."""
+    device_type = device.type
+    if device_type in OP_KERNELS[op] and (device_type != "cuda" or _cuda_kernel_usable(device)):
+        return kernel()
+    if device_type != "cuda" or device_type not in OP_KERNELS[op]:  # (an unusable GPU warned in _cuda_kernel_usable)
+        _warn_once(f"{op}:{device_type}", no_kernel_warning(device_type, op))
+    return reference()
 
 
 def format_readiness_op(
@@ -213,40 +231,19 @@ def format_readiness_op(
     core/references/format_readiness.py, with one warning, where no compiled kernel serves the device."""
     if not tensors:  # an empty Tensor[] gives the dispatcher no key to pick a kernel by
         return new_readiness_outputs(0, len(recipes), torch.device("cpu"))
-    device_type = tensors[0].device.type
     check_one_device(tensors, tensor_amax=tensor_amax)
-    if device_type in READINESS_KERNELS and (device_type != "cuda" or _cuda_kernel_usable(tensors[0].device)):
-        return torch.ops.amp_inspect.format_readiness(tensors, recipes, tensor_amax)
-    why = f"the compiled extension did not load ({LOAD_ERROR})" if LOAD_ERROR else "the extension has none"
-    _warn_once(
-        f"readiness:{device_type}",
-        f"amp_inspect: no compiled format_readiness kernel for {device_type} tensors ({why}); the float64 "
-        "reference serves (exact, but several passes per recipe and a host sync per call).",
+
+    def reference() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from amp_inspect.core.references.format_readiness import format_readiness_reference
+
+        return format_readiness_reference(tensors, recipes, tensor_amax)
+
+    return _dispatch(
+        "format_readiness",
+        tensors[0].device,
+        lambda: torch.ops.amp_inspect.format_readiness(tensors, recipes, tensor_amax),
+        reference,
     )
-    from amp_inspect.core.references.format_readiness import format_readiness_reference
-
-    return format_readiness_reference(tensors, recipes, tensor_amax)
-
-
-# As for format readiness: a binary built before update_stats has no such op, and registering its fake would fail.
-if LOAD_ERROR is None and hasattr(torch.ops.amp_inspect, "update_stats"):
-
-    @torch.library.register_fake(UPDATE_OP_NAME)
-    def _update_stats_fake(before, after, grads, exp_avg_sq):
-        _check_fake_devices("update_stats", [*before, *after, *grads, *exp_avg_sq])
-        device = before[0].device if before else torch.device("cpu")
-        return new_update_outputs(len(before), device, filled=False)
-
-
-def _update_kernels() -> frozenset[str]:
-    """The device types the compiled extension has an update_stats kernel for (asked once, at import)."""
-    op = getattr(torch.ops.amp_inspect, "update_stats", None) if LOAD_ERROR is None else None
-    if op is None:  # a binary built before update_stats
-        return frozenset()
-    return frozenset(key.lower() for key in ("CPU", "CUDA") if op.default.has_kernel_for_dispatch_key(key))
-
-
-UPDATE_KERNELS = _update_kernels()
 
 
 def update_stats_op(
@@ -256,19 +253,19 @@ def update_stats_op(
     core/references/update_stats.py, with one warning, where no compiled kernel serves the device."""
     if not before:  # an empty Tensor[] gives the dispatcher no key to pick a kernel by
         return new_update_outputs(0, torch.device("cpu"), filled=True)
-    device_type = before[0].device.type
     check_one_device([*before, *after, *grads, *exp_avg_sq])
-    if device_type in UPDATE_KERNELS and (device_type != "cuda" or _cuda_kernel_usable(before[0].device)):
-        return torch.ops.amp_inspect.update_stats(before, after, grads, exp_avg_sq)
-    why = f"the compiled extension did not load ({LOAD_ERROR})" if LOAD_ERROR else "the extension has none"
-    _warn_once(
-        f"update:{device_type}",
-        f"amp_inspect: no compiled update_stats kernel for {device_type} tensors ({why}); the pure-torch reference "
-        "serves (same outputs, about 15 torch ops per tensor where the kernel makes one pass; no host sync).",
-    )
-    from amp_inspect.core.references.update_stats import update_stats_reference
 
-    return update_stats_reference(before, after, grads, exp_avg_sq)
+    def reference() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from amp_inspect.core.references.update_stats import update_stats_reference
+
+        return update_stats_reference(before, after, grads, exp_avg_sq)
+
+    return _dispatch(
+        "update_stats",
+        before[0].device,
+        lambda: torch.ops.amp_inspect.update_stats(before, after, grads, exp_avg_sq),
+        reference,
+    )
 
 
 def check_one_device(tensors: list[torch.Tensor], **others: torch.Tensor | None) -> None:
@@ -301,24 +298,15 @@ def tensor_stats_op(
     formats: list[str],
 ) -> tuple[torch.Tensor, ...]:
     """Runs the op on tensors of one device (checked by the caller); the reference where no kernel exists."""
-    device_type = tensors[0].device.type if tensors else "cpu"
     if not tensors:
         return tensor_stats_reference(tensors, scale, scale_value, formats)
     check_one_device(tensors, scale=scale)
-    if LOAD_ERROR is not None:
-        _warn_once(
-            "load",
-            "amp_inspect: the compiled extension amp_inspect._C could not be loaded "
-            f"({LOAD_ERROR}); using the pure-torch reference, which is exact but much slower. "
-            "Rebuild with `pip install --no-build-isolation -e .` and see `python -m amp_inspect.info`.",
-        )
-        return tensor_stats_reference(tensors, scale, scale_value, formats)
-    if not has_kernel(device_type):
-        _warn_once(device_type, no_kernel_warning(device_type))
-        return tensor_stats_reference(tensors, scale, scale_value, formats)
-    if device_type == "cuda" and not _cuda_kernel_usable(tensors[0].device):
-        return tensor_stats_reference(tensors, scale, scale_value, formats)
-    return torch.ops.amp_inspect.tensor_stats(tensors, scale, scale_value, formats)
+    return _dispatch(
+        "tensor_stats",
+        tensors[0].device,
+        lambda: torch.ops.amp_inspect.tensor_stats(tensors, scale, scale_value, formats),
+        lambda: tensor_stats_reference(tensors, scale, scale_value, formats),
+    )
 
 
 def unscale_stats_op(
@@ -327,15 +315,21 @@ def unscale_stats_op(
     """Statistics of ``tensors`` as stored, then ``tensors *= inv_scale`` in place and ``found_inf`` set to 1
     where any value is NaN/Inf; tensors of one device (checked by the caller). Without the compiled kernel:
     the reference statistics, then torch's own unscale (two passes, same results)."""
-    device_type = tensors[0].device.type if tensors else "cpu"
-    if tensors:
-        check_one_device(tensors, inv_scale=inv_scale, found_inf=found_inf)
-    if tensors and has_kernel(device_type) and (device_type != "cuda" or _cuda_kernel_usable(tensors[0].device)):
-        return torch.ops.amp_inspect.unscale_stats_(tensors, inv_scale, found_inf, formats)
-    stats = tensor_stats_op(tensors, None, None, formats)  # warns once when it falls back
-    if tensors:
+    if not tensors:
+        return tensor_stats_reference(tensors, None, None, formats)
+    check_one_device(tensors, inv_scale=inv_scale, found_inf=found_inf)
+
+    def reference() -> tuple[torch.Tensor, ...]:
+        stats = tensor_stats_reference(tensors, None, None, formats)
         non_finite_check_and_unscale_(tensors, found_inf, inv_scale)
-    return stats
+        return stats
+
+    return _dispatch(
+        "tensor_stats",  # the same kernel, the same warning
+        tensors[0].device,
+        lambda: torch.ops.amp_inspect.unscale_stats_(tensors, inv_scale, found_inf, formats),
+        reference,
+    )
 
 
 def built_images() -> list[str]:

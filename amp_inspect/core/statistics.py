@@ -556,12 +556,13 @@ def layout_problem(native: Mapping[str, Any]) -> str | None:
 def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
     """Where format readiness's tables in ``_C.layout()["readiness"]`` (csrc/readiness.h: the recipes, their element
     formats and scale rules, the op's columns and outputs) differ from core/recipes.py's and ``READINESS``'s: one
-    clause, or None. A binary without the table (built before format readiness) has no such op to disagree."""
+    clause, or None. A binary without the table (built before format readiness) is refused like one whose tables
+    differ: a binary is used whole or not at all."""
     from amp_inspect.core import recipes
 
     theirs = native.get("readiness")
     if theirs is None:
-        return None
+        return "it has no format_readiness op (built before format readiness)"
     ours_recipes = tuple((r.name, r.element, r.block, r.scale) for r in recipes.RECIPES)
     if tuple(tuple(r) for r in theirs.get("recipes", ())) != ours_recipes:
         return f"its recipes are {tuple(tuple(r) for r in theirs.get('recipes', ()))}, this package's {ours_recipes}"
@@ -590,10 +591,10 @@ def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
 
 def update_layout_problem(native: Mapping[str, Any]) -> str | None:
     """Where update_stats's columns in ``_C.layout()["update"]`` (csrc/update_stats.h) differ from ``UPDATE``'s:
-    one clause, or None. A binary without the table (built before update_stats) has no such op to disagree."""
+    one clause, or None. A binary without the table (built before update_stats) is refused whole."""
     theirs = native.get("update")
     if theirs is None:
-        return None
+        return "it has no update_stats op (built before update_stats)"
     for output in UPDATE_OUTPUTS[:2]:  # counts and sums, column by column
         ours = tuple(s.name for s in output.statistics)
         if tuple(theirs.get(output.name, ())) != ours:

@@ -26,7 +26,7 @@ the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -290,6 +290,7 @@ class DdpLink:
 
     def __init__(self, view: ModelView, listener: HookListener, ddp_hook: bool) -> None:
         self.view = view
+        self._listener = weakref.ref(listener)  # for close(): the hook is released only from this listener
         self.counts: NonfiniteByRank | None = None  # made on the hook's first bucket
         self._manual: HookState | None = None  # the state for a hook registered by hand
         ddp = view.ddp
@@ -317,6 +318,22 @@ class DdpLink:
         if self._manual is None:
             self._manual = HookState(self._ddp(), listener)
         return self._manual
+
+    # The Probe protocol (probes/probe.py): each report's rank origin; at close, the hook only averages.
+
+    def annotate(self, report: Any) -> dict[str, Any]:
+        """``report``'s part: its step's NaN/Inf counts from before the all-reduce, when the hook made them."""
+        origin = self.origin(report.step)
+        return {} if origin is None else {"rank_origin": origin}
+
+    def end_step(self, next_step: int, report: Any, optimizer_done: bool = False) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """The comm hook of this link's listener only averages from now on (DDP cannot unregister one)."""
+        listener = self._listener()
+        if listener is not None:
+            self.release(listener)
 
     def origin(self, step: int) -> RankOrigin | None:
         """Step ``step``'s NaN/Inf counts from before the all-reduce, when the hook made them (None otherwise):

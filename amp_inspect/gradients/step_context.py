@@ -8,6 +8,8 @@ against fp16). Both watches remove their hooks once they have seen enough.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -55,13 +57,18 @@ class StepContext:
             self._weights_format = names.get(dtype, AUTOCAST_OFF) if dtype in LOW_PRECISION else AUTOCAST_OFF
         return self._weights_format
 
-    def annotate(self, report: StepReport) -> None:
-        """Gives ``report`` the backward order (of the first backward) and the autocast dtype seen."""
-        report.backward_order = self._order.take()
-        report.autocast = self._autocast.seen
-        self._autocast.settle()
+    # The Probe protocol (probes/probe.py): its part of each report, nothing at a step's end, its hooks at close.
 
-    def remove(self) -> None:
+    def annotate(self, report: StepReport) -> dict[str, Any]:
+        """``report``'s part: the backward order (of the first backward) and the autocast dtype seen."""
+        part = {"backward_order": self._order.take(), "autocast": self._autocast.seen}
+        self._autocast.settle()
+        return part
+
+    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
         """Removes both watches' hooks."""
         self._order.remove()
         self._autocast.remove()

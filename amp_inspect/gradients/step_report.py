@@ -30,8 +30,8 @@ asynchronously on CUDA) and reads them on the first use of a host value.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -113,6 +113,41 @@ class StatsSnapshot(HostCopy):
         super().__init__(tensors, device)
 
 
+class ReportPart(Protocol):
+    """What a probe's measurement that rides on a report offers it (readiness/report.py's ReadinessReport,
+    updates/report.py's UpdateStats, scaling/policies.py's ScaleDecision): its log entry, and whether its device
+    values are on the host."""
+
+    def to_record(self) -> dict[str, Any]: ...
+
+    def ready(self) -> bool: ...
+
+
+class UpdatePart(ReportPart, Protocol):
+    """What the report reads of the optimizer step's UpdateStats (updates/report.py)."""
+
+    complete: bool
+    by_module: Mapping[str, Any]
+    skipped: bool
+
+
+# The fields a report learns after it is made, each from one probe or link, all set by ``StepReport.annotate``
+# in the inspector's one annotate pass (inspection/inspector.py): the probe returns its part, the report takes it.
+ANNOTATIONS = frozenset(
+    {
+        "first_nonfinite",  # probes/_activation_arming.py: the first module whose output went non-finite
+        "backward_order",  # gradients/step_context.py: modules in the order autograd made their gradients
+        "autocast",  # gradients/step_context.py: the autocast format the forward ran under
+        "rank_origin",  # distributed/ddp.py: each rank's NaN/Inf counts from before the all-reduce
+        "hardware",  # inspection/_log_sink.py: memory etc. when the step was inspected
+        "recent_recommended",  # inspection/_step_history.py: recommended scales of recent finalized steps
+        "readiness",  # readiness/hooks.py: the step's ReadinessReport
+        "update",  # updates/watch.py: what the step's optimizer.step() did
+        "scale_decision",  # scaling/scaler.py: the headroom policy's decision after the step
+    }
+)
+
+
 class StepReport:
     """The inspection of one step: see the module docstring for the terms.
 
@@ -148,8 +183,8 @@ class StepReport:
         self.skips = scale is not None if skips is None else bool(skips)
         self.sparse_modules = list(dict.fromkeys(sparse_modules))  # rows judged on stored values (numel too)
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
-        self.readiness: Any = None  # readiness_every: this step's ReadinessReport (readiness/report.py)
-        self.update: Any = None  # update_every: what this step's optimizer.step() did (update_report.UpdateStats)
+        self.readiness: ReportPart | None = None  # readiness_every: this step's ReadinessReport (readiness/report.py)
+        self.update: UpdatePart | None = None  # update_every: what this step's optimizer.step() did (UpdateStats)
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
@@ -157,7 +192,7 @@ class StepReport:
         self._inf_by_rank: dict[int, dict[str, int]] | None = None  # made from _origin on first use
         self.inf_origin: str | None = None  # BEFORE_ALLREDUCE or SHARDS once set_rank_origin ran
         # InspectingGradScaler(policy="headroom"): its ScaleDecision after this step (scaling/policies.py).
-        self.scale_decision: Any = None
+        self.scale_decision: ReportPart | None = None
         # A copy: GradScaler.update() changes its scale tensor in place after this step.
         self._scale_tensor = None if scale is None else scale.detach().reshape(()).to(torch.float32, copy=True)
         self._snapshot = StatsSnapshot(stats, self._scale_tensor)
@@ -183,6 +218,21 @@ class StepReport:
         norm = torch.where(inf, torch.full_like(norm, math.inf), norm)
         norm = torch.where(nan, torch.full_like(norm, math.nan), norm)
         return norm.float()
+
+    def annotate(self, parts: Mapping[str, Any] | None) -> None:
+        """Takes what a probe or link knows of this step (``{field: value}``, fields of ANNOTATIONS; None or {}:
+        nothing). ``rank_origin`` is a distributed.combine.RankOrigin (see set_rank_origin). An unknown field is a
+        programming error: TypeError naming it."""
+        if not parts:
+            return
+        unknown = sorted(set(parts) - ANNOTATIONS)
+        if unknown:
+            raise TypeError(f"StepReport.annotate: no field {', '.join(unknown)} (fields: {sorted(ANNOTATIONS)})")
+        for name, value in parts.items():
+            if name == "rank_origin":
+                self.set_rank_origin(value[0], value[1], value[2], kind=value[3])
+            else:
+                setattr(self, name, value)
 
     def set_rank_origin(
         self,

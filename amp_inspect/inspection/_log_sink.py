@@ -20,6 +20,7 @@ from amp_inspect.diagnosis.history import StepRecord
 from amp_inspect.distributed.combine import log_path_of_rank
 from amp_inspect.gradients.step_report import StepReport
 from amp_inspect.inspection._hist_schedule import HistogramSchedule
+from amp_inspect.model.view import ModelView
 from amp_inspect.runlog import hardware
 from amp_inspect.runlog.log import RunLog
 
@@ -48,9 +49,9 @@ class RunLogSink:
         path = log_path_of_rank(log, all_ranks, group) if log is not None else None
         return cls(path, hist_every, owner) if path is not None else None
 
-    def sample_hardware(self, report: StepReport, device: torch.device | None) -> None:
-        """The memory of the step of ``report``, sampled now (no sync), for its line written later."""
-        report.hardware = hardware.sample(device)
+    def hardware_samples(self, view: ModelView) -> HardwareSamples:
+        """The link (a Probe) that gives each report the memory of its step, for its line written later."""
+        return HardwareSamples(view)
 
     def write(self, report: StepReport, record: StepRecord, device: torch.device | None) -> None:
         """Writes the step of ``report`` (``record`` its history entry) as one line; the first line carries the
@@ -86,3 +87,20 @@ class RunLogSink:
         """Closes the file (idempotent); nothing is written after."""
         self.log.close()
         self._closer.detach()
+
+
+class HardwareSamples:
+    """The run log's link on each report (the Probe protocol, probes/probe.py): memory etc. of the device of the
+    model's first parameter, sampled as the report is taken in (no sync)."""
+
+    def __init__(self, view: ModelView) -> None:
+        self.view = view
+
+    def annotate(self, report: StepReport) -> dict[str, Any]:
+        return {"hardware": hardware.sample(self.view.device)}
+
+    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing hooked: the log itself is closed by the inspector's close()."""

@@ -49,7 +49,7 @@ class StepHistory:
     def add(self, report: StepReport) -> None:
         """A report whose statistics may still be on their way to the host; it learns the recommended scales of
         the recent finalized steps (no sync): str(report) shows their median beside its own recommendation."""
-        report.recent_recommended = self.recent_recommended()
+        report.annotate({"recent_recommended": self.recent_recommended()})
         self._pending.append(report)
 
     def recent_recommended(self) -> list[float]:

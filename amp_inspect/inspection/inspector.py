@@ -47,6 +47,7 @@ from amp_inspect.model.naming import ParamEntry
 from amp_inspect.model.parameter_watch import ParameterWatch
 from amp_inspect.model.view import ModelView
 from amp_inspect.probes._activation_arming import NO_FORWARD_SEEN, ActivationArming
+from amp_inspect.probes.probe import Probe, annotate_all, close_all, end_step_all
 from amp_inspect.readiness.hooks import ReadinessHooks, ReadinessReport
 from amp_inspect.scaling.scaler import InspectingGradScaler
 from amp_inspect.scaling.scaler_link import ScalerLink
@@ -98,6 +99,12 @@ class Inspector:
         self._advice = RunAdvice(view, scaler, opts.watch_clipping, opts.collapse_skips)  # summary(), doctor()
         self.clip_watch: ClipWatch | None = self._advice.clip_watch  # watch_clipping=True: the doctor reads it
         self._ddp = DdpLink(view, self, opts.ddp_hook)
+        # Every probe and link that adds to a report, in the order their parts are asked for (probes/probe.py): one
+        # annotate pass as a report is taken in, one end_step loop at each step's end, one close loop at detach.
+        self._samples = self._sink.hardware_samples(view) if self._sink is not None else None
+        self.probes: list[Probe] = [self._arming, self._context, self._ddp, self._readiness, self._updates]
+        if self._samples is not None:
+            self.probes.append(self._samples)
 
     @property
     def entries(self) -> list[ParamEntry]:
@@ -135,7 +142,7 @@ class Inspector:
         if report is not None:
             own = self.last_report
             if report.scale_decision is not None and own is not None and own.step == report.step:
-                own.scale_decision = report.scale_decision  # check() before step: its report is the history's
+                own.annotate({"scale_decision": report.scale_decision})  # check() before step: the history's
             if self._inspected_step != report.step:  # check() did not inspect this step itself
                 self.receive(report)
         self._after_step(optimizer_done=True)
@@ -219,15 +226,10 @@ class Inspector:
         return report
 
     def receive(self, report: StepReport) -> None:
-        """Takes a report made elsewhere (InspectingGradScaler) into the history and the log."""
-        self._arming.give_finding(report)
-        self._context.annotate(report)
+        """Takes a report (its own, or one an InspectingGradScaler made) into the history and the log, once each
+        probe and link added its part (the one annotate pass)."""
+        annotate_all(self.probes, report)
         self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
-        origin = self._ddp.origin(report.step)  # DDP: this step's NaN/Inf counts from before the all-reduce
-        if origin is not None:
-            report.set_rank_origin(*origin[:3], kind=origin.kind)
-        if self._sink is not None:  # memory of this step, sampled now (no sync): the log is written later
-            self._sink.sample_hardware(report, self._params.device)
         self.last_report = report
         self._steps.add(report)
         self.step = max(self.step, report.step + 1)
@@ -235,10 +237,9 @@ class Inspector:
     def _after_step(self, optimizer_done: bool = False) -> None:
         """End of a step (``optimizer_done``: at scaler.update(), after the step's optimizer steps ran or were
         skipped): activation findings of the step, then reports whose copies are complete."""
-        self._arming.end_step(self.step, self.last_report)
-        self._readiness.end_step(self.step, self.last_report)  # readiness_every: the table into the step's report
-        # update_every: the step's report waits for its update, until the optimizer steps are over
-        self._updates.end_step(self.step, self.last_report, optimizer_done)
+        # Activation findings, readiness_every's table, update_every's UpdateStats (the step's report waits for
+        # its update until the optimizer steps are over): each probe's part at the step's end.
+        end_step_all(self.probes, self.step, self.last_report, optimizer_done)
         self._steps.collect(False, self._follow_step)
 
     def _follow_step(self, report: StepReport, record: StepRecord) -> None:
@@ -292,15 +293,13 @@ class Inspector:
             self._sink.close()
             self._sink = None  # later steps are still inspected, no longer logged
             self._steps.keep_module_norms = False
+            if self._samples in self.probes:
+                self.probes.remove(self._samples)
 
     def detach(self) -> None:
         """Removes every hook and patch this inspector registered and closes its log."""
-        self._arming.close()
-        self._readiness.close()
-        self._updates.close()
+        close_all(self.probes)
         self._scaler.remove(self)  # an InspectingGradScaler that reports to another inspector keeps it
-        self._context.remove()
-        self._ddp.release(self)
         self._advice.close()
         self.close()
         self._steps.listeners.clear()

@@ -21,6 +21,7 @@ from amp_inspect.gradients.step_report import StepReport
 from amp_inspect.model.view import ModelView
 from amp_inspect.probes.activations import ActivationWatcher
 from amp_inspect.probes.eager_stance import EagerHold
+from amp_inspect.probes.probe import NOTHING, ReportParts
 
 # No commas: the HTML report lists findings up to their first comma.
 NO_FORWARD_SEEN = (
@@ -85,18 +86,23 @@ class ActivationArming:
         """The finding of ``step`` made before its report existed (a skip under every=N), once."""
         return self._findings.pop(step, None)
 
-    def give_finding(self, report: StepReport) -> None:
-        """``report`` takes the finding of its step made before it existed, unless it carries one of its own."""
-        if report.first_nonfinite is None:
-            report.first_nonfinite = self.take_finding(report.step)
+    # The Probe protocol (probes/probe.py).
 
-    def end_step(self, next_step: int, report: StepReport | None) -> None:
+    def annotate(self, report: StepReport) -> ReportParts:
+        """``report``'s part: the finding of its step made before it existed, unless it carries one of its own."""
+        if report.first_nonfinite is not None:
+            return NOTHING
+        finding = self.take_finding(report.step)
+        return NOTHING if finding is None else {"first_nonfinite": finding}
+
+    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> ReportParts:
         """The step before ``next_step`` ended: its finding goes to ``report`` (the last one made) when that is
         the step's, else it waits for the step's report; then the hooks are disarmed or start the next step.
         Reading the hooks' statistics syncs (armed steps only)."""
         watcher = self.watcher
         if watcher is None or not watcher.armed:
-            return
+            return NOTHING
+        part: ReportParts = NOTHING
         finding: object = watcher.first_finding()
         step = next_step - 1  # the step whose forward and backward the hooks saw
         if finding is None and watcher.step == step and watcher.names and not watcher.records:
@@ -107,7 +113,7 @@ class ActivationArming:
         if finding is not None:
             if report is not None and report.step == step:
                 if report.first_nonfinite is None:
-                    report.first_nonfinite = str(finding)
+                    part = {"first_nonfinite": str(finding)}
             else:
                 self._findings = {s: f for s, f in self._findings.items() if s >= step - self.arm_steps}
                 self._findings[step] = str(finding)
@@ -115,6 +121,7 @@ class ActivationArming:
             self._disarm()
         else:
             watcher.new_step(next_step)
+        return part
 
     def after_skip(self, next_step: int) -> None:
         """A skipped or poisoned step was finalized: with ``on_skip``, armed from ``next_step`` for arm_steps."""

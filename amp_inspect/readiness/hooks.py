@@ -43,6 +43,7 @@ from amp_inspect.distributed.combine import is_distributed, to_local, wait_all
 from amp_inspect.gradients.step_report import HostCopy, StepReport
 from amp_inspect.model.view import ModelView, is_gemm_module
 from amp_inspect.probes.eager_stance import EagerHold
+from amp_inspect.probes.probe import NOTHING, ReportParts
 from amp_inspect.readiness.report import ReadinessReport
 
 __all__ = ["ReadinessHooks", "ReadinessReport", "gemm_modules", "is_gemm_module", "weight_operand"]
@@ -189,18 +190,25 @@ class ReadinessHooks:
 
     # ---- the step ----
 
-    def end_step(self, next_step: int, report: StepReport | None) -> None:
+    # The Probe protocol (probes/probe.py): nothing as a report is taken in; the table at the step's end.
+
+    def annotate(self, report: StepReport) -> ReportParts:
+        return NOTHING
+
+    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> ReportParts:
         """The step before ``next_step`` ended: on a readiness step, dW of the hooked modules, the table made (the
         report's ``readiness`` when ``report`` is that step's), the hooks removed; then armed if ``next_step`` is
         due. No host sync (on CUDA the statistics go to pinned memory asynchronously)."""
+        part: ReportParts = NOTHING
         if self.step is not None and self.step < next_step:
             measured = self._finish(self.step)
             if measured is not None:
                 self.last = measured
                 if report is not None and report.step == measured.step:
-                    report.readiness = measured
+                    part = {"readiness": measured}
         if self.step is None or self.step < next_step:
             self._arm_if_due(next_step)
+        return part
 
     def _arm_if_due(self, step: int) -> None:
         if self._closed or self.every is None or step % self.every != 0:

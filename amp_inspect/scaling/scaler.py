@@ -321,7 +321,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             )
             if decision.policy != self._policy.name:  # the log names the policy that decided
                 decision = dataclasses.replace(decision, policy=self._policy.name)
-            report.scale_decision = decision
+            report.annotate({"scale_decision": decision})
             self.last_decision = decision
         ended = report if self._unscaled_this_step else None
         if decision is not None:

@@ -218,7 +218,12 @@ class OptimizerWatch:
             slot = self._slots[step] = _Slot(UpdateStats(step, complete=False))
         return slot
 
-    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> None:
+    # The Probe protocol (probes/probe.py): nothing as a report is taken in; the UpdateStats at the step's end.
+
+    def annotate(self, report: StepReport) -> dict[str, Any]:
+        return {}
+
+    def end_step(self, next_step: int, report: StepReport | None, optimizer_done: bool = False) -> dict[str, Any]:
         """The step before ``next_step`` ended its check() (or its scaler's update(): ``optimizer_done``, its
         optimizer steps ran or were skipped): steps before it are over (their statistics complete: an optimizer
         step that never came was skipped), and the report of a measured step holds its UpdateStats, so that its log
@@ -228,11 +233,13 @@ class OptimizerWatch:
         # A step that raised inside optimizer.step() never ran its post hook: its copy of the parameters goes now.
         for key in [k for k, snap in self._snapshots.items() if snap.step < next_step - 1]:
             del self._snapshots[key]
+        part: dict[str, Any] = {}
         this_step = self.every is not None and report is not None and report.step == next_step - 1
         if this_step and self._due(report.step):  # type: ignore[union-attr]
-            report.update = self._slot(report.step).stats  # type: ignore[union-attr]
+            part = {"update": self._slot(report.step).stats}  # type: ignore[union-attr]
         if optimizer_done and next_step - 1 in self._slots:
             self._complete(self._slots.pop(next_step - 1))
+        return part
 
     def _complete(self, slot: _Slot) -> None:
         if not slot.stats.complete:
