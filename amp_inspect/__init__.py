@@ -14,84 +14,91 @@ and ties them to module names and GradScaler::
     insp = amp_inspect.attach(model, scaler)
     report = insp.check()   # after backward, before scaler.step
 
-The names below are imported on first use, so ``import amp_inspect.runlog`` (and ``amp-inspect summary``,
-``amp-inspect report``) read a run log without loading torch.
+The face holds the verbs and the types users hold; everything else lives in the subpackage of its job
+(``amp_inspect.scaling`` for the loss-scale policies, ``amp_inspect.diagnosis`` for findings and the history,
+``amp_inspect.core`` for the statistics' types; docs/architecture.md). The names are imported on first use, so
+``import amp_inspect.runlog`` (and ``amp-inspect summary``, ``amp-inspect report``) read a run log without
+loading torch. Names and module paths of 0.1 still import for one release, with a DeprecationWarning.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
+from amp_inspect import _moved
 from amp_inspect._lazy import lazy_names
-
-if TYPE_CHECKING:
-    from amp_inspect.core.format_readiness import ReadinessStats, format_readiness
-    from amp_inspect.core.formats import FORMATS
-    from amp_inspect.core.tensor_stats import TensorStats, tensor_stats
-    from amp_inspect.core.update_stats import UpdateTensorStats, update_stats
-    from amp_inspect.diagnosis.doctor import doctor, watch_clipping
-    from amp_inspect.diagnosis.history import StepRecord, Summary
-    from amp_inspect.distributed.combine import DistributedInspectionError
-    from amp_inspect.distributed.ddp import ddp_comm_hook
-    from amp_inspect.gradients.step_report import Headroom, StepReport
-    from amp_inspect.inspection.inspector import Inspector, attach
-    from amp_inspect.runlog.log import read_log
-    from amp_inspect.scaling.policies import HeadroomPolicy, ScaleDecision, ScalePolicy, register_policy
-    from amp_inspect.scaling.scaler import InspectingGradScaler
-
 from amp_inspect._version import __version__ as __version__
 
+if TYPE_CHECKING:
+    from amp_inspect.core.format_readiness import format_readiness
+    from amp_inspect.core.tensor_stats import tensor_stats
+    from amp_inspect.core.update_stats import update_stats
+    from amp_inspect.diagnosis.doctor import doctor, watch_clipping
+    from amp_inspect.distributed.ddp import ddp_comm_hook
+    from amp_inspect.gradients.step_report import StepReport
+    from amp_inspect.inspection.inspector import Inspector, attach
+    from amp_inspect.runlog.log import read_log
+    from amp_inspect.scaling.scaler import InspectingGradScaler
+
 _MODULE_OF = {
-    "FORMATS": "core.formats",
-    "DistributedInspectionError": "distributed.combine",
-    "Headroom": "gradients.step_report",
-    "HeadroomPolicy": "scaling.policies",
-    "InspectingGradScaler": "scaling.scaler",
-    "Inspector": "inspection.inspector",
-    "ReadinessStats": "core.format_readiness",
-    "StepRecord": "diagnosis.history",
-    "StepReport": "gradients.step_report",
-    "ScaleDecision": "scaling.policies",
-    "ScalePolicy": "scaling.policies",
-    "Summary": "diagnosis.history",
-    "TensorStats": "core.tensor_stats",
     "attach": "inspection.inspector",
-    "ddp_comm_hook": "distributed.ddp",
-    "format_readiness": "core.format_readiness",
-    "doctor": "diagnosis.doctor",  # the function; its module is not named `doctor`, which would shadow it when imported
-    "read_log": "runlog.log",
-    "register_policy": "scaling.policies",
-    "tensor_stats": "core.tensor_stats",
-    "UpdateTensorStats": "core.update_stats",
-    "update_stats": "core.update_stats",  # the function; a submodule named update_stats would shadow it
+    "Inspector": "inspection.inspector",  # the type attach() returns
+    "StepReport": "gradients.step_report",
+    "InspectingGradScaler": "scaling.scaler",
+    "doctor": "diagnosis.doctor",
     "watch_clipping": "diagnosis.doctor",
+    "ddp_comm_hook": "distributed.ddp",
+    "tensor_stats": "core.tensor_stats",
+    "format_readiness": "core.format_readiness",
+    "update_stats": "core.update_stats",
+    "read_log": "runlog.log",
 }
 
-__all__ = [
-    "FORMATS",
-    "DistributedInspectionError",
-    "Headroom",
-    "HeadroomPolicy",
-    "InspectingGradScaler",
-    "Inspector",
-    "ReadinessStats",
-    "StepRecord",
-    "StepReport",
-    "ScaleDecision",
-    "ScalePolicy",
-    "Summary",
-    "TensorStats",
-    "UpdateTensorStats",
-    "attach",
-    "ddp_comm_hook",
-    "doctor",
-    "format_readiness",
-    "read_log",
-    "register_policy",
-    "tensor_stats",
-    "update_stats",
-    "watch_clipping",
-]
+__all__ = sorted(_MODULE_OF)
+
+# Names the 0.1 face held, now in the subpackage of their job: served for one release, with a warning.
+_FACE_MOVED = {
+    "FORMATS": "core.formats",
+    "TensorStats": "core.tensor_stats",
+    "ReadinessStats": "core.format_readiness",
+    "UpdateTensorStats": "core.update_stats",
+    "DistributedInspectionError": "distributed.combine",
+    "Headroom": "evidence.headroom",
+    "HeadroomPolicy": "scaling.policies",
+    "ScaleDecision": "scaling.policies",
+    "ScalePolicy": "scaling.policies",
+    "register_policy": "scaling.policies",
+    "StepRecord": "diagnosis.history",
+    "Summary": "diagnosis.history",
+}
+
+_face_getattr, __dir__ = lazy_names(__name__, _MODULE_OF)
+_moved.install()  # amp_inspect.checks, amp_inspect.scale_policy, ... (0.1's flat modules) for one release
 
 
-__getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
+# The subpackages, importable as attributes (``amp_inspect.scaling.HeadroomPolicy`` after ``import amp_inspect``).
+_SUBPACKAGES = frozenset(
+    {"core", "model", "runlog", "evidence", "distributed", "gradients", "probes", "scaling", "readiness", "updates"}
+    | {"diagnosis", "render", "inspection", "cli", "integrations"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"amp_inspect.{name}")
+    module = _FACE_MOVED.get(name)
+    if module is None:
+        return _face_getattr(name)
+    package = module.split(".")[0]
+    warnings.warn(
+        f"amp_inspect.{name} moved to amp_inspect.{module} (also amp_inspect.{package}.{name}) in 0.2; the old name "
+        "goes in 0.3",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    value = getattr(importlib.import_module(f"amp_inspect.{module}"), name)
+    globals()[name] = value  # warned once: later reads are plain
+    return value

@@ -234,7 +234,9 @@ def pure_python(grads: list[torch.Tensor]) -> Callable[[], object]:
 
 METHODS: tuple[MethodSpec, ...] = (
     MethodSpec(FUSED, "amp_inspect.tensor_stats(grads)", fused()),
-    MethodSpec("fused_4formats", "tensor_stats, formats fp16, bf16, fp8_e4m3, fp8_e5m2", fused(amp_inspect.FORMATS)),
+    MethodSpec(
+        "fused_4formats", "tensor_stats, formats fp16, bf16, fp8_e4m3, fp8_e5m2", fused(amp_inspect.core.FORMATS)
+    ),
     MethodSpec("fused_scaled", "tensor_stats(grads, scale=65536.0)", fused(scale=65536.0)),
     MethodSpec(ROOFLINE, "torch._foreach_norm(grads): one read pass, the roofline proxy", foreach_norm),
     MethodSpec("gradscaler_check", "torch._amp_foreach_non_finite_check_and_unscale_", gradscaler_check),

@@ -436,7 +436,7 @@ def mesh_2d(world: int, out: Path) -> None:
         assert torch.equal(weight.to_local(), torch.ones(4, 4)), scaler_type.__name__
 
 
-def _stats(n: int) -> amp_inspect.TensorStats:
+def _stats(n: int) -> amp_inspect.core.TensorStats:
     return amp_inspect.tensor_stats([torch.ones(4)] * n)
 
 

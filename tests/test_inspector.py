@@ -147,7 +147,7 @@ def test_only_modules_with_gradients_are_reported() -> None:
     scaler.scale(torch.ones(()))
     empty = insp.check()  # before any backward: nothing to judge
     assert empty.by_module == {} and empty.total_norm == 0.0 and not empty.found_inf
-    assert empty.headroom == amp_inspect.Headroom(None, None) and empty.recommended_scale is None
+    assert empty.headroom == amp_inspect.evidence.Headroom(None, None) and empty.recommended_scale is None
     assert float(insp.clip_grad_norm_(1.0)) == 0.0
     model.bn1.requires_grad_(False)
     models.backward(model, scaler, 0)
@@ -695,7 +695,7 @@ def test_check_links_a_scaler_given_later_and_counts_extra_formats() -> None:
 def test_skips_several_steps_apart_are_not_a_run() -> None:
     from amp_inspect.diagnosis.history import StepRecord, collapse_warning, longest_skip_run
 
-    room = amp_inspect.Headroom(1, 1)
+    room = amp_inspect.evidence.Headroom(1, 1)
     history = [StepRecord(0, 1024.0, False, [], 1.0, room, None)]
     history += [StepRecord(s, 1024.0, True, ["fc"], math.inf, room, None) for s in (1, 3, 5, 7, 9)]
     assert longest_skip_run(history)[0] == 1
@@ -708,7 +708,7 @@ def test_float64_extremes_beyond_float32_do_not_break_the_report() -> None:
     model.weight.grad = torch.tensor([[1e-300, 1e300, 1.0, 0.0]], dtype=torch.float64)
     model.bias.grad = torch.tensor([1.0], dtype=torch.float64)
     report = insp.check()
-    assert report.headroom == amp_inspect.Headroom(None, None) and report.recommended_scale is None
+    assert report.headroom == amp_inspect.evidence.Headroom(None, None) and report.recommended_scale is None
     assert insp.history[-1].step == 0
 
 

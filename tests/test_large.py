@@ -28,7 +28,7 @@ def planted_values(n: int) -> dict[int, float]:
     }
 
 
-def check_planted(stats: amp_inspect.TensorStats, n: int, planted: dict[int, float], dtype: torch.dtype) -> None:
+def check_planted(stats: amp_inspect.core.TensorStats, n: int, planted: dict[int, float], dtype: torch.dtype) -> None:
     values = torch.tensor(list(planted.values()), dtype=torch.float32).to(dtype)
     exp = oracles.expected_row(oracles.judged_values(values, None), ALL_FORMATS)
     zeros = n - len(planted)

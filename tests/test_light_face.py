@@ -27,6 +27,8 @@ POISON = "raise RuntimeError('torch was imported')\n"
 # The modules that read, summarise and draw a run log: none may import torch.
 TORCH_FREE = (
     "amp_inspect._lazy",
+    "amp_inspect._moved",
+    "amp_inspect._version",
     "amp_inspect.evidence.attribution",
     "amp_inspect.scaling._checked",
     "amp_inspect.render.console",
@@ -210,4 +212,55 @@ def test_torch_free_modules_list_matches_what_the_log_commands_load(tmp_path: Pa
     result = _run_without_torch(tmp_path, code)
     _assert_torch_free(result)
     loaded = json.loads(result.stdout.rstrip().splitlines()[-2])
-    assert set(loaded) - {"amp_inspect.__main__", "amp_inspect.cli.main", "amp_inspect.cli.argtypes"} <= set(TORCH_FREE)
+    faces = {f"amp_inspect.{name}" for name in amp_inspect._SUBPACKAGES}  # each __init__ imports nothing eagerly
+    commands = {"amp_inspect.__main__", "amp_inspect.cli.main", "amp_inspect.cli.argtypes"}
+    assert set(loaded) - commands - faces <= set(TORCH_FREE)
+
+
+def test_the_face_is_small_and_the_rest_lives_by_job() -> None:
+    """About a dozen names at the top (the verbs and the types users hold); the extension points and the
+    statistics' types in the subpackage of their job, each the same object as in its module."""
+    assert 8 <= len(amp_inspect.__all__) <= 12, amp_inspect.__all__
+    from amp_inspect.core.tensor_stats import TensorStats
+    from amp_inspect.scaling.policies import HeadroomPolicy, register_policy
+
+    assert amp_inspect.scaling.HeadroomPolicy is HeadroomPolicy
+    assert amp_inspect.scaling.register_policy is register_policy
+    assert amp_inspect.core.TensorStats is TensorStats
+
+
+def test_old_paths_and_names_import_for_one_release_with_a_warning() -> None:
+    """0.1's flat module paths (the docs taught amp_inspect.checks, amp_inspect.scale_policy ...) and the names
+    the 0.1 face held still give the same objects, each with a DeprecationWarning naming the new place."""
+    code = """
+        import warnings
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught:
+            from amp_inspect.checks import Finding, check
+            from amp_inspect.scale_policy import ScaleDecision, register_policy
+            import amp_inspect.table
+            from amp_inspect.readiness import ReadinessStats
+            import amp_inspect
+            headroom = amp_inspect.HeadroomPolicy
+        from amp_inspect.diagnosis.findings import Finding as F
+        from amp_inspect.scaling.policies import HeadroomPolicy, ScaleDecision as S
+        from amp_inspect.core.format_readiness import ReadinessStats as R
+        assert (Finding, ScaleDecision, ReadinessStats, headroom) == (F, S, R, HeadroomPolicy)
+        assert amp_inspect.table is __import__("amp_inspect.core.table").core.table
+        said = [str(w.message) for w in caught if w.category is DeprecationWarning]
+        print(len(said))
+        print("\\n".join(said))
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    count, *said = result.stdout.splitlines()
+    assert int(count) == 5, said
+    assert any("amp_inspect.checks moved to amp_inspect.diagnosis.doctor" in s for s in said)
+    assert any("amp_inspect.HeadroomPolicy moved to amp_inspect.scaling.policies" in s for s in said)
+    assert any("amp_inspect.readiness.ReadinessStats is amp_inspect.core.format_readiness" in s for s in said)

@@ -94,7 +94,7 @@ def test_counts_are_consistent(tensors, scale):
     assert bool((stats.underflow[:, fp16] <= stats.underflow[:, e5m2]).all())
 
 
-def merge(parts: list[amp_inspect.TensorStats]) -> dict[str, torch.Tensor]:
+def merge(parts: list[amp_inspect.core.TensorStats]) -> dict[str, torch.Tensor]:
     """Statistics of a tensor from those of its pieces: counts and sums add, extremes take max/min."""
     cat = {name: torch.cat([getattr(p, name) for p in parts]) for name in ("amax", "amin_nonzero")}
     out = {

@@ -106,7 +106,7 @@ def scale_args(scale):
     return scale, (None, float(scale)), float(scale)
 
 
-def check_all(tensors, scale=None, formats=ALL_FORMATS, *, exact=None) -> amp_inspect.TensorStats:
+def check_all(tensors, scale=None, formats=ALL_FORMATS, *, exact=None) -> amp_inspect.core.TensorStats:
     """The op equals the reference; the public result matches the oracles; hist rows sum to numel; the
     caller's tensors are bitwise unchanged."""
     before = [(t.clone(), t.stride(), t.storage_offset(), t.data_ptr()) for t in tensors]

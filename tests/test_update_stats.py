@@ -185,7 +185,7 @@ def test_update_stats_is_the_function_whatever_was_imported_first() -> None:
     import amp_inspect.core.update_stats  # noqa: F401
 
     assert callable(amp_inspect.update_stats) and amp_inspect.update_stats.__module__ == "amp_inspect.core.update_stats"
-    assert amp_inspect.UpdateTensorStats is UpdateTensorStats
+    assert amp_inspect.core.UpdateTensorStats is UpdateTensorStats
 
 
 def test_the_dataclass_holds_the_schema_and_its_outputs_round_trip() -> None:

@@ -59,14 +59,22 @@ class ModelView:
             raise TypeError(f"the model must be an nn.Module, got {type(root).__name__}")
         self.root = root
         self.walks = 0  # how many times this view walked the tree (tests count them)
-        self._build(parameter_layout(root))
+        self._build(None)
 
-    def _build(self, fingerprint: tuple[tuple[str, int], ...]) -> None:
+    def _build(self, fingerprint: tuple[tuple[str, int], ...] | None) -> None:
         self.walks += 1
         named = list(self.root.named_modules())
         self.modules: list[tuple[nn.Module, str]] = named_clean(self.root, named)
-        self.entries: list[ParamEntry] = entries_of(self.modules)
-        self.fingerprint = fingerprint
+        # Wrapper kinds, tested only against modules already imported (a model holds one only if it was).
+        fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+        fsdp1_kind = getattr(fsdp1, "FullyShardedDataParallel", None)
+        self.fsdp1 = fsdp1_kind is not None and any(isinstance(m, fsdp1_kind) for m, _ in self.modules)
+        if self.fsdp1:  # attach refuses it (model/wrappers.py) before anything reads its flat parameters
+            self.entries: list[ParamEntry] = []
+            self.fingerprint: tuple[tuple[str, int], ...] = ()
+        else:
+            self.entries = entries_of(self.modules)
+            self.fingerprint = parameter_layout(self.root) if fingerprint is None else fingerprint
         self.names: dict[nn.Module, str] = {}
         taken: set[str] = set()
         for module, clean in self.modules:
@@ -81,15 +89,11 @@ class ModelView:
                 self.gemm_modules[module] = name
                 gemm_taken.add(name)
         self.sparse_modules = [clean or ROOT_NAME for module, clean in self.modules if _is_sparse(module)]
-        # Wrapper kinds, tested only against modules already imported (a model holds one only if it was).
         optimized = compiled_module_type()
         self.compiled = any(isinstance(m, optimized) or compiled_in_place(m) for m, _ in self.modules)
         fsdp = sys.modules.get("torch.distributed.fsdp")
         fsdp2_kind = getattr(fsdp, "FSDPModule", None)
         self.fsdp2 = fsdp2_kind is not None and any(isinstance(m, fsdp2_kind) for m, _ in self.modules)
-        fsdp1 = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-        fsdp1_kind = getattr(fsdp1, "FullyShardedDataParallel", None)
-        self.fsdp1 = fsdp1_kind is not None and any(isinstance(m, fsdp1_kind) for m, _ in self.modules)
 
     @property
     def unwrapped(self) -> nn.Module:
@@ -129,7 +133,7 @@ class ModelView:
         """Walks the tree again when the fingerprint changed; returns whether it did. A model holding FSDP2
         modules keeps the view made at attach: FSDP2 swaps its registered parameters between sharded and
         unsharded ones around every forward and backward, which is no change of the model."""
-        if self.fsdp2:
+        if self.fsdp2 or self.fsdp1:
             return False
         now = self.changed()
         if now is None:
