@@ -30,7 +30,6 @@ MOVED = {
     "baselines": "cli.baselines",
     "checked": "scaling._checked",
     "checks": "diagnosis.doctor",
-    "cli": "cli.main",
     "clipping": "scaling.clipping",
     "console": "render.console",
     "ddp": "distributed.ddp",

@@ -158,7 +158,7 @@ def cli_output(*args: str) -> str:
     """``amp-inspect ARGS`` run as a user runs it (a process of its own, this checkout's package, a wide terminal):
     what it printed, stdout then stderr."""
     result = subprocess.run(
-        [sys.executable, "-m", "amp_inspect.cli.main", *args],
+        [sys.executable, "-m", "amp_inspect.cli.commands", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from amp_inspect import read_log
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.runlog.log import RunLog
 from tests.run_logs import HAVE_MPL, log_record, needs_mpl, write_log
 

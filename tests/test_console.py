@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from tests.run_logs import log_record, write_log
 
 # ---- rich markup in module names prints literally ----

@@ -19,7 +19,7 @@ from torch import nn
 
 import amp_inspect
 import amp_inspect.diagnosis.doctor
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.diagnosis.doctor import ClipWatch, DoctorReport, Finding, doctor, watch_clipping
 from amp_inspect.diagnosis.history import StepRecord
 from amp_inspect.gradients.step_report import Headroom
@@ -506,7 +506,7 @@ def test_the_doctors_command_line_options_need_no_torch() -> None:
 import sys
 import warnings
 sys.modules["torch"] = None  # importing torch now raises ImportError
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 parser = cli.build_parser()
 print(parser.parse_args(["doctor", "--collapse-skips", "7"]).collapse_skips)
 """

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.core.printable import MAX_SHOWN, shown_name
 from amp_inspect.runlog.log import RunLog
 from tests.run_logs import module_record

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.runlog.log import RunLog
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import amp_inspect
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.core.format_readiness import format_readiness
 from amp_inspect.core.recipes import RECIPE_NAMES, RECIPES_BY_NAME
 from amp_inspect.readiness import hooks as readiness_hooks

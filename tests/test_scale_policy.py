@@ -365,7 +365,7 @@ class HalveOnNonfinite:
 def test_a_custom_policy_runs_the_scaler_and_names_its_decisions_in_the_log_summary_and_cli(
     tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from amp_inspect.cli import main as cli
+    from amp_inspect.cli import commands as cli
     from amp_inspect.runlog.log import read_log
 
     model, opt, scaler = make(HalveOnNonfinite())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.diagnosis.history import StepRecord, summarize
 from amp_inspect.runlog.log import RunLog, read_log
 from amp_inspect.scaling.policies import (

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import amp_inspect
-from amp_inspect.cli import main as cli
+from amp_inspect.cli import commands as cli
 from amp_inspect.updates.report import LOST_THRESHOLD, UpdateStats, update_verdicts
 from tests.test_optimizer_watch import Net, _run
 

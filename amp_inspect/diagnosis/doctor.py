@@ -22,7 +22,7 @@ findings, the report and the registry in amp_inspect/diagnosis/findings.py; the 
 amp_inspect/diagnosis/setup_checks.py; the environment checks and a run log's hardware findings in
 amp_inspect/diagnosis/environment_checks.py; the clipping watch in amp_inspect/scaling/clipping.py; ``amp-inspect
 doctor`` (also
-``python -m amp_inspect doctor``) in amp_inspect/cli/main.py. This module is not named ``doctor``: the package's
+``python -m amp_inspect doctor``) in amp_inspect/cli/commands.py. This module is not named ``doctor``: the package's
 ``amp_inspect.doctor`` is the function, and a submodule of that name would replace it when imported.
 
 Cost: the setup checks walk parameters and modules once, reading no tensor data (no sync). Reading a
