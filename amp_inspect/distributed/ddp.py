@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from amp_inspect.core.tensor_stats import tensor_stats
-from amp_inspect.core.torch_compat import compile_wrapped, ddp_comm_hooks
+from amp_inspect.core.torch_compat import ddp_comm_hooks
 from amp_inspect.distributed.combine import DEFAULT_TIMEOUT_S, RankOrigin, global_ranks, is_distributed, wait_all
 from amp_inspect.evidence.attribution import BEFORE_ALLREDUCE
 from amp_inspect.model.naming import ParamEntry
@@ -230,12 +230,6 @@ def ddp_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Fu
     if listener is not None:  # None after the inspector detached: only average
         listener.nonfinite_by_rank().bucket_ready(bucket, listener.step_in_progress())
     return state.average(bucket)
-
-
-def ddp_of(model: nn.Module) -> nn.parallel.DistributedDataParallel | None:
-    """The DDP wrapper at the root of ``model``, if any (torch.compile's wrapper looked through)."""
-    inner = compile_wrapped(model)
-    return inner if isinstance(inner, nn.parallel.DistributedDataParallel) else None
 
 
 _STATE_ATTRIBUTE = "_amp_inspect_hook_state"
