@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-run the set-up when the build inputs change (it rebuilds the extension).
 STAMP := $(VENV)/.amp_inspect-setup
-BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
+BUILD_INPUTS := setup.py pyproject.toml $(shell find csrc -type f)
 
 .PHONY: setup demo test wheel test-wheel test-oldest-torch test-no-toolkit test-emu-tsan lint bench gpu-check clean
 

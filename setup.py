@@ -158,6 +158,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 ROOT = Path(__file__).parent
 CSRC = "csrc"
+# Sources include each other by their path under csrc/ ("common/numerics.h"); absolute, since torch's ninja build
+# compiles from the build folder.
+INCLUDE_DIRS = [str((ROOT / CSRC).resolve())]
 EMU_EXTENSION = "amp_inspect._C_emu"  # tests only: built in place, never in a wheel (BuildStableExtension)
 
 
@@ -219,25 +222,36 @@ def _extensions():
     # both hold tensor_stats_call.cpp, never bind to each other's copy.
     # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
     cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
-    # Format readiness (readiness_*.cpp) joins the CPU library beside tensor_stats.
-    cpu_sources = ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp", "readiness_call.cpp")
-    sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness_cpu.cpp")]
-    sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cpu.cpp"]  # update_stats (issue 22)
+    # Format readiness (readiness/) joins the CPU library beside tensor_stats.
+    cpu_sources = ("module.cpp", "tensor_stats/tensor_stats_call.cpp", "tensor_stats/tensor_stats_cpu.cpp")
+    sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness/readiness_call.cpp", "readiness/readiness_cpu.cpp")]
+    sources += [f"{CSRC}/update_stats/update_stats_call.cpp", f"{CSRC}/update_stats/update_stats_cpu.cpp"]  # issue 22
     # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
     # _C_cuda does), loaded after _C, whose schema library its ops join.
-    emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
-    emu_sources += [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_emu.cpp"]  # format readiness's CUDA kernels
-    emu_sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_emu.cpp"]  # update_stats' CUDA kernel
-    emu = CppExtension(EMU_EXTENSION, emu_sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)
+    emu_sources = [f"{CSRC}/tensor_stats/tensor_stats_call.cpp", f"{CSRC}/tensor_stats/tensor_stats_emu.cpp"]
+    emu_sources += [f"{CSRC}/readiness/readiness_call.cpp", f"{CSRC}/readiness/readiness_emu.cpp"]
+    emu_sources += [f"{CSRC}/update_stats/update_stats_call.cpp", f"{CSRC}/update_stats/update_stats_emu.cpp"]
+    emu = CppExtension(
+        EMU_EXTENSION, emu_sources, include_dirs=INCLUDE_DIRS, extra_compile_args={"cxx": cxx}, py_limited_api=True
+    )
     # py_limited_api: compiled with Py_LIMITED_API (CPython 3.10's), linked without libtorch_python.
     if NVCC is None:
         if NO_CUDA_REASON != "AMP_INSPECT_NO_CUDA=1":
             _say(f"building WITHOUT the CUDA kernels: {NO_CUDA_REASON}.")
-        return [CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, py_limited_api=True), emu]
+        cpu = CppExtension(
+            "amp_inspect._C", sources, include_dirs=INCLUDE_DIRS, extra_compile_args={"cxx": cxx}, py_limited_api=True
+        )
+        return [cpu, emu]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
     defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"', f"-DAMPI_CUDA_MAJOR={_cuda_major()}"]
-    cpu = CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": [*cxx, *defines]}, py_limited_api=True)
+    cpu = CppExtension(
+        "amp_inspect._C",
+        sources,
+        include_dirs=INCLUDE_DIRS,
+        extra_compile_args={"cxx": [*cxx, *defines]},
+        py_limited_api=True,
+    )
     # The CUDA kernels in a library of their own: amp_inspect loads it only beside a torch of the CUDA major it
     # was built for, so a wheel beside a torch of another CUDA major still serves its CPU kernels.
     # nvcc compiles the architectures of the list in parallel threads (one per core, at most one per arch).
@@ -250,14 +264,16 @@ def _extensions():
         TORCH_TARGET,
         *defines,
     ]
+    toolkit = _pip_toolkit_paths()
     cuda = CUDAExtension(
         "amp_inspect._C_cuda",
-        [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"]
-        + [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_cuda_op.cpp", f"{CSRC}/readiness_cuda.cu"]
-        + [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cuda_op.cpp", f"{CSRC}/update_stats_cuda.cu"],
+        [f"{CSRC}/tensor_stats/{name}" for name in ("tensor_stats_call.cpp", "tensor_stats_cuda_op.cpp", "tensor_stats_cuda.cu")]
+        + [f"{CSRC}/readiness/{name}" for name in ("readiness_call.cpp", "readiness_cuda_op.cpp", "readiness_cuda.cu")]
+        + [f"{CSRC}/update_stats/{name}" for name in ("update_stats_call.cpp", "update_stats_cuda_op.cpp", "update_stats_cuda.cu")],
+        include_dirs=[*INCLUDE_DIRS, *toolkit.pop("include_dirs", [])],
         extra_compile_args={"cxx": [*cxx, *defines, "-DUSE_CUDA"], "nvcc": nvcc},
         py_limited_api=True,
-        **_pip_toolkit_paths(),
+        **toolkit,
     )
     return [cpu, cuda, emu]
 

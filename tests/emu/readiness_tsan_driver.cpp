@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "readiness_emu_backend.h"
+#include "readiness/readiness_emu_backend.h"
 
 using namespace amp_inspect;
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor_stats_emu_backend.h"
+#include "tensor_stats/tensor_stats_emu_backend.h"
 
 using namespace amp_inspect;
 

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "update_stats_emu_backend.h"
+#include "update_stats/update_stats_emu_backend.h"
 
 using namespace amp_inspect;
 

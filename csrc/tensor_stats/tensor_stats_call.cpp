@@ -1,0 +1,349 @@
+// tensor_stats_call.cpp: the input checks and the torch-free call description the backends run on (prepare_call,
+// prepare_unscale, the outputs). Stable ABI only. Built into both libraries: _C (CPU kernels, emulation) and
+// _C_cuda (the CUDA kernels), which is loaded only beside a torch of its CUDA major.
+#include "tensor_stats/tensor_stats_call.h"
+
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/headeronly/core/Layout.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace amp_inspect {
+
+const char* const kFormatNames[kNumFormats] = {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"};
+
+const OutputSpec kOutputs[kNumOutputs] = {
+    {"counts", ScalarType::Long, &StatsOutputs::counts, OutputColumns::kCounts, 0.0},
+    {"hist", ScalarType::Long, &StatsOutputs::hist, OutputColumns::kHistBins, 0.0},
+    {"amax", ScalarType::Float, &StatsOutputs::amax, OutputColumns::kNone, 0.0},
+    {"amin_nonzero", ScalarType::Float, &StatsOutputs::amin_nonzero, OutputColumns::kNone, INFINITY},
+    {"sumsq", ScalarType::Double, &StatsOutputs::sumsq, OutputColumns::kNone, 0.0},
+};
+
+int64_t output_columns(OutputColumns columns, int num_formats) {
+  switch (columns) {
+    case OutputColumns::kCounts:
+      return count_columns(num_formats);
+    case OutputColumns::kHistBins:
+      return kHistBins;
+    case OutputColumns::kNone:
+      break;
+  }
+  return 0;
+}
+
+namespace {
+
+// Every element of a host tensor set to `value`, in the tensor's dtype (one of the outputs' dtypes).
+void fill_host(const Tensor& t, double value) {
+  const int64_t n = t.numel();
+  switch (t.scalar_type()) {
+    case ScalarType::Long:
+      std::fill_n(static_cast<int64_t*>(t.data_ptr()), n, static_cast<int64_t>(value));
+      break;
+    case ScalarType::Float:
+      std::fill_n(static_cast<float*>(t.data_ptr()), n, static_cast<float>(value));
+      break;
+    case ScalarType::Double:
+      std::fill_n(static_cast<double*>(t.data_ptr()), n, value);
+      break;
+    default:
+      fail("amp_inspect: an output of dtype ", t.scalar_type(), " cannot be filled");
+  }
+}
+
+int format_id(const std::string& name) {
+  std::string known;
+  for (int f = 0; f < kNumFormats; ++f) {
+    if (name == kFormatNames[f]) return f;
+    known += (f ? ", " : "") + std::string(kFormatNames[f]);
+  }
+  fail("amp_inspect.tensor_stats: unknown format '", name, "'; expected one of ", known);
+}
+
+InputDtype input_dtype(const Tensor& t, size_t position) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float:
+      return kFloat32;
+    case ScalarType::Half:
+      return kFloat16;
+    case ScalarType::BFloat16:
+      return kBFloat16;
+    case ScalarType::Double:
+      return kFloat64;
+    default:
+      fail("amp_inspect.tensor_stats: tensor ", position, " has dtype ", t.scalar_type(),
+           "; expected float32, float16, bfloat16 or float64");
+  }
+}
+
+// at::Tensor::is_non_overlapping_and_dense, computed by hand (the stable ABI has no call for it): the dims,
+// sorted by stride, tile the storage span exactly.
+bool non_overlapping_and_dense(const Tensor& t) {
+  const int64_t ndim = t.dim();
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (t.size(d) == 0) return true;
+    if (t.size(d) != 1) order.push_back(d);
+  }
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
+  int64_t expected = 1;
+  for (const int64_t d : order) {
+    if (t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+// at::has_internal_overlap's "Yes" (the only answer it is sure of): a dim of more than one element with
+// stride 0, as expand() makes.
+bool surely_overlapping(const Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) == 0) return true;
+  }
+  return false;
+}
+
+// Tensor::layout() is in the stable headers from torch 2.11 only; the C shim's call is older.
+bool is_strided(const Tensor& t) {
+  int32_t layout = -1;
+  AMPI_CHECK(aoti_torch_get_layout(t.get(), &layout) == AOTI_TORCH_SUCCESS,
+             "amp_inspect.tensor_stats: could not read a tensor's layout");
+  return layout == aoti_torch_layout_strided();
+}
+
+float read_cpu_float(const Tensor& t) {
+  float v;
+  std::memcpy(&v, t.data_ptr(), sizeof v);
+  return v;
+}
+
+// Describes a strided tensor with its dims collapsed: size-1 dims dropped, neighbours merged where they
+// are laid out as one. Returns false when more than kMaxDims dims remain.
+bool describe_strided(const Tensor& t, TensorView& view) {
+  int64_t sizes[64];
+  int64_t strides[64];
+  int ndim = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.size(d);
+    const int64_t stride = t.stride(d);
+    if (size == 1) continue;
+    if (ndim > 0 && strides[ndim - 1] == stride * size) {
+      sizes[ndim - 1] *= size;
+      strides[ndim - 1] = stride;
+      continue;
+    }
+    if (ndim == 64) return false;
+    sizes[ndim] = size;
+    strides[ndim] = stride;
+    ++ndim;
+  }
+  if (ndim > kMaxDims) return false;
+  if (ndim == 0) {  // a single element
+    sizes[0] = 1;
+    strides[0] = 1;
+    ndim = 1;
+  }
+  view.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    view.sizes[d] = sizes[d];
+    view.strides[d] = strides[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string device_name(const Device& device) {
+  std::string name;
+  switch (device.type()) {
+    case DeviceType::CPU:
+      return "cpu";
+    case DeviceType::CUDA:
+      name = "cuda";
+      break;
+    case DeviceType::Meta:
+      return "meta";
+    default:
+      name = "device type " + std::to_string(static_cast<int>(device.type()));
+  }
+  return device.has_index() ? name + ":" + std::to_string(device.index()) : name;
+}
+
+bool same_device(const Device& a, const Device& b) { return a.type() == b.type() && a.index() == b.index(); }
+
+Tensor empty_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Device& device, bool pinned) {
+  return torch::stable::empty(shape, dtype, torch::headeronly::Layout::Strided, device,
+                              pinned ? std::optional<bool>(true) : std::nullopt);
+}
+
+StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<Tensor>& scale,
+                       std::optional<double> scale_value, const std::vector<std::string>& formats,
+                       int64_t chunk_elems) {
+  StatsCall call;
+  call.num_tensors = static_cast<int64_t>(tensors.size());
+  call.chunk_elems = chunk_elems;
+
+  AMPI_CHECK(!formats.empty(), "amp_inspect.tensor_stats: formats must name at least one format");
+  AMPI_CHECK(formats.size() <= static_cast<size_t>(kMaxFormats), "amp_inspect.tensor_stats: at most ", kMaxFormats,
+             " formats, got ", formats.size());
+  bool seen[kNumFormats] = {false, false, false, false};
+  for (const auto& name : formats) {
+    const int id = format_id(name);
+    AMPI_CHECK(!seen[id], "amp_inspect.tensor_stats: format '", name, "' is listed twice");
+    seen[id] = true;
+    call.bounds[call.num_formats++] = kFormatBounds[id];
+  }
+
+  std::optional<Device> device;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    AMPI_CHECK(t.defined(), "amp_inspect.tensor_stats: tensor ", i, " is undefined (None)");
+    AMPI_CHECK(is_strided(t), "amp_inspect.tensor_stats: tensor ", i,
+               " is not a dense (strided) tensor; only dense tensors are supported");
+    input_dtype(t, i);
+    if (!device) device = t.device();
+    AMPI_CHECK(same_device(t.device(), *device), "amp_inspect.tensor_stats: tensor ", i, " is on ",
+               device_name(t.device()), " but tensor 0 is on ", device_name(*device),
+               "; the op takes one device per call (the Python entry point amp_inspect.tensor_stats groups mixed "
+               "lists by device)");
+  }
+
+  AMPI_CHECK(!(scale.has_value() && scale_value.has_value()),
+             "amp_inspect.tensor_stats: pass the scale as a tensor or as a number, not both");
+  if (scale_value.has_value()) {
+    const double s = *scale_value;
+    AMPI_CHECK(std::isfinite(s) && s > 0, "amp_inspect.tensor_stats: scale must be finite and positive, got ", s);
+    const float s32 = static_cast<float>(s);
+    AMPI_CHECK(std::isfinite(s32) && s32 > 0, "amp_inspect.tensor_stats: scale ", s,
+               " is not a finite positive float32");
+    call.has_scale = true;
+    call.scale_value = s32;
+  }
+  if (scale.has_value()) {
+    const Tensor& s = *scale;
+    AMPI_CHECK(s.scalar_type() == ScalarType::Float && s.numel() == 1,
+               "amp_inspect.tensor_stats: a scale tensor must be a float32 tensor of one element, got dtype ",
+               s.scalar_type(), " and ", s.numel(), " elements");
+    if (device) {
+      AMPI_CHECK(same_device(s.device(), *device), "amp_inspect.tensor_stats: the scale tensor is on ",
+                 device_name(s.device()), " but the tensors are on ", device_name(*device));
+    }
+    if (s.is_cpu()) {  // reading it costs no sync here, so check it like a number
+      const float v = read_cpu_float(s);
+      AMPI_CHECK(std::isfinite(v) && v > 0, "amp_inspect.tensor_stats: scale must be finite and positive, got ", v);
+    }
+    call.has_scale = true;
+    call.scale_ptr = static_cast<const float*>(s.data_ptr());
+  }
+
+  int64_t next_chunk = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    const int64_t numel = t.numel();
+    if (numel == 0) continue;
+    TensorView view{};
+    view.numel = numel;
+    view.out_row = static_cast<int64_t>(i);
+    view.dtype = input_dtype(t, i);
+    if (non_overlapping_and_dense(t)) {
+      // Statistics do not depend on element order, so any dense layout is read as its storage span, which
+      // starts at the element of smallest offset: data_ptr() plus the negative strides' reach (none here:
+      // torch tensors have no negative strides).
+      view.data = t.data_ptr();
+      view.ndim = 1;
+      view.sizes[0] = numel;
+      view.strides[0] = 1;
+    } else if (describe_strided(t, view)) {
+      view.data = t.data_ptr();
+    } else {
+      // More strided dims than a view holds: read a contiguous copy (rare; the only temporary the op makes).
+      Tensor copy = torch::stable::contiguous(t);
+      call.keep_alive.push_back(copy);
+      view.data = copy.data_ptr();
+      view.ndim = 1;
+      view.sizes[0] = numel;
+      view.strides[0] = 1;
+    }
+    view.first_chunk = next_chunk;
+    next_chunk += (numel + chunk_elems - 1) / chunk_elems;
+    call.views.push_back(view);
+  }
+  call.total_chunks = next_chunk;
+  return call;
+}
+
+void prepare_unscale(StatsCall& call, const std::vector<Tensor>& tensors, const Tensor& inv_scale,
+                     const Tensor& found_inf) {
+  AMPI_CHECK(!call.has_scale, "amp_inspect.unscale_stats_: takes no scale");
+  for (const Tensor* t : {&inv_scale, &found_inf}) {
+    AMPI_CHECK(t->scalar_type() == ScalarType::Float && t->numel() == 1,
+               "amp_inspect.unscale_stats_: inv_scale and found_inf must be float32 tensors of one element");
+    if (!tensors.empty()) {
+      AMPI_CHECK(same_device(t->device(), tensors[0].device()),
+                 "amp_inspect.unscale_stats_: inv_scale and found_inf must be on ", device_name(tensors[0].device()),
+                 ", got ", device_name(t->device()));
+    }
+  }
+  AMPI_CHECK(call.keep_alive.empty(), "amp_inspect.unscale_stats_: a tensor has more than ", kMaxDims,
+             " strided dims after collapsing; it cannot be unscaled in place (make it contiguous)");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    AMPI_CHECK(tensors[i].numel() <= 1 || non_overlapping_and_dense(tensors[i]) || !surely_overlapping(tensors[i]),
+               "amp_inspect.unscale_stats_: tensor ", i,
+               " has overlapping elements (e.g. expanded); it cannot be unscaled in place");
+  }
+  call.unscale = true;
+  call.inv_scale_ptr = static_cast<const float*>(inv_scale.data_ptr());
+  call.found_inf_ptr = static_cast<float*>(found_inf.data_ptr());
+  if (inv_scale.is_cpu()) call.inv_scale_value = read_cpu_float(inv_scale);
+}
+
+StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device& device, OutputFill fill) {
+  AMPI_CHECK(fill != OutputFill::kZeroed || device.type() == DeviceType::CPU,
+             "amp_inspect: zeroed outputs are made on the CPU only");
+  StatsOutputs out;
+  for (const OutputSpec& spec : kOutputs) {
+    std::vector<int64_t> shape{num_tensors};
+    if (spec.columns != OutputColumns::kNone) shape.push_back(output_columns(spec.columns, num_formats));
+    Tensor t = empty_tensor(shape, spec.dtype, device);
+    // Filled on the host memory rather than with zero_/fill_ ops: no dispatcher round trip per output.
+    if (fill == OutputFill::kZeroed) fill_host(t, spec.neutral);
+    out.*spec.member = t;
+  }
+  return out;
+}
+
+KernelCall prepare_kernel_call(const StatsCall& call, const Device& device) {
+  KernelCall k;
+  k.out = allocate_outputs(call.num_tensors, call.num_formats, device, OutputFill::kUninitialised);
+  k.workspace = empty_tensor({call.num_tensors, workspace_columns(call.num_formats)}, ScalarType::Long, device);
+
+  LaunchPlan& p = k.plan;
+  p = LaunchPlan{};
+  p.host_views = call.views.data();
+  p.num_views = static_cast<int64_t>(call.views.size());
+  p.device_views = nullptr;
+  p.num_tensors = call.num_tensors;
+  p.total_chunks = call.total_chunks;
+  p.chunk_elems = call.chunk_elems;
+  for (int f = 0; f < call.num_formats; ++f) p.bounds[f] = call.bounds[f];
+  p.num_formats = call.num_formats;
+  p.mode = call.unscale ? kLaunchUnscale : (call.has_scale ? kLaunchScaled : kLaunchPlain);
+  p.scale_value = call.scale_value;
+  p.scale_ptr = call.scale_ptr;
+  p.inv_scale = call.unscale ? call.inv_scale_ptr : nullptr;
+  p.found_inf = call.unscale ? call.found_inf_ptr : nullptr;
+  p.workspace = static_cast<int64_t*>(k.workspace.data_ptr());
+  p.workspace_words = k.workspace.numel();
+  p.counts = static_cast<int64_t*>(k.out.counts.data_ptr());
+  p.hist = static_cast<int64_t*>(k.out.hist.data_ptr());
+  p.amax = static_cast<float*>(k.out.amax.data_ptr());
+  p.amin_nonzero = static_cast<float*>(k.out.amin_nonzero.data_ptr());
+  p.sumsq = static_cast<double*>(k.out.sumsq.data_ptr());
+  return k;
+}
+
+}  // namespace amp_inspect

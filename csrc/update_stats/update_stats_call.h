@@ -1,0 +1,54 @@
+// update_stats_call.h: the host side of amp_inspect::update_stats shared by its backends: the checked, torch-free
+// description of a call (per parameter tensor: contiguous views of before, after, grad and exp_avg_sq) and the
+// outputs. The element logic the backends run on it is update_stats.h.
+//
+// The op (schema in module.cpp):
+//   update_stats(Tensor[] before, Tensor[] after, Tensor[] grads, Tensor[] exp_avg_sq) -> (counts, sums, amax)
+//   counts int64   [T, 8]  numel, with_grad, lost, changed, weight_nonfinite, weight_subnormal, state_underflow,
+//                          made_nonfinite
+//   sums   float64 [T, 2]  sq_change, sq_weight
+//   amax   float32 [T]     max |after| over finite after (0 when none)
+// amp_inspect/core/statistics.py's UPDATE entries are the same table, checked against _C.layout()["update"].
+#pragma once
+
+#include <vector>
+
+#include "tensor_stats/tensor_stats_call.h"
+#include "update_stats/update_stats.h"
+
+namespace amp_inspect {
+
+// One nonempty parameter tensor as the kernels read it: four contiguous arrays of `numel` elements.
+struct UpdateView {
+  const void* before;
+  const void* after;
+  const void* grad;
+  const void* state;  // null: no exp_avg_sq given
+  int64_t numel;
+  int64_t out_row;  // the tensor's position in the caller's lists
+  int32_t weight_dtype;  // InputDtype of before and after
+  int32_t grad_dtype;
+  int32_t state_dtype;
+};
+
+struct UpdateCall {
+  std::vector<UpdateView> views;   // nonempty tensors only, in caller order
+  std::vector<Tensor> keep_alive;  // contiguous copies of inputs given in another layout
+  int64_t num_tensors = 0;         // T, empty tensors included
+};
+
+// Checks the op's arguments (one sentence per problem, naming the list and position) and describes them.
+UpdateCall prepare_update_call(const std::vector<Tensor>& before, const std::vector<Tensor>& after,
+                               const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg_sq);
+
+struct UpdateOutputs {
+  Tensor counts;
+  Tensor sums;
+  Tensor amax;
+};
+
+// The outputs on `device`: zeroed (kZeroed, CPU only) or uninitialised.
+UpdateOutputs allocate_update_outputs(int64_t num_tensors, const Device& device,
+                                      OutputFill fill = OutputFill::kZeroed);
+
+}  // namespace amp_inspect
