@@ -112,7 +112,7 @@ PyObject* readiness_layout();  // below
 PyObject* update_layout();     // below
 
 // amp_inspect._C.layout(): the tables this binary was compiled with, for Python to check its schema of statistics
-// against (amp_inspect/core/statistics.py `layout_problem`): the format names and bounds as bit patterns (numerics.h
+// against (amp_inspect/core/statistics.py `layout_problem`): the format names and bounds as bit patterns (tensor_stats.h
 // kFormatBounds), the count columns (kFixedCountColumns, and per format), the histogram bins and the outputs.
 PyObject* layout(PyObject*, PyObject*) {
   using namespace amp_inspect;

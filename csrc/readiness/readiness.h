@@ -25,8 +25,8 @@
 // here that meets an addition is exact in float64 (q times a power of two, or q's 2 bits times a 24-bit scale),
 // but the squared errors added into sums, whose rounding the sums' stated tolerance already allows.
 //
-// Torch-free and host+device (AMPI_HD from numerics.h); the tables (kRecipes, kElementGrids) are host-only:
-// the host copies what a call needs into the kernels' arguments, as it does with numerics.h's kFormatBounds.
+// Torch-free and host+device (AMPI_HD from common/numerics.h); the tables (kRecipes, kElementGrids) are host-only:
+// the host copies what a call needs into the kernels' arguments, as tensor_stats does with its kFormatBounds.
 #pragma once
 
 #include <cstdint>
@@ -120,34 +120,8 @@ AMPI_HD int readiness_sum_columns(int num_recipes) {
 
 // ---- exact conversions between float32 bits and float64, on the integer bits ----
 
-constexpr int kMantissaBits32 = 23;
-constexpr uint32_t kMantissaMask32 = 0x007FFFFFu;
-constexpr uint32_t kImplicitBit32 = 0x00800000u;
-constexpr int kExponentBias32 = 127;
-constexpr int kMantissaBits64 = 52;
-constexpr uint64_t kMantissaMask64 = 0x000FFFFFFFFFFFFFull;
-constexpr int kExponentBias64 = 1023;
+// (the float32 / float64 field constants and the bit casts are common/numerics.h's)
 constexpr double kFloatSubnormalUnit = 1.4012984643248171e-45;  // 2^-149, a normal float64
-
-AMPI_HD double bits_as_float64(uint64_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(bits));
-#else
-  double d;
-  __builtin_memcpy(&d, &bits, sizeof d);
-  return d;
-#endif
-}
-
-AMPI_HD uint64_t float64_as_bits(double d) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(d));
-#else
-  uint64_t bits;
-  __builtin_memcpy(&bits, &d, sizeof bits);
-  return bits;
-#endif
-}
 
 // 2^e as float64, exactly, for e in [-1022, 1023].
 AMPI_HD double pow2(int32_t e) {

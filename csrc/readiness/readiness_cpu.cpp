@@ -46,28 +46,6 @@ constexpr int kSubBlocks = kLargestBlock / kSmallestBlock;
 constexpr int kMaxCountColumns = kReadinessFixedCounts + kReadinessCountsPerRecipe * kNumRecipes;
 constexpr int kMaxSumColumns = kReadinessFixedSums + kReadinessSumsPerRecipe * kNumRecipes;
 
-AMPI_CPU_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
-}
-AMPI_CPU_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);  // exact whatever the FTZ mode (numerics.h)
-}
-
-// Elements [start, start + n) of a view as float32 bits (exact widening: bf16 on its bits, fp16 by numerics.h).
-void load_bits(const ReadinessView& view, int64_t start, int64_t n, uint32_t* out) {
-  switch (view.dtype) {
-    case kFloat32:
-      std::memcpy(out, static_cast<const uint32_t*>(view.data) + start, sizeof(uint32_t) * n);
-      break;
-    case kBFloat16:
-      widen_bf16(static_cast<const uint16_t*>(view.data) + start, n, out);
-      break;
-    default:
-      widen_fp16(static_cast<const uint16_t*>(view.data) + start, n, out);
-      break;
-  }
-}
-
 // How a view's units (128-element blocks of its rows) fall into chunks.
 struct ViewWork {
   int64_t units_per_row;    // ceil(row_length / 128)
@@ -358,7 +336,7 @@ AMPI_CPU_CLONES UnitScan scan_unit_wide(uint32_t* bits, int64_t n, uint32_t* sub
 void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall& call, const TensorRecipes& tr,
                 ChunkTotals& out) {
   uint32_t bits[kLargestBlock];
-  load_bits(view, range.start, range.length, bits);
+  load_f32_bits(view.data, view.dtype, range.start, range.length, bits);  // exact (common/cpu_clones.h)
   const int64_t n = range.length;
   uint32_t sub_amax[kSubBlocks] = {};
   const bool wide = wide_lanes();

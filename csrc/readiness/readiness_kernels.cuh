@@ -25,14 +25,10 @@
 
 #include <cstdint>
 
+#include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
 #include "readiness/readiness.h"
 #include "readiness/readiness_launch.h"
-
-// The GPU build and the CPU emulation must not share symbol names: both may be linked into one library.
-#if !defined(AMPI_KERNELS_NAMESPACE)
-#define AMPI_KERNELS_NAMESPACE gpu
-#endif
 
 namespace amp_inspect {
 namespace readiness_kernels {
@@ -108,32 +104,7 @@ struct ReadinessParams {
 
 // ---- loading ----
 
-template <int kDtype>
-struct Storage;
-template <>
-struct Storage<kFloat32> {
-  using type = uint32_t;
-};
-template <>
-struct Storage<kFloat16> {
-  using type = uint16_t;
-};
-template <>
-struct Storage<kBFloat16> {
-  using type = uint16_t;
-};
-
-// float32 bits of a stored word: exact for fp32, fp16 (subnormals included) and bf16.
-template <int kDtype>
-__device__ __forceinline__ uint32_t as_f32_bits(typename Storage<kDtype>::type raw) {
-  if constexpr (kDtype == kFloat32) {
-    return raw;
-  } else if constexpr (kDtype == kFloat16) {
-    return __float_as_uint(__half2float(__ushort_as_half(raw)));  // HADD2.F32: exact, subnormals included
-  } else {
-    return bf16_to_f32_bits(raw);
-  }
-}
+// The storage word of each dtype (Storage) and its float32 bits (stored_as_f32_bits): common/dtype_load.cuh.
 
 // The float32 bits of elements [at, at + count) of a row, count <= kGroup; the rest +0. A full, 16-byte
 // aligned group is read with 16-byte loads through the read-only path (one for fp16/bf16, two for fp32);
@@ -152,16 +123,16 @@ __device__ __forceinline__ void load_group(const void* data, int64_t at, int cou
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         if constexpr (sizeof(W) == 4) {
-          bits[l * kPerVector + c] = as_f32_bits<kDtype>(w[c]);
+          bits[l * kPerVector + c] = stored_as_f32_bits<kDtype>(w[c]);
         } else {
-          bits[l * kPerVector + 2 * c] = as_f32_bits<kDtype>(static_cast<W>(w[c] & 0xFFFFu));
-          bits[l * kPerVector + 2 * c + 1] = as_f32_bits<kDtype>(static_cast<W>(w[c] >> 16));
+          bits[l * kPerVector + 2 * c] = stored_as_f32_bits<kDtype>(static_cast<W>(w[c] & 0xFFFFu));
+          bits[l * kPerVector + 2 * c + 1] = stored_as_f32_bits<kDtype>(static_cast<W>(w[c] >> 16));
         }
       }
     }
   } else {
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) bits[k] = k < count ? as_f32_bits<kDtype>(__ldg(p + k)) : 0u;
+    for (int k = 0; k < kGroup; ++k) bits[k] = k < count ? stored_as_f32_bits<kDtype>(__ldg(p + k)) : 0u;
   }
 }
 
@@ -464,7 +435,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __grid_constant__ 
     const int64_t numel = view.rows * view.row_length;
     uint32_t amax = 0;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < numel; i += stride) {
-      const uint32_t a = as_f32_bits<kDtype>(__ldg(data + i)) & kAbsMask32;
+      const uint32_t a = stored_as_f32_bits<kDtype>(__ldg(data + i)) & kAbsMask32;
       amax = max_u32(amax, is_finite32(a) ? a : 0u);
     }
     amax = warp_max(amax);

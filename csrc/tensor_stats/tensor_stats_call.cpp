@@ -13,8 +13,6 @@
 
 namespace amp_inspect {
 
-const char* const kFormatNames[kNumFormats] = {"fp16", "bf16", "fp8_e4m3", "fp8_e5m2"};
-
 const OutputSpec kOutputs[kNumOutputs] = {
     {"counts", ScalarType::Long, &StatsOutputs::counts, OutputColumns::kCounts, 0.0},
     {"hist", ScalarType::Long, &StatsOutputs::hist, OutputColumns::kHistBins, 0.0},

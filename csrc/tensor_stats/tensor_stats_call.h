@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/numerics.h"
+#include "tensor_stats/tensor_stats.h"
 #include "tensor_stats/tensor_stats_launch.h"
 
 namespace amp_inspect {
@@ -71,9 +71,6 @@ struct OutputSpec {
 constexpr int kNumOutputs = 5;
 extern const OutputSpec kOutputs[kNumOutputs];
 int64_t output_columns(OutputColumns columns, int num_formats);
-
-// Format names in FormatId order: the one list of them (Python reads it through amp_inspect._C.layout()).
-extern const char* const kFormatNames[kNumFormats];
 
 struct StatsCall {
   std::vector<TensorView> views;  // nonempty tensors only, in caller order

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "common/cpu_clones.h"
 #include "tensor_stats/tensor_stats_call.h"
 
 namespace amp_inspect {
@@ -36,22 +37,6 @@ namespace {
 constexpr int64_t kCpuChunkElems = int64_t{1} << 16;  // one unit of parallel work
 constexpr int64_t kBlockElems = 2048;                 // staged in L1: 8 KiB of float32 bits
 constexpr int kHistCopies = 8;  // interleaved histograms: runs of equal bins don't chain on one counter
-
-inline float bits_to_float(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline uint32_t float_to_bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
-}
-inline double bits_to_double(uint64_t bits) {
-  double d;
-  std::memcpy(&d, &bits, sizeof d);
-  return d;
-}
 
 // Running statistics of one tensor on one thread.
 struct TensorAccumulator {
@@ -133,7 +118,7 @@ using BinVec = uint8_t __attribute__((vector_size(kVectorWidth)));
 constexpr int kMaxWindowBins = 40;
 // Sums of squares: float32 lanes for this many vectors, then float64 (see count_block32_impl).
 constexpr int kSquaresPerFlush = 16;
-// Blocks whose largest |v| lies in [kFloatSquaresFrom, kFloatSquaresBelow) (numerics.h, with the proof) sum their
+// Blocks whose largest |v| lies in [kFloatSquaresFrom, kFloatSquaresBelow) (tensor_stats.h, with the proof) sum their
 // squares in float32 lanes of at most kSquaresPerFlush terms each; squares lost below float32's subnormal range (at
 // most kBlockElems of them) are below 2^-38 of the block's sum. Other blocks sum in float64.
 
@@ -244,7 +229,7 @@ __attribute__((always_inline)) inline void count_block32_full(const uint32_t* __
     if (is_finite32(a)) {
       tail_max = std::max(tail_max, a);
       if (a != 0) tail_min = std::min(tail_min, a);
-      const double v = static_cast<double>(bits_to_float(a));
+      const double v = static_cast<double>(bits_as_float32(a));
       tail_sumsq += v * v;
     }
     bins[i] = static_cast<uint8_t>(hist_bin(bits[i]));
@@ -282,7 +267,7 @@ __attribute__((always_inline)) inline void count_block32_full(const uint32_t* __
     block_sumsq = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       const uint32_t a = bits[i] & kAbsMask32;
-      const double v = static_cast<double>(bits_to_float(is_finite32(a) ? a : 0u));
+      const double v = static_cast<double>(bits_as_float32(is_finite32(a) ? a : 0u));
       block_sumsq += v * v;
     }
   }
@@ -402,7 +387,7 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
   if (block_max > 0 && (block_max < kFloatSquaresFrom || block_max >= kFloatSquaresBelow)) {
     block_sumsq = 0.0;  // squares near float32's limits: float64, as count_block32_full does
     for (int64_t i = 0; i < n; ++i) {
-      const double v = static_cast<double>(bits_to_float((keys[i] & kKeyMask) << kShift));
+      const double v = static_cast<double>(bits_as_float32((keys[i] & kKeyMask) << kShift));
       block_sumsq += v * v;
     }
   }
@@ -536,7 +521,7 @@ __attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __
     const uint32_t a = bits[i] & kAbsMask32;
     scan.max_key = std::max(scan.max_key, a);
     scan.min_key_minus_one = std::min(scan.min_key_minus_one, a - 1u);
-    const double v = static_cast<double>(bits_to_float(a));
+    const double v = static_cast<double>(bits_as_float32(a));
     scan.sumsq += v * v;
     bins[i] = static_cast<uint8_t>(a >> kExponentShift32);
   }
@@ -595,7 +580,7 @@ __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __
     const uint32_t a = raw[i] & 0x7FFFu;
     scan.max_key = std::max(scan.max_key, a);
     if (a != 0) scan.min_key_minus_one = std::min(scan.min_key_minus_one, a - 1u);
-    const double v = static_cast<double>(bits_to_float(a << 16));
+    const double v = static_cast<double>(bits_as_float32(a << 16));
     scan.sumsq += v * v;
     bins[i] = static_cast<uint8_t>(a >> 7);
   }
@@ -603,12 +588,7 @@ __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __
 }
 
 // One entry point per format count, so each inner loop is unrolled over its formats, cloned for AVX-512,
-// AVX2 and baseline x86-64; the loader picks the best clone for the machine.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AMPI_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define AMPI_CPU_CLONES
-#endif
+// AVX2 and baseline x86-64 (AMPI_CPU_CLONES, common/cpu_clones.h); the loader picks the best clone for the machine.
 AMPI_CPU_CLONES void count_block32_f1(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
   if (!count_block32_impl<1>(bits, n, bounds, out, hist)) count_block32_full<1>(bits, n, bounds, out, hist);
@@ -628,46 +608,40 @@ AMPI_CPU_CLONES void count_block32_f4(const uint32_t* bits, int64_t n, const For
 
 // ---- widening 16-bit inputs to float32 bits, block by block (contiguous views) ----
 
-// bfloat16 is the top half of a float32: a shift, vectorised per clone.
-AMPI_CPU_CLONES void widen_bf16(const uint16_t* __restrict src, uint32_t* __restrict dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32_bits(src[i]);
-}
+// bfloat16: common/cpu_clones.h's widen_bf16, a shift vectorised per clone.
 
 // float16 through the hardware conversion where the CPU has it (F16C, or AVX-512F for 16 at a time):
 // vcvtph2ps is exact for every half, subnormals included (MXCSR.DAZ is ignored, the result is normal),
 // and quiets a signalling NaN, which is still a NaN (|bits| > Inf, bin 255): no count changes. Elsewhere
-// numerics.h's fp16_to_f32_bits on the bits.
-void widen_fp16_soft(const uint16_t* src, uint32_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32_bits(src[i]);
-}
+// common/cpu_clones.h's widen_fp16, numerics.h's fp16_to_f32_bits on the bits.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target("avx512f"))) void widen_fp16_avx512(const uint16_t* src, uint32_t* dst, int64_t n) {
+__attribute__((target("avx512f"))) void widen_fp16_avx512(const uint16_t* src, int64_t n, uint32_t* dst) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
     _mm512_storeu_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_castps_si512(_mm512_cvtph_ps(h)));
   }
-  widen_fp16_soft(src + i, dst + i, n - i);
+  widen_fp16(src + i, n - i, dst + i);
 }
-__attribute__((target("avx,f16c"))) void widen_fp16_f16c(const uint16_t* src, uint32_t* dst, int64_t n) {
+__attribute__((target("avx,f16c"))) void widen_fp16_f16c(const uint16_t* src, int64_t n, uint32_t* dst) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_castps_si256(_mm256_cvtph_ps(h)));
   }
-  widen_fp16_soft(src + i, dst + i, n - i);
+  widen_fp16(src + i, n - i, dst + i);
 }
 #endif
 
-using WidenFn = void (*)(const uint16_t*, uint32_t*, int64_t);
+using WidenFn = void (*)(const uint16_t*, int64_t, uint32_t*);
 WidenFn pick_widen_fp16() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   if (__builtin_cpu_supports("avx512f")) return widen_fp16_avx512;
   if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) return widen_fp16_f16c;
 #endif
-  return widen_fp16_soft;
+  return widen_fp16;
 }
-const WidenFn widen_fp16 = pick_widen_fp16();
+const WidenFn widen_fp16_fastest = pick_widen_fp16();
 
 AMPI_CPU_CLONES void count_block16_f1(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
@@ -753,17 +727,17 @@ void count_chunk64(const TensorView& view, int64_t start, int64_t count, const S
         if (is_finite64(a)) {
           max_abs = std::max(max_abs, a);
           if (a != 0) min_abs = std::min(min_abs, a);
-          const double v = bits_to_double(a);
+          const double v = bits_as_float64(a);
           sumsq += v * v;
         }
         // The histogram is over float32(v): a double beyond float32's range lands in bin 255.
-        acc.hist[hist_bin(float_to_bits(static_cast<float>(bits_to_double(b))))] += 1;
+        acc.hist[hist_bin(float32_as_bits(static_cast<float>(bits_as_float64(b))))] += 1;
       });
   // Rounding to float32 is monotonic, so the rounded extreme is the extreme of the rounded values.
-  acc.max_abs = std::max(acc.max_abs, float_to_bits(static_cast<float>(bits_to_double(max_abs))));
+  acc.max_abs = std::max(acc.max_abs, float32_as_bits(static_cast<float>(bits_as_float64(max_abs))));
   if (min_abs != kInfBits64) {
     acc.min_abs_nonzero =
-        std::min(acc.min_abs_nonzero, float_to_bits(static_cast<float>(bits_to_double(min_abs))));
+        std::min(acc.min_abs_nonzero, float32_as_bits(static_cast<float>(bits_as_float64(min_abs))));
   }
   acc.sumsq += sumsq;
 }
@@ -772,7 +746,7 @@ void count_chunk64(const TensorView& view, int64_t start, int64_t count, const S
 // `widen`, when given, turns a contiguous run of T into float32 bits at once (what to_bits does per element).
 template <typename T, typename ToBits>
 void count_chunk32(const TensorView& view, int64_t start, int64_t count, const StatsCall& call,
-                   TensorAccumulator& acc, ToBits&& to_bits, void (*widen)(const T*, uint32_t*, int64_t) = nullptr) {
+                   TensorAccumulator& acc, ToBits&& to_bits, void (*widen)(const T*, int64_t, uint32_t*) = nullptr) {
   alignas(64) uint32_t buffer[kBlockElems];
   uint32_t hist[kHistCopies][kHistBins] = {};
   const ElementReader<T> reader{static_cast<const T*>(view.data), view};
@@ -798,13 +772,13 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       }
     }
     if (widen != nullptr && is_contiguous_view(view)) {
-      widen(reader.base + start + done, buffer, n);
+      widen(reader.base + start + done, n, buffer);
       if (call.has_scale) {
-        for (int64_t i = 0; i < n; ++i) buffer[i] = float_to_bits(bits_to_float(buffer[i]) * scale);
+        for (int64_t i = 0; i < n; ++i) buffer[i] = float32_as_bits(bits_as_float32(buffer[i]) * scale);
       }
     } else if (call.has_scale) {
       reader.for_each(start + done, n, [&](int64_t i, T x) {
-        buffer[i] = float_to_bits(bits_to_float(to_bits(x)) * scale);  // one float32 multiply
+        buffer[i] = float32_as_bits(bits_as_float32(to_bits(x)) * scale);  // one float32 multiply
       });
     } else {
       reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
@@ -828,7 +802,7 @@ void count_chunk(const TensorView& view, int64_t start, int64_t count, const Sta
       break;
     case kFloat16:
       count_chunk32<uint16_t>(view, start, count, call, acc, [](uint16_t x) { return fp16_to_f32_bits(x); },
-                              widen_fp16);
+                              widen_fp16_fastest);
       break;
     case kBFloat16:
       count_chunk32<uint16_t>(view, start, count, call, acc, [](uint16_t x) { return bf16_to_f32_bits(x); },
@@ -837,7 +811,7 @@ void count_chunk(const TensorView& view, int64_t start, int64_t count, const Sta
     case kFloat64:
       if (call.has_scale) {  // v = float32(x) * scale: the float32 path after one rounding
         count_chunk32<uint64_t>(view, start, count, call, acc, [](uint64_t x) {
-          return float_to_bits(static_cast<float>(bits_to_double(x)));
+          return float32_as_bits(static_cast<float>(bits_as_float64(x)));
         });
       } else {
         count_chunk64(view, start, count, call, acc);
@@ -948,8 +922,8 @@ StatsOutputs run_cpu(const StatsCall& call) {
     const RawCounts& c = sink.counts[row];
     any_non_finite = any_non_finite || (c.nan + c.posinf + c.neginf) > 0;
     finalize_counts(c, call.num_formats, counts + row * columns);
-    amax[row] = bits_to_float(sink.max_abs[row]);
-    amin[row] = bits_to_float(sink.min_abs_nonzero[row]);
+    amax[row] = bits_as_float32(sink.max_abs[row]);
+    amin[row] = bits_as_float32(sink.min_abs_nonzero[row]);
   }
   if (call.unscale && any_non_finite) *call.found_inf_ptr = 1.0f;
   return out;

@@ -1,7 +1,7 @@
 // tensor_stats_cuda.cu: the GPU build of the kernels in tensor_stats_kernels.cuh and the backend that launches
 // them: a memset of the workspace, the statistics kernels (one per dtype present) with grids sized from the
 // occupancy API, and the finalize kernel above 16 tensors (below, the last stats block finalizes). The
-// per-element tests come from numerics.h, the same code the CPU kernel runs; the same kernel source also runs
+// per-element tests come from tensor_stats.h, the same code the CPU kernel runs; the same kernel source also runs
 // on the CPU under tests (tensor_stats_emu.cpp). Built without fast-math (float32 subnormals must survive).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

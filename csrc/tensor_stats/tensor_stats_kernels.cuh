@@ -31,13 +31,10 @@
 
 #include <cstdint>
 
+#include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
+#include "tensor_stats/tensor_stats.h"
 #include "tensor_stats/tensor_stats_launch.h"
-
-// The GPU build and the CPU emulation must not share symbol names: both are linked into one library.
-#if !defined(AMPI_KERNELS_NAMESPACE)
-#define AMPI_KERNELS_NAMESPACE gpu
-#endif
 
 namespace amp_inspect {
 namespace kernels {
@@ -65,7 +62,7 @@ constexpr int kFinalizeThreads = 256;
 // Calls of at most this many rows finalize in their last stats block (one block copies 256 histogram bins per
 // row; beyond this a separate finalize kernel, many blocks, is faster than one block).
 constexpr int64_t kFinalizeInBlockRows = 16;
-// Batches (16 values) sum their squares in float32 where numerics.h's kFloatSquaresFrom / kFloatSquaresBelow
+// Batches (16 values) sum their squares in float32 where tensor_stats.h's kFloatSquaresFrom / kFloatSquaresBelow
 // allow it, else in float64.
 
 // What a launch does besides counting.
@@ -191,39 +188,7 @@ __device__ __forceinline__ void split_nonfinite32(Tally<kFormats>& t, uint32_t b
   t.n[T::kNegInf] += bits == kNegInfBits32;
 }
 
-// Storage word of each input dtype.
-template <int kDtype>
-struct Storage;
-template <>
-struct Storage<kFloat32> {
-  using type = uint32_t;
-};
-template <>
-struct Storage<kFloat16> {
-  using type = uint16_t;
-};
-template <>
-struct Storage<kBFloat16> {
-  using type = uint16_t;
-};
-template <>
-struct Storage<kFloat64> {
-  using type = uint64_t;
-};
-
-// float32 bits of a stored value, before any scale: exact for fp16/bf16/fp32, rounded once for fp64.
-template <int kDtype>
-__device__ __forceinline__ uint32_t stored_as_f32_bits(typename Storage<kDtype>::type raw) {
-  if constexpr (kDtype == kFloat32) {
-    return raw;
-  } else if constexpr (kDtype == kFloat16) {
-    return __float_as_uint(__half2float(__ushort_as_half(raw)));  // HADD2.F32: exact, subnormals included
-  } else if constexpr (kDtype == kBFloat16) {
-    return bf16_to_f32_bits(raw);
-  } else {
-    return __float_as_uint(__double2float_rn(__longlong_as_double(static_cast<long long>(raw))));
-  }
-}
+// The storage word of each dtype (Storage) and its float32 bits (stored_as_f32_bits): common/dtype_load.cuh.
 
 // x * inv_scale in the tensor's dtype, as torch's unscale kernel computes it (float32 math rounded to the
 // dtype; float64 math for float64).

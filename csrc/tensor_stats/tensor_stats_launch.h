@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "common/numerics.h"
+#include "tensor_stats/tensor_stats.h"
 
 namespace amp_inspect {
 

@@ -42,27 +42,6 @@ constexpr int kSumLanes = 8;                       // float64 running sums per t
 static_assert(kChunkElems % kStage == 0 && kStage % kSumLanes == 0, "a block's lanes continue the chunk's");
 static_assert(kChunkElems < (int64_t{1} << 31), "a chunk's counts are kept in int32");
 
-AMPI_CPU_CLONES void widen_bf16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32_bits(p[i]);
-}
-AMPI_CPU_CLONES void widen_fp16(const uint16_t* __restrict p, int64_t n, uint32_t* __restrict out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_f32_bits(p[i]);  // exact whatever the FTZ mode (numerics.h)
-}
-
-// Elements [start, start + n) of one input as float32 bits: float32 read in place, 16-bit widened into `stage`.
-const uint32_t* input_bits(const void* data, int32_t dtype, int64_t start, int64_t n, uint32_t* stage) {
-  switch (dtype) {
-    case kFloat32:
-      return static_cast<const uint32_t*>(data) + start;
-    case kBFloat16:
-      widen_bf16(static_cast<const uint16_t*>(data) + start, n, stage);
-      return stage;
-    default:
-      widen_fp16(static_cast<const uint16_t*>(data) + start, n, stage);
-      return stage;
-  }
-}
-
 // The totals of one chunk while it is read: exact int32 counts (a chunk holds fewer than 2^31 elements), the float64
 // sums in lanes, the amax as |bits|.
 struct ChunkTally {
@@ -186,11 +165,11 @@ UpdateTally tally_chunk(const UpdateView& view, int64_t start, int64_t n) {
   std::memset(&t, 0, sizeof t);
   for (int64_t done = 0; done < n; done += kStage) {
     const int64_t m = std::min(kStage, n - done), at = start + done;
-    const uint32_t* before = input_bits(view.before, view.weight_dtype, at, m, before_stage);
-    const uint32_t* after = input_bits(view.after, view.weight_dtype, at, m, after_stage);
-    const uint32_t* grad = input_bits(view.grad, view.grad_dtype, at, m, grad_stage);
+    const uint32_t* before = f32_bits_in_place(view.before, view.weight_dtype, at, m, before_stage);
+    const uint32_t* after = f32_bits_in_place(view.after, view.weight_dtype, at, m, after_stage);
+    const uint32_t* grad = f32_bits_in_place(view.grad, view.grad_dtype, at, m, grad_stage);
     if (view.state != nullptr) {
-      const uint32_t* state = input_bits(view.state, view.state_dtype, at, m, state_stage);
+      const uint32_t* state = f32_bits_in_place(view.state, view.state_dtype, at, m, state_stage);
       (wide ? tally_block_with_state_wide : tally_block_with_state)(before, after, grad, state, m, weight_normal,
                                                                     state_normal, t);
     } else {

@@ -16,14 +16,10 @@
 
 #include <cstdint>
 
+#include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
 #include "update_stats/update_stats.h"
 #include "update_stats/update_stats_launch.h"
-
-// The GPU build and the CPU emulation must not share symbol names: both may be linked into one library.
-#if !defined(AMPI_KERNELS_NAMESPACE)
-#define AMPI_KERNELS_NAMESPACE gpu
-#endif
 
 namespace amp_inspect {
 
@@ -42,11 +38,7 @@ struct UpdateParams {
   float* amax;
 };
 
-__device__ __forceinline__ uint32_t load_bits(const void* data, int32_t dtype, int64_t i) {
-  if (dtype == kFloat32) return static_cast<const uint32_t*>(data)[i];
-  const uint16_t h = static_cast<const uint16_t*>(data)[i];
-  return dtype == kBFloat16 ? bf16_to_f32_bits(h) : fp16_to_f32_bits(h);
-}
+// Each input is read by its dtype at run time: common/dtype_load.cuh's load_as_f32_bits.
 
 __global__ void __launch_bounds__(kThreads) update_stats_kernel(const __grid_constant__ UpdateParams p) {
   __shared__ UpdateTally scratch[kThreads];
@@ -63,9 +55,10 @@ __global__ void __launch_bounds__(kThreads) update_stats_kernel(const __grid_con
     UpdateTally t;
     clear_tally(t);
     for (int64_t i = start + tid; i < end; i += kThreads) {
-      const uint32_t state = has_state ? load_bits(view.state, view.state_dtype, i) : 0u;
-      tally_update_element(t, load_bits(view.before, view.weight_dtype, i), load_bits(view.after, view.weight_dtype, i),
-                           load_bits(view.grad, view.grad_dtype, i), state, has_state, weight_normal, state_normal);
+      const uint32_t state = has_state ? load_as_f32_bits(view.state, view.state_dtype, i) : 0u;
+      tally_update_element(t, load_as_f32_bits(view.before, view.weight_dtype, i),
+                           load_as_f32_bits(view.after, view.weight_dtype, i),
+                           load_as_f32_bits(view.grad, view.grad_dtype, i), state, has_state, weight_normal, state_normal);
     }
     scratch[tid] = t;
     __syncthreads();
