@@ -223,12 +223,13 @@ def _extensions():
     # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
     cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
     # Format readiness (readiness/) joins the CPU library beside tensor_stats.
-    cpu_sources = ("module.cpp", "tensor_stats/tensor_stats_call.cpp", "tensor_stats/tensor_stats_cpu.cpp")
+    cpu_sources = ("module.cpp", "common/op.cpp", "tensor_stats/tensor_stats_call.cpp", "tensor_stats/tensor_stats_cpu.cpp")
     sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness/readiness_call.cpp", "readiness/readiness_cpu.cpp")]
     sources += [f"{CSRC}/update_stats/update_stats_call.cpp", f"{CSRC}/update_stats/update_stats_cpu.cpp"]  # issue 22
     # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
     # _C_cuda does), loaded after _C, whose schema library its ops join.
-    emu_sources = [f"{CSRC}/tensor_stats/tensor_stats_call.cpp", f"{CSRC}/tensor_stats/tensor_stats_emu.cpp"]
+    emu_sources = [f"{CSRC}/common/op.cpp", f"{CSRC}/tensor_stats/tensor_stats_call.cpp"]
+    emu_sources += [f"{CSRC}/tensor_stats/tensor_stats_emu.cpp"]
     emu_sources += [f"{CSRC}/readiness/readiness_call.cpp", f"{CSRC}/readiness/readiness_emu.cpp"]
     emu_sources += [f"{CSRC}/update_stats/update_stats_call.cpp", f"{CSRC}/update_stats/update_stats_emu.cpp"]
     emu = CppExtension(
@@ -267,7 +268,8 @@ def _extensions():
     toolkit = _pip_toolkit_paths()
     cuda = CUDAExtension(
         "amp_inspect._C_cuda",
-        [f"{CSRC}/tensor_stats/{name}" for name in ("tensor_stats_call.cpp", "tensor_stats_cuda_op.cpp", "tensor_stats_cuda.cu")]
+        [f"{CSRC}/common/op.cpp"]
+        + [f"{CSRC}/tensor_stats/{name}" for name in ("tensor_stats_call.cpp", "tensor_stats_cuda_op.cpp", "tensor_stats_cuda.cu")]
         + [f"{CSRC}/readiness/{name}" for name in ("readiness_call.cpp", "readiness_cuda_op.cpp", "readiness_cuda.cu")]
         + [f"{CSRC}/update_stats/{name}" for name in ("update_stats_call.cpp", "update_stats_cuda_op.cpp", "update_stats_cuda.cu")],
         include_dirs=[*INCLUDE_DIRS, *toolkit.pop("include_dirs", [])],

@@ -2,35 +2,20 @@
 // only; built into every library that holds a format_readiness kernel.
 #include "readiness/readiness_call.h"
 
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/ops.h>
 
-#include <cmath>
-#include <cstring>
 #include <string>
 
 namespace amp_inspect {
 namespace {
 
-constexpr const char* kOp = "amp_inspect.format_readiness: ";
+constexpr const char* kOp = kReadinessOp;
 
 InputDtype readiness_dtype(const Tensor& t, size_t position) {
-  switch (t.scalar_type()) {
-    case ScalarType::Float:
-      return kFloat32;
-    case ScalarType::Half:
-      return kFloat16;
-    case ScalarType::BFloat16:
-      return kBFloat16;
-    default:
-      fail(kOp, "tensor ", position, " has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
-  }
-}
-
-bool strided(const Tensor& t) {
-  int32_t layout = -1;
-  AMPI_CHECK(aoti_torch_get_layout(t.get(), &layout) == AOTI_TORCH_SUCCESS, kOp, "could not read a tensor's layout");
-  return layout == aoti_torch_layout_strided();
+  const std::optional<InputDtype> dtype = input_dtype_of(t.scalar_type(), /*float64_too=*/false);
+  AMPI_CHECK(dtype.has_value(), kOp, "tensor ", position, " has dtype ", t.scalar_type(),
+             "; expected float32, bfloat16 or float16");
+  return *dtype;
 }
 
 }  // namespace
@@ -56,7 +41,7 @@ ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const s
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     AMPI_CHECK(t.defined(), kOp, "tensor ", i, " is undefined (None)");
-    AMPI_CHECK(strided(t), kOp, "tensor ", i, " is not a dense (strided) tensor; only dense tensors are supported");
+    AMPI_CHECK(is_strided(t, kOp), kOp, "tensor ", i, " is not a dense (strided) tensor; only dense tensors are supported");
     readiness_dtype(t, i);
     if (!device) device = t.device();
     AMPI_CHECK(same_device(t.device(), *device), kOp, "tensor ", i, " is on ", device_name(t.device()),
@@ -101,19 +86,9 @@ ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const s
   return call;
 }
 
-ReadinessOutputs allocate_readiness_outputs(int64_t num_tensors, int num_recipes, const Device& device,
-                                            OutputFill fill) {
-  AMPI_CHECK(fill != OutputFill::kZeroed || device.type() == DeviceType::CPU, kOp, "zeroed outputs are made on the CPU only");
-  ReadinessOutputs out;
-  out.counts = empty_tensor({num_tensors, readiness_count_columns(num_recipes)}, ScalarType::Long, device);
-  out.sums = empty_tensor({num_tensors, readiness_sum_columns(num_recipes)}, ScalarType::Double, device);
-  out.amax = empty_tensor({num_tensors}, ScalarType::Float, device);
-  if (fill == OutputFill::kZeroed) {  // zero bits are 0 in each dtype
-    std::memset(out.counts.data_ptr(), 0, sizeof(int64_t) * out.counts.numel());
-    std::memset(out.sums.data_ptr(), 0, sizeof(double) * out.sums.numel());
-    std::memset(out.amax.data_ptr(), 0, sizeof(float) * out.amax.numel());
-  }
-  return out;
+TallyOutputs allocate_readiness_outputs(int64_t num_tensors, int num_recipes, const Device& device, OutputFill fill) {
+  return allocate_tally_outputs(num_tensors, readiness_count_columns(num_recipes), readiness_sum_columns(num_recipes),
+                                device, fill, kOp);
 }
 
 }  // namespace amp_inspect

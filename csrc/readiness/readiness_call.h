@@ -13,10 +13,13 @@
 #include <optional>
 #include <vector>
 
+#include "common/op.h"
 #include "readiness/readiness.h"
-#include "tensor_stats/tensor_stats_call.h"
 
 namespace amp_inspect {
+
+// How the op's error sentences begin.
+constexpr const char* kReadinessOp = "amp_inspect.format_readiness: ";
 
 // One nonempty tensor as the readiness kernels read it: contiguous, its blocks along rows of `row_length`
 // elements (the last dimension; 1 for a 0-d tensor).
@@ -42,14 +45,9 @@ struct ReadinessCall {
 ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const std::vector<int64_t>& recipes,
                                      const std::optional<Tensor>& tensor_amax);
 
-struct ReadinessOutputs {
-  Tensor counts;
-  Tensor sums;
-  Tensor amax;
-};
-
-// The outputs on `device`: zeroed (kZeroed, CPU only) or uninitialised.
-ReadinessOutputs allocate_readiness_outputs(int64_t num_tensors, int num_recipes, const Device& device,
-                                            OutputFill fill = OutputFill::kZeroed);
+// The outputs (counts, sums, amax: common/op.h's TallyOutputs) on `device`: zeroed (kZeroed, CPU only) or
+// uninitialised.
+TallyOutputs allocate_readiness_outputs(int64_t num_tensors, int num_recipes, const Device& device,
+                                        OutputFill fill = OutputFill::kZeroed);
 
 }  // namespace amp_inspect

@@ -387,8 +387,8 @@ uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
   }
 }
 
-ReadinessOutputs run_readiness_cpu(const ReadinessCall& call) {
-  ReadinessOutputs out = allocate_readiness_outputs(call.num_tensors, call.num_recipes, Device(DeviceType::CPU));
+TallyOutputs run_readiness_cpu(const ReadinessCall& call) {
+  TallyOutputs out = allocate_readiness_outputs(call.num_tensors, call.num_recipes, Device(DeviceType::CPU));
   const Plan plan(call);
   const int64_t num_views = static_cast<int64_t>(call.views.size());
 
@@ -471,8 +471,8 @@ ReadinessOutputs run_readiness_cpu(const ReadinessCall& call) {
 // The boxed kernel (TORCH_BOX) takes its arguments by value.
 std::tuple<Tensor, Tensor, Tensor> format_readiness_cpu(std::vector<Tensor> tensors, std::vector<int64_t> recipes,
                                                         std::optional<Tensor> tensor_amax) {
-  const ReadinessOutputs out = run_readiness_cpu(prepare_readiness_call(tensors, recipes, tensor_amax));
-  return {out.counts, out.sums, out.amax};
+  const TallyOutputs out = run_readiness_cpu(prepare_readiness_call(tensors, recipes, tensor_amax));
+  return out.returned();
 }
 
 }  // namespace

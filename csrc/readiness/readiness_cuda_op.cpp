@@ -14,7 +14,7 @@
 
 #include "readiness/readiness_cuda.h"
 #include "readiness/readiness_kernel_call.h"
-#include "tensor_stats/tensor_stats_call.h"
+#include "common/op.h"
 
 namespace amp_inspect {
 namespace {
@@ -36,7 +36,7 @@ std::tuple<Tensor, Tensor, Tensor> format_readiness_cuda(std::vector<Tensor> ten
   launch_format_readiness(k.plan, device.index(), static_cast<cudaStream_t>(stream));
   // Contiguous copies are freed on return: safe, since the caching allocator hands their memory out again only
   // to work queued after these kernels on this stream.
-  return {k.out.counts, k.out.sums, k.out.amax};
+  return k.out.returned();
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "readiness/readiness_kernel_call.h"
-#include "tensor_stats/tensor_stats_call.h"
+#include "common/op.h"
 // The emulation shim and the kernels come last: the shim's macros must not meet the torch headers.
 #include "readiness/readiness_emu_backend.h"
 
@@ -39,7 +39,7 @@ std::tuple<Tensor, Tensor, Tensor> format_readiness_emulated(std::vector<Tensor>
   } catch (const std::exception& e) {
     fail("amp_inspect: ", e.what());
   }
-  return {k.out.counts, k.out.sums, k.out.amax};
+  return k.out.returned();
 }
 
 }  // namespace

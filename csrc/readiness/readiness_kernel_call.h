@@ -9,7 +9,7 @@
 #include "readiness/readiness.h"
 #include "readiness/readiness_call.h"
 #include "readiness/readiness_launch.h"
-#include "tensor_stats/tensor_stats_call.h"
+#include "common/op.h"
 
 namespace amp_inspect {
 
@@ -19,7 +19,7 @@ namespace amp_inspect {
 // work queued later) is readiness_call.cpp's prepare_readiness_call, the CPU op's own.
 struct ReadinessKernelCall {
   ReadinessCall call;
-  ReadinessOutputs out;
+  TallyOutputs out;
   std::vector<ReadinessKernelView> views;
   ReadinessLaunchPlan plan;
 };

@@ -1,11 +1,9 @@
 // tensor_stats_call.cpp: the input checks and the torch-free call description the backends run on (prepare_call,
-// prepare_unscale, the outputs). Stable ABI only. Built into both libraries: _C (CPU kernels, emulation) and
-// _C_cuda (the CUDA kernels), which is loaded only beside a torch of its CUDA major.
+// prepare_unscale, the outputs). Stable ABI only. Built into every library: _C (CPU kernels), _C_cuda (the CUDA
+// kernels), which is loaded only beside a torch of its CUDA major, and the test-only _C_emu.
 #include "tensor_stats/tensor_stats_call.h"
 
 #include <torch/csrc/stable/ops.h>
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
-#include <torch/headeronly/core/Layout.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,47 +33,20 @@ int64_t output_columns(OutputColumns columns, int num_formats) {
 
 namespace {
 
-// Every element of a host tensor set to `value`, in the tensor's dtype (one of the outputs' dtypes).
-void fill_host(const Tensor& t, double value) {
-  const int64_t n = t.numel();
-  switch (t.scalar_type()) {
-    case ScalarType::Long:
-      std::fill_n(static_cast<int64_t*>(t.data_ptr()), n, static_cast<int64_t>(value));
-      break;
-    case ScalarType::Float:
-      std::fill_n(static_cast<float*>(t.data_ptr()), n, static_cast<float>(value));
-      break;
-    case ScalarType::Double:
-      std::fill_n(static_cast<double*>(t.data_ptr()), n, value);
-      break;
-    default:
-      fail("amp_inspect: an output of dtype ", t.scalar_type(), " cannot be filled");
-  }
-}
-
 int format_id(const std::string& name) {
   std::string known;
   for (int f = 0; f < kNumFormats; ++f) {
     if (name == kFormatNames[f]) return f;
     known += (f ? ", " : "") + std::string(kFormatNames[f]);
   }
-  fail("amp_inspect.tensor_stats: unknown format '", name, "'; expected one of ", known);
+  fail(kStatsOp, "unknown format '", name, "'; expected one of ", known);
 }
 
 InputDtype input_dtype(const Tensor& t, size_t position) {
-  switch (t.scalar_type()) {
-    case ScalarType::Float:
-      return kFloat32;
-    case ScalarType::Half:
-      return kFloat16;
-    case ScalarType::BFloat16:
-      return kBFloat16;
-    case ScalarType::Double:
-      return kFloat64;
-    default:
-      fail("amp_inspect.tensor_stats: tensor ", position, " has dtype ", t.scalar_type(),
-           "; expected float32, float16, bfloat16 or float64");
-  }
+  const std::optional<InputDtype> dtype = input_dtype_of(t.scalar_type(), /*float64_too=*/true);
+  AMPI_CHECK(dtype.has_value(), kStatsOp, "tensor ", position, " has dtype ", t.scalar_type(),
+             "; expected float32, float16, bfloat16 or float64");
+  return *dtype;
 }
 
 // at::Tensor::is_non_overlapping_and_dense, computed by hand (the stable ABI has no call for it): the dims,
@@ -103,14 +74,6 @@ bool surely_overlapping(const Tensor& t) {
     if (t.size(d) > 1 && t.stride(d) == 0) return true;
   }
   return false;
-}
-
-// Tensor::layout() is in the stable headers from torch 2.11 only; the C shim's call is older.
-bool is_strided(const Tensor& t) {
-  int32_t layout = -1;
-  AMPI_CHECK(aoti_torch_get_layout(t.get(), &layout) == AOTI_TORCH_SUCCESS,
-             "amp_inspect.tensor_stats: could not read a tensor's layout");
-  return layout == aoti_torch_layout_strided();
 }
 
 float read_cpu_float(const Tensor& t) {
@@ -155,29 +118,6 @@ bool describe_strided(const Tensor& t, TensorView& view) {
 
 }  // namespace
 
-std::string device_name(const Device& device) {
-  std::string name;
-  switch (device.type()) {
-    case DeviceType::CPU:
-      return "cpu";
-    case DeviceType::CUDA:
-      name = "cuda";
-      break;
-    case DeviceType::Meta:
-      return "meta";
-    default:
-      name = "device type " + std::to_string(static_cast<int>(device.type()));
-  }
-  return device.has_index() ? name + ":" + std::to_string(device.index()) : name;
-}
-
-bool same_device(const Device& a, const Device& b) { return a.type() == b.type() && a.index() == b.index(); }
-
-Tensor empty_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Device& device, bool pinned) {
-  return torch::stable::empty(shape, dtype, torch::headeronly::Layout::Strided, device,
-                              pinned ? std::optional<bool>(true) : std::nullopt);
-}
-
 StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<Tensor>& scale,
                        std::optional<double> scale_value, const std::vector<std::string>& formats,
                        int64_t chunk_elems) {
@@ -185,13 +125,13 @@ StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<T
   call.num_tensors = static_cast<int64_t>(tensors.size());
   call.chunk_elems = chunk_elems;
 
-  AMPI_CHECK(!formats.empty(), "amp_inspect.tensor_stats: formats must name at least one format");
-  AMPI_CHECK(formats.size() <= static_cast<size_t>(kMaxFormats), "amp_inspect.tensor_stats: at most ", kMaxFormats,
+  AMPI_CHECK(!formats.empty(), kStatsOp, "formats must name at least one format");
+  AMPI_CHECK(formats.size() <= static_cast<size_t>(kMaxFormats), kStatsOp, "at most ", kMaxFormats,
              " formats, got ", formats.size());
   bool seen[kNumFormats] = {false, false, false, false};
   for (const auto& name : formats) {
     const int id = format_id(name);
-    AMPI_CHECK(!seen[id], "amp_inspect.tensor_stats: format '", name, "' is listed twice");
+    AMPI_CHECK(!seen[id], kStatsOp, "format '", name, "' is listed twice");
     seen[id] = true;
     call.bounds[call.num_formats++] = kFormatBounds[id];
   }
@@ -199,24 +139,24 @@ StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<T
   std::optional<Device> device;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    AMPI_CHECK(t.defined(), "amp_inspect.tensor_stats: tensor ", i, " is undefined (None)");
-    AMPI_CHECK(is_strided(t), "amp_inspect.tensor_stats: tensor ", i,
+    AMPI_CHECK(t.defined(), kStatsOp, "tensor ", i, " is undefined (None)");
+    AMPI_CHECK(is_strided(t, kStatsOp), kStatsOp, "tensor ", i,
                " is not a dense (strided) tensor; only dense tensors are supported");
     input_dtype(t, i);
     if (!device) device = t.device();
-    AMPI_CHECK(same_device(t.device(), *device), "amp_inspect.tensor_stats: tensor ", i, " is on ",
+    AMPI_CHECK(same_device(t.device(), *device), kStatsOp, "tensor ", i, " is on ",
                device_name(t.device()), " but tensor 0 is on ", device_name(*device),
                "; the op takes one device per call (the Python entry point amp_inspect.tensor_stats groups mixed "
                "lists by device)");
   }
 
   AMPI_CHECK(!(scale.has_value() && scale_value.has_value()),
-             "amp_inspect.tensor_stats: pass the scale as a tensor or as a number, not both");
+             kStatsOp, "pass the scale as a tensor or as a number, not both");
   if (scale_value.has_value()) {
     const double s = *scale_value;
-    AMPI_CHECK(std::isfinite(s) && s > 0, "amp_inspect.tensor_stats: scale must be finite and positive, got ", s);
+    AMPI_CHECK(std::isfinite(s) && s > 0, kStatsOp, "scale must be finite and positive, got ", s);
     const float s32 = static_cast<float>(s);
-    AMPI_CHECK(std::isfinite(s32) && s32 > 0, "amp_inspect.tensor_stats: scale ", s,
+    AMPI_CHECK(std::isfinite(s32) && s32 > 0, kStatsOp, "scale ", s,
                " is not a finite positive float32");
     call.has_scale = true;
     call.scale_value = s32;
@@ -224,15 +164,15 @@ StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<T
   if (scale.has_value()) {
     const Tensor& s = *scale;
     AMPI_CHECK(s.scalar_type() == ScalarType::Float && s.numel() == 1,
-               "amp_inspect.tensor_stats: a scale tensor must be a float32 tensor of one element, got dtype ",
+               kStatsOp, "a scale tensor must be a float32 tensor of one element, got dtype ",
                s.scalar_type(), " and ", s.numel(), " elements");
     if (device) {
-      AMPI_CHECK(same_device(s.device(), *device), "amp_inspect.tensor_stats: the scale tensor is on ",
+      AMPI_CHECK(same_device(s.device(), *device), kStatsOp, "the scale tensor is on ",
                  device_name(s.device()), " but the tensors are on ", device_name(*device));
     }
     if (s.is_cpu()) {  // reading it costs no sync here, so check it like a number
       const float v = read_cpu_float(s);
-      AMPI_CHECK(std::isfinite(v) && v > 0, "amp_inspect.tensor_stats: scale must be finite and positive, got ", v);
+      AMPI_CHECK(std::isfinite(v) && v > 0, kStatsOp, "scale must be finite and positive, got ", v);
     }
     call.has_scale = true;
     call.scale_ptr = static_cast<const float*>(s.data_ptr());
@@ -300,16 +240,11 @@ void prepare_unscale(StatsCall& call, const std::vector<Tensor>& tensors, const 
 }
 
 StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device& device, OutputFill fill) {
-  AMPI_CHECK(fill != OutputFill::kZeroed || device.type() == DeviceType::CPU,
-             "amp_inspect: zeroed outputs are made on the CPU only");
   StatsOutputs out;
   for (const OutputSpec& spec : kOutputs) {
     std::vector<int64_t> shape{num_tensors};
     if (spec.columns != OutputColumns::kNone) shape.push_back(output_columns(spec.columns, num_formats));
-    Tensor t = empty_tensor(shape, spec.dtype, device);
-    // Filled on the host memory rather than with zero_/fill_ ops: no dispatcher round trip per output.
-    if (fill == OutputFill::kZeroed) fill_host(t, spec.neutral);
-    out.*spec.member = t;
+    out.*spec.member = allocate_output(shape, spec.dtype, device, fill, spec.neutral, "amp_inspect: ");
   }
   return out;
 }

@@ -1,48 +1,22 @@
-// tensor_stats.h: the host side shared by the CPU and CUDA backends of amp_inspect::tensor_stats.
+// tensor_stats_call.h: the host side shared by the CPU and CUDA backends of amp_inspect::tensor_stats.
 //
-// tensor_stats.cpp checks the inputs and turns them into a torch-free StatsCall (plain pointers, sizes,
-// strides, format bounds); each backend walks the call's flat list of work chunks and fills the outputs.
-//
-// Written against torch's stable ABI only (torch::stable::Tensor, the C shim; TORCH_TARGET_VERSION 2.10 is set
-// by setup.py), so that one binary loads on every torch from 2.10 on: no ATen or c10 header is included.
+// tensor_stats_call.cpp checks the inputs and turns them into a torch-free StatsCall (plain pointers, sizes,
+// strides, format bounds); each backend walks the call's flat list of work chunks and fills the outputs. Stable
+// ABI only; what every op shares on the host is common/op.h.
 #pragma once
 
-#include <torch/csrc/stable/device.h>
-#include <torch/csrc/stable/tensor.h>
-#include <torch/headeronly/core/ScalarType.h>
-
 #include <optional>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/op.h"
 #include "tensor_stats/tensor_stats.h"
 #include "tensor_stats/tensor_stats_launch.h"
 
 namespace amp_inspect {
 
-using Tensor = torch::stable::Tensor;
-using Device = torch::stable::Device;
-using ScalarType = torch::headeronly::ScalarType;
-using DeviceType = torch::headeronly::DeviceType;
-
-// The op's errors, one sentence each: a std::runtime_error, which torch raises as RuntimeError. (The stable
-// ABI's STD_TORCH_CHECK would prefix each message with the C++ function, file and line.)
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream message;
-  (message << ... << args);
-  throw std::runtime_error(message.str());
-}
-#define AMPI_CHECK(cond, ...)                             \
-  do {                                                    \
-    if (!(cond)) ::amp_inspect::fail(__VA_ARGS__);        \
-  } while (false)
-
-// "cpu", "cuda:0", "meta": a device as torch prints it (the stable Device has no operator<<).
-std::string device_name(const Device& device);
-bool same_device(const Device& a, const Device& b);
+// How the op's error sentences begin (both ops: unscale_stats_ checks its own arguments in its own name).
+constexpr const char* kStatsOp = "amp_inspect.tensor_stats: ";
 
 // Outputs of one call, T = number of tensors, F = number of formats:
 //   counts       int64   [T, 5 + 3F]  numel, nan, posinf, neginf, zero, overflow[F], subnormal[F], underflow[F]
@@ -56,6 +30,9 @@ struct StatsOutputs {
   Tensor amax;
   Tensor amin_nonzero;
   Tensor sumsq;
+
+  // As the ops return them, in the order above.
+  std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> returned() const { return {counts, hist, amax, amin_nonzero, sumsq}; }
 };
 
 // The outputs above as a table, in the op's order: allocation loops over it, and amp_inspect._C.layout() hands it
@@ -106,7 +83,6 @@ StatsCall prepare_call(const std::vector<Tensor>& tensors, const std::optional<T
 
 // The outputs on `device`: zeroed (amin_nonzero +inf), ready for kernels that accumulate into them, or left
 // uninitialised for kernels that write every element.
-enum class OutputFill { kZeroed, kUninitialised };
 StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device& device,
                               OutputFill fill = OutputFill::kZeroed);
 
@@ -119,8 +95,5 @@ struct KernelCall {
   LaunchPlan plan;
 };
 KernelCall prepare_kernel_call(const StatsCall& call, const Device& device);
-
-// An uninitialised contiguous tensor (torch::stable::empty); pinned only for CPU tensors.
-Tensor empty_tensor(const std::vector<int64_t>& shape, ScalarType dtype, const Device& device, bool pinned = false);
 
 }  // namespace amp_inspect

@@ -935,7 +935,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_cpu(std::vector<
                                                                     std::optional<double> scale_value,
                                                                     std::vector<std::string> formats) {
   const StatsOutputs out = run_cpu(prepare_call(tensors, scale, scale_value, formats, kCpuChunkElems));
-  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+  return out.returned();
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_cpu(std::vector<Tensor> tensors, Tensor inv_scale,
@@ -943,7 +943,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_cpu(std::vector
   StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, kCpuChunkElems);
   prepare_unscale(call, tensors, inv_scale, found_inf);
   const StatsOutputs out = run_cpu(call);
-  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+  return out.returned();
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_cuda(std::vector
   const Device device = call_device(tensors);
   const torch::stable::accelerator::DeviceGuard guard(device.index());
   const StatsOutputs out = run_cuda(prepare_call(tensors, scale, scale_value, formats, kCudaChunkElems), device);
-  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+  return out.returned();
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_cuda(std::vector<Tensor> tensors, Tensor inv_scale,
@@ -90,7 +90,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_cuda(std::vecto
   StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, kCudaChunkElems);
   prepare_unscale(call, tensors, inv_scale, found_inf);
   const StatsOutputs out = run_cuda(call, device);
-  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+  return out.returned();
 }
 
 bool cuda_device_supported(int64_t device_index) { return device_supported(static_cast<int>(device_index)); }

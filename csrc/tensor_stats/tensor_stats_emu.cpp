@@ -52,7 +52,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_emulated(std::ve
   check_cpu(tensors);
   const StatsOutputs out =
       run_emulated(prepare_call(tensors, scale, scale_value, formats, chunk_elems), blocks, inline_views);
-  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+  return out.returned();
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_emulated(std::vector<Tensor> tensors, Tensor inv_scale,
@@ -64,7 +64,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_emulated(std::v
   StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, chunk_elems);
   prepare_unscale(call, tensors, inv_scale, found_inf);
   const StatsOutputs out = run_emulated(call, blocks, inline_views);
-  return {out.counts, out.hist, out.amax, out.amin_nonzero, out.sumsq};
+  return out.returned();
 }
 
 }  // namespace

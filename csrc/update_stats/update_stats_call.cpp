@@ -2,34 +2,20 @@
 // ABI only; built into every library that holds an update_stats kernel.
 #include "update_stats/update_stats_call.h"
 
-#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/ops.h>
 
-#include <cstring>
 #include <optional>
 
 namespace amp_inspect {
 namespace {
 
-constexpr const char* kOp = "amp_inspect.update_stats: ";
+constexpr const char* kOp = kUpdateOp;
 
 int32_t update_dtype(const Tensor& t, const char* list, size_t position) {
-  switch (t.scalar_type()) {
-    case ScalarType::Float:
-      return kFloat32;
-    case ScalarType::Half:
-      return kFloat16;
-    case ScalarType::BFloat16:
-      return kBFloat16;
-    default:
-      fail(kOp, list, "[", position, "] has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
-  }
-}
-
-bool strided(const Tensor& t) {
-  int32_t layout = -1;
-  AMPI_CHECK(aoti_torch_get_layout(t.get(), &layout) == AOTI_TORCH_SUCCESS, kOp, "could not read a tensor's layout");
-  return layout == aoti_torch_layout_strided();
+  const std::optional<InputDtype> dtype = input_dtype_of(t.scalar_type(), /*float64_too=*/false);
+  AMPI_CHECK(dtype.has_value(), kOp, list, "[", position, "] has dtype ", t.scalar_type(),
+             "; expected float32, bfloat16 or float16");
+  return *dtype;
 }
 
 bool same_shape(const Tensor& a, const Tensor& b) {
@@ -54,7 +40,7 @@ UpdateCall prepare_update_call(const std::vector<Tensor>& before, const std::vec
   std::optional<Device> device;
   const auto check = [&](const Tensor& t, const char* list, size_t i) {
     AMPI_CHECK(t.defined(), kOp, list, "[", i, "] is undefined (None)");
-    AMPI_CHECK(strided(t), kOp, list, "[", i, "] is not a dense (strided) tensor; only dense tensors are supported");
+    AMPI_CHECK(is_strided(t, kOp), kOp, list, "[", i, "] is not a dense (strided) tensor; only dense tensors are supported");
     AMPI_CHECK(same_shape(t, before[i]), kOp, list, "[", i, "] has another shape than before[", i, "]");
     if (!device) device = t.device();
     AMPI_CHECK(same_device(t.device(), *device), kOp, list, "[", i, "] is on ", device_name(t.device()),
@@ -86,19 +72,8 @@ UpdateCall prepare_update_call(const std::vector<Tensor>& before, const std::vec
   return call;
 }
 
-UpdateOutputs allocate_update_outputs(int64_t num_tensors, const Device& device, OutputFill fill) {
-  AMPI_CHECK(fill != OutputFill::kZeroed || device.type() == DeviceType::CPU, kOp,
-             "zeroed outputs are made on the CPU only");
-  UpdateOutputs out;
-  out.counts = empty_tensor({num_tensors, kUpdateCountColumns}, ScalarType::Long, device);
-  out.sums = empty_tensor({num_tensors, kUpdateSumColumns}, ScalarType::Double, device);
-  out.amax = empty_tensor({num_tensors}, ScalarType::Float, device);
-  if (fill == OutputFill::kZeroed) {  // zero bits are 0 in each dtype
-    std::memset(out.counts.data_ptr(), 0, sizeof(int64_t) * out.counts.numel());
-    std::memset(out.sums.data_ptr(), 0, sizeof(double) * out.sums.numel());
-    std::memset(out.amax.data_ptr(), 0, sizeof(float) * out.amax.numel());
-  }
-  return out;
+TallyOutputs allocate_update_outputs(int64_t num_tensors, const Device& device, OutputFill fill) {
+  return allocate_tally_outputs(num_tensors, kUpdateCountColumns, kUpdateSumColumns, device, fill, kOp);
 }
 
 }  // namespace amp_inspect

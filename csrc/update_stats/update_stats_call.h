@@ -13,10 +13,13 @@
 
 #include <vector>
 
-#include "tensor_stats/tensor_stats_call.h"
+#include "common/op.h"
 #include "update_stats/update_stats.h"
 
 namespace amp_inspect {
+
+// How the op's error sentences begin.
+constexpr const char* kUpdateOp = "amp_inspect.update_stats: ";
 
 // One nonempty parameter tensor as the kernels read it: four contiguous arrays of `numel` elements.
 struct UpdateView {
@@ -41,14 +44,8 @@ struct UpdateCall {
 UpdateCall prepare_update_call(const std::vector<Tensor>& before, const std::vector<Tensor>& after,
                                const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg_sq);
 
-struct UpdateOutputs {
-  Tensor counts;
-  Tensor sums;
-  Tensor amax;
-};
-
-// The outputs on `device`: zeroed (kZeroed, CPU only) or uninitialised.
-UpdateOutputs allocate_update_outputs(int64_t num_tensors, const Device& device,
-                                      OutputFill fill = OutputFill::kZeroed);
+// The outputs (counts, sums, amax: common/op.h's TallyOutputs) on `device`: zeroed (kZeroed, CPU only) or
+// uninitialised.
+TallyOutputs allocate_update_outputs(int64_t num_tensors, const Device& device, OutputFill fill = OutputFill::kZeroed);
 
 }  // namespace amp_inspect

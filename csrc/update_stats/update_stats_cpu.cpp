@@ -179,8 +179,8 @@ UpdateTally tally_chunk(const UpdateView& view, int64_t start, int64_t n) {
   return chunk_totals(t);
 }
 
-UpdateOutputs run_update_cpu(const UpdateCall& call) {
-  UpdateOutputs out = allocate_update_outputs(call.num_tensors, Device(DeviceType::CPU));
+TallyOutputs run_update_cpu(const UpdateCall& call) {
+  TallyOutputs out = allocate_update_outputs(call.num_tensors, Device(DeviceType::CPU));
   const int64_t num_views = static_cast<int64_t>(call.views.size());
   std::vector<int64_t> first_chunk(num_views + 1, 0);  // the views' chunks in one flat list
   for (int64_t v = 0; v < num_views; ++v) {
@@ -218,8 +218,8 @@ UpdateOutputs run_update_cpu(const UpdateCall& call) {
 // The boxed kernel (TORCH_BOX) takes its arguments by value.
 std::tuple<Tensor, Tensor, Tensor> update_stats_cpu(std::vector<Tensor> before, std::vector<Tensor> after,
                                                     std::vector<Tensor> grads, std::vector<Tensor> exp_avg_sq) {
-  const UpdateOutputs out = run_update_cpu(prepare_update_call(before, after, grads, exp_avg_sq));
-  return {out.counts, out.sums, out.amax};
+  const TallyOutputs out = run_update_cpu(prepare_update_call(before, after, grads, exp_avg_sq));
+  return out.returned();
 }
 
 }  // namespace

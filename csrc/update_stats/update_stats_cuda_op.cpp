@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "tensor_stats/tensor_stats_call.h"
+#include "common/op.h"
 #include "update_stats/update_stats_cuda.h"
 #include "update_stats/update_stats_kernel_call.h"
 
@@ -35,7 +35,7 @@ std::tuple<Tensor, Tensor, Tensor> update_stats_cuda(std::vector<Tensor> before,
   launch_update_stats(k.plan, device.index(), static_cast<cudaStream_t>(stream));
   // Contiguous copies are freed on return: safe, since the caching allocator hands their memory out again only
   // to work queued after these kernels on this stream.
-  return {k.out.counts, k.out.sums, k.out.amax};
+  return k.out.returned();
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "tensor_stats/tensor_stats_call.h"
+#include "common/op.h"
 #include "update_stats/update_stats_kernel_call.h"
 // The emulation shim and the kernel come last: the shim's macros must not meet the torch headers.
 #include "update_stats/update_stats_emu_backend.h"
@@ -38,7 +38,7 @@ std::tuple<Tensor, Tensor, Tensor> update_stats_emulated(std::vector<Tensor> bef
   } catch (const std::exception& e) {
     fail("amp_inspect: ", e.what());
   }
-  return {k.out.counts, k.out.sums, k.out.amax};
+  return k.out.returned();
 }
 
 }  // namespace

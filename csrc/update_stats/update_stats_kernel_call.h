@@ -15,7 +15,7 @@ namespace amp_inspect {
 // queued), the outputs (uninitialised: the launch sequence zeroes them), the views and the plan.
 struct UpdateKernelCall {
   UpdateCall call;
-  UpdateOutputs out;
+  TallyOutputs out;
   std::vector<UpdateKernelView> views;
   UpdateLaunchPlan plan;
 };
