@@ -1,5 +1,6 @@
 // cuda_emu.h: the CUDA execution model on the host, so that CUDA kernel source compiled by the host compiler
-// runs on the CPU as it would on a GPU (for tests: the kernels of tensor_stats_kernels.cuh, unchanged).
+// runs on the CPU as it would on a GPU (for tests: every op's kernels, <op>_kernels.cuh, unchanged), and the
+// backend their launch sequences run them with here (Backend, the emulated twin of cuda_launch.cuh's CudaBackend).
 //
 // Include it before the kernel source. It defines what that source uses:
 //   - the qualifiers (__global__, __device__, __shared__, __launch_bounds__, __grid_constant__, ...);
@@ -16,13 +17,18 @@
 //   - __any_sync as a vote the kernels must be exact under whatever the other lanes say (see below).
 //     NaN results of the half/bfloat16 conversions are the canonical 0x7FFF, as the GPU's cvt gives.
 // Blocks of a launch run one after another, so __shared__ variables can be function statics; launches are
-// serialised by a process-wide mutex. Build without -ffast-math and without FMA contraction (the .cpp that
-// includes this sets fp-contract=off): the kernels' float math must round as the GPU's _rn intrinsics do.
+// serialised by a process-wide mutex. Build without -ffast-math; FMA contraction is off from here on (the pragma
+// below): the kernels' float math must round as the GPU's _rn intrinsics do.
+//
+// Torch-free. Include it after any torch header (the shim's macros must not meet them) and before the kernels.
 #pragma once
 
 #if defined(__CUDACC__)
 #error "cuda_emu.h is for host compilers only"
 #endif
+
+// No a*b+c contracted into one FMA: the kernels' float math must round like the GPU's _rn intrinsics.
+#pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
 #include <atomic>
@@ -287,6 +293,39 @@ void launch(int64_t blocks, int threads, Kernel kernel, const Args&... args) {
     if (other_error) std::rethrow_exception(other_error);
   }
 }
+
+// What an op's launch sequence (run_* in its kernels .cuh) runs its kernels with here: the calls of
+// cuda_launch.cuh's CudaBackend, on host memory, with emulated launches and a chosen number of blocks.
+struct Backend {
+  // Without an override, a launch gets as many blocks as its work, at most this many (each block is 256 host
+  // threads, so more would only be slower).
+  static constexpr int64_t kDefaultBlocks = 4;
+  // A kernel of a fixed grid (blocks_up_to) gets at most this many: enough to run its grid-stride loop.
+  static constexpr int64_t kMostFixedBlocks = 2;
+  int64_t blocks_override = 0;  // > 0: exactly this many (more than the work on purpose: such blocks find none)
+
+  void zero(void* at, int64_t bytes) {
+    if (bytes > 0) std::memset(at, 0, static_cast<size_t>(bytes));
+  }
+  void copy(void* to, const void* from, int64_t bytes) {
+    if (bytes > 0) std::memcpy(to, from, static_cast<size_t>(bytes));
+  }
+
+  template <class Kernel>
+  int64_t blocks(Kernel, int, int64_t work) const {
+    if (blocks_override > 0) return blocks_override;
+    return work < kDefaultBlocks ? work : kDefaultBlocks;
+  }
+  int64_t blocks_up_to(int64_t work, int64_t most) const {
+    const int64_t cap = most < kMostFixedBlocks ? most : kMostFixedBlocks;
+    return work < cap ? work : cap;
+  }
+
+  template <class Kernel, class Params>
+  void launch(Kernel kernel, int64_t grid, int threads, const Params& params) {
+    if (grid > 0) ::cuda_emu::launch(grid, threads, kernel, params);
+  }
+};
 
 // Round to nearest even of float32 bits to binary16 bits; NaN gives 0x7FFF (the GPU's canonical NaN).
 inline uint16_t float_to_half_bits(float f) {

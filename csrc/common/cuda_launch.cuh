@@ -1,6 +1,7 @@
-// cuda_launch.cuh: what the GPU backends of the three ops (tensor_stats_cuda.cu, readiness_cuda.cu,
-// update_stats_cuda.cu) share: a CUDA error raised as a std::runtime_error, which torch raises as RuntimeError,
-// and the grid of a grid-stride kernel from the occupancy API. Light headers only (no torch, no c10: this is what
+// cuda_launch.cuh: what the GPU builds of every op's kernels (tensor_stats_cuda.cu, readiness_cuda.cu,
+// update_stats_cuda.cu) share: a CUDA error raised as a std::runtime_error, which torch raises as RuntimeError, the
+// grid of a grid-stride kernel from the occupancy API, and CudaBackend, which every op's launch sequence runs its
+// kernels with (cuda_emu.h's Backend is the same on the CPU). Light headers only (no torch, no c10: this is what
 // C10_CUDA_CHECK did, without them).
 #pragma once
 
@@ -54,5 +55,40 @@ int64_t grid_for(Kernel kernel, int threads, int device_index, int64_t work) {
 inline void zero_async(void* at, int64_t bytes, cudaStream_t stream) {
   if (bytes > 0) AMPI_CUDA_CHECK(cudaMemsetAsync(at, 0, static_cast<size_t>(bytes), stream));
 }
+
+// What an op's launch sequence (run_* in its kernels .cuh, written once for the GPU and the emulation) runs its
+// kernels with on a GPU: everything queued on one stream, asynchronous (no host sync). cuda_emu::Backend offers the
+// same calls on the CPU.
+//   zero(at, bytes), copy(to, from, bytes)  device memory
+//   blocks(kernel, threads, work)           the grid of a grid-stride kernel over `work` units (chunks, tasks)
+//   blocks_up_to(work, most)                the grid of a kernel that covers `work` units with at most `most` blocks
+//   launch(kernel, grid, threads, params)   one launch (none for an empty grid)
+struct CudaBackend {
+  cudaStream_t stream;
+  int device_index;
+
+  // `stream` as the C shim hands it (aoti_torch_get_current_cuda_stream): a cudaStream_t.
+  CudaBackend(void* stream, int device_index) : stream(static_cast<cudaStream_t>(stream)), device_index(device_index) {}
+
+  void zero(void* at, int64_t bytes) { zero_async(at, bytes, stream); }
+  void copy(void* to, const void* from, int64_t bytes) {
+    if (bytes > 0) {
+      AMPI_CUDA_CHECK(cudaMemcpyAsync(to, from, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+
+  template <class Kernel>
+  int64_t blocks(Kernel kernel, int threads, int64_t work) const {
+    return grid_for(kernel, threads, device_index, work);
+  }
+  int64_t blocks_up_to(int64_t work, int64_t most) const { return work < most ? work : most; }
+
+  template <class Kernel, class Params>
+  void launch(Kernel kernel, int64_t grid, int threads, const Params& params) {
+    if (grid <= 0) return;
+    kernel<<<static_cast<unsigned int>(grid), threads, 0, stream>>>(params);
+    AMPI_CUDA_CHECK(cudaGetLastError());
+  }
+};
 
 }  // namespace amp_inspect::cuda_launch

@@ -91,4 +91,16 @@ constexpr TallyOutputSpec kTallyOutputs[kNumTallyOutputs] = {
 TallyOutputs allocate_tally_outputs(int64_t num_tensors, int64_t count_columns, int64_t sum_columns,
                                     const Device& device, OutputFill fill, const char* op);
 
+// What a tallying op's CUDA kernels (on a GPU, or emulated) need for one call, from the checked call its CPU kernel
+// runs on: the call (its contiguous copies kept alive until the launches are queued: the caching allocator hands
+// their memory only to work queued later), the outputs (uninitialised: the launch sequence zeroes them), the views
+// as the kernels read them, and the torch-free plan tying them together. Each op's plan_*_kernels fills it.
+template <class Call, class KernelView, class LaunchPlan>
+struct TallyKernelCall {
+  Call call;
+  TallyOutputs out;
+  std::vector<KernelView> views;
+  LaunchPlan plan;
+};
+
 }  // namespace amp_inspect

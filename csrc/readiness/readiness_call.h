@@ -1,6 +1,7 @@
 // readiness_call.h: the host side of amp_inspect::format_readiness shared by its backends: the checked, torch-free
 // description of a call (contiguous tensor views with their row length, the recipes asked for, the given tensor
-// amaxes) and the outputs. The element logic the backends run on it is readiness.h.
+// amaxes), the outputs, and the plan the CUDA kernels run on. The element logic the backends run on it is
+// readiness.h.
 //
 // The op (schema in module.cpp):
 //   format_readiness(Tensor[] tensors, int[] recipes, Tensor? tensor_amax) -> (Tensor counts, Tensor sums, Tensor amax)
@@ -15,6 +16,7 @@
 
 #include "common/op.h"
 #include "readiness/readiness.h"
+#include "readiness/readiness_launch.h"
 
 namespace amp_inspect {
 
@@ -49,5 +51,44 @@ ReadinessCall prepare_readiness_call(const std::vector<Tensor>& tensors, const s
 // uninitialised.
 TallyOutputs allocate_readiness_outputs(int64_t num_tensors, int num_recipes, const Device& device,
                                         OutputFill fill = OutputFill::kZeroed);
+
+// ---- for the CUDA kernels (the CUDA op, in _C_cuda, and the emulated op, in the test-only _C_emu) ----
+
+// The checked call, its outputs, the views with their work geometry, grouped by dtype, and the plan tying them
+// together (common/op.h's TallyKernelCall).
+using ReadinessKernelCall = TallyKernelCall<ReadinessCall, ReadinessKernelView, ReadinessLaunchPlan>;
+
+// Describes a checked call for the kernels on `device`, in work chunks of `chunk_tasks` warp tasks.
+inline void plan_readiness_kernels(ReadinessKernelCall& k, const Device& device, int64_t chunk_tasks) {
+  const ReadinessCall& call = k.call;
+  k.out = allocate_readiness_outputs(call.num_tensors, call.num_recipes, device, OutputFill::kUninitialised);
+  ReadinessLaunchPlan& plan = k.plan;
+  plan = ReadinessLaunchPlan{};
+  for (int r = 0; r < kReadinessMaxRecipes; ++r) plan.slot_of_recipe[r] = -1;
+  for (int s = 0; s < call.num_recipes; ++s) plan.slot_of_recipe[call.recipe_ids[s]] = s;
+  plan.num_recipes = call.num_recipes;
+  plan.tensor_scaled_asked = call.needs_tensor_amax;
+  plan.tensor_amax = call.tensor_amax;
+  plan.num_tensors = call.num_tensors;
+  plan.chunk_tasks = chunk_tasks;
+  // One launch per run of a dtype: the views grouped by dtype, stably (the outputs do not depend on the order).
+  k.views.clear();
+  for (int32_t dtype : {kFloat32, kFloat16, kBFloat16}) {
+    for (const ReadinessView& v : call.views) {
+      if (v.dtype != dtype) continue;
+      ReadinessKernelView view{};
+      view.data = v.data;
+      view.out_row = v.out_row;
+      view.dtype = v.dtype;
+      set_readiness_geometry(view, v.numel, v.row_length);
+      k.views.push_back(view);
+    }
+  }
+  plan.views = k.views.data();
+  plan.num_views = static_cast<int64_t>(k.views.size());
+  plan.counts = static_cast<int64_t*>(k.out.counts.data_ptr());
+  plan.sums = static_cast<double*>(k.out.sums.data_ptr());
+  plan.amax = static_cast<float*>(k.out.amax.data_ptr());
+}
 
 }  // namespace amp_inspect

@@ -2,43 +2,34 @@
 // with cuda_emu.h in front and run on the CPU, each CUDA thread a host thread. Tests only
 // (torch.ops.amp_inspect._format_readiness_emulated, tests/test_readiness_emu.py): it proves the kernels' tiling,
 // butterflies, block reductions and atomics on every CI run, without a GPU. The host side is the CUDA op's own
-// (prepare_readiness_call, plan_readiness_kernels, readiness_kernels::run_readiness); only the backend differs: host memory, a chosen work
-// chunk and number of blocks, emulated launches. Built into the test-only library amp_inspect._C_emu.
+// (prepare_readiness_call, plan_readiness_kernels, readiness_kernels::run_readiness); only the backend differs
+// (common/emulated_op.h): host memory, a chosen work chunk and number of blocks, emulated launches. Built into the
+// test-only library amp_inspect._C_emu.
 #include <torch/csrc/stable/library.h>
 
 #include <optional>
 #include <tuple>
 #include <vector>
 
-#include "readiness/readiness_kernel_call.h"
-#include "common/op.h"
-// The emulation shim and the kernels come last: the shim's macros must not meet the torch headers.
-#include "readiness/readiness_emu_backend.h"
+#include "readiness/readiness_call.h"
+// The emulation and the kernels come last: the emulation shim's macros must not meet the torch headers.
+#include "common/emulated_op.h"
+#include "readiness/readiness_kernels.cuh"
 
 namespace amp_inspect {
 namespace {
 
-constexpr const char* kEmulatedOp = "amp_inspect._format_readiness_emulated";
+constexpr const char* kEmulatedOp = "amp_inspect._format_readiness_emulated: ";
 
 std::tuple<Tensor, Tensor, Tensor> format_readiness_emulated(std::vector<Tensor> tensors, std::vector<int64_t> recipes,
                                                              std::optional<Tensor> tensor_amax, int64_t chunk_tasks,
                                                              int64_t blocks) {
-  const Device cpu(DeviceType::CPU);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    AMPI_CHECK(tensors[i].is_cpu(), kEmulatedOp, ": tensor ", i, " is on ", device_name(tensors[i].device()),
-               "; the emulation runs on CPU tensors");
-  }
-  AMPI_CHECK(chunk_tasks > 0, kEmulatedOp, ": chunk_tasks must be positive, got ", chunk_tasks);
+  check_emulated_on_cpu(kEmulatedOp, tensors, "tensor ");
+  AMPI_CHECK(chunk_tasks > 0, kEmulatedOp, "chunk_tasks must be positive, got ", chunk_tasks);
   ReadinessKernelCall k;
   k.call = prepare_readiness_call(tensors, recipes, tensor_amax);
-  plan_readiness_kernels(k, cpu, chunk_tasks);
-  ReadinessEmulatedBackend backend;
-  backend.blocks_override = blocks;
-  try {
-    readiness_kernels::run_readiness(k.plan, backend);
-  } catch (const std::exception& e) {
-    fail("amp_inspect: ", e.what());
-  }
+  plan_readiness_kernels(k, Device(DeviceType::CPU), chunk_tasks);
+  run_emulated(blocks, [&](cuda_emu::Backend& backend) { readiness_kernels::run_readiness(k.plan, backend); });
   return k.out.returned();
 }
 

@@ -445,11 +445,8 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __grid_constant__ 
 
 // ---- host side: the launch sequence, for any backend ----
 //
-// A Backend runs the kernels somewhere (the GPU, or the CPU emulation) and provides:
-//   void zero(void* at, int64_t bytes);                       // device memory
-//   void copy(void* to, const void* from, int64_t bytes);     // device to device
-//   template <class K> int64_t blocks(K kernel, int64_t work); // the grid of a launch of `work` chunks
-//   template <class K> void launch(K kernel, int64_t grid, const ReadinessParams& params);
+// A Backend runs the kernels somewhere: common/cuda_launch.cuh's CudaBackend on the GPU, common/cuda_emu.h's
+// Backend on the CPU (zero, copy, blocks, launch).
 
 template <class Fn>
 void with_dtype(int dtype, Fn&& fn) {
@@ -505,9 +502,9 @@ void run_readiness(const ReadinessLaunchPlan& plan, Backend& backend) {
         if (amax_pass) {
           // Work in units of a main-pass chunk's elements, so both passes get grids of the same scale.
           const int64_t work = (elements + kThreads * kGroup - 1) / (kThreads * kGroup);
-          backend.launch(amax_kernel_of_dtype, backend.blocks(amax_kernel_of_dtype, work), params);
+          backend.launch(amax_kernel_of_dtype, backend.blocks(amax_kernel_of_dtype, kThreads, work), kThreads, params);
         } else {
-          backend.launch(main_kernel, backend.blocks(main_kernel, chunks), params);
+          backend.launch(main_kernel, backend.blocks(main_kernel, kThreads, chunks), kThreads, params);
         }
       });
       first = end;

@@ -1,7 +1,7 @@
 // readiness_launch.h: what the host hands the CUDA kernels of amp_inspect::format_readiness
-// (readiness_kernels.cuh) for one call, and the work geometry both sides agree on. Torch-free and CUDA-free:
-// included by the host side (readiness_kernel_call.h, for the CUDA op and the emulated op) and by the kernels
-// (through nvcc, or through the host compiler with cuda_emu.h in front).
+// (readiness_kernels.cuh) for one call, the work geometry both sides agree on, and the launcher of their GPU build.
+// Torch-free and CUDA-free: included by the host side (readiness_call.h, for the CUDA op and the emulated op) and by
+// the kernels (through nvcc, or through the host compiler with cuda_emu.h in front).
 //
 // Work geometry. Blocks of every recipe run along the last dimension, so the kernel walks rows. A lane holds
 // kReadinessGroupElems (8) contiguous elements of one row (one 16-byte load of fp16/bf16, two of fp32): a
@@ -90,5 +90,10 @@ struct ReadinessLaunchPlan {
   double* sums;
   float* amax;
 };
+
+// The GPU build of the kernels (readiness_cuda.cu, by nvcc), which the CUDA op calls: zeroes the outputs (or copies
+// the given tensor amax), measures the tensor amax where the plan needs it first, and launches the quantization pass
+// on `stream` (the device's current stream as the C shim hands it, a cudaStream_t). Asynchronous: no host sync.
+void launch_format_readiness(const ReadinessLaunchPlan& plan, int device_index, void* stream);
 
 }  // namespace amp_inspect

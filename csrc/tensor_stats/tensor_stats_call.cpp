@@ -249,8 +249,8 @@ StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device
   return out;
 }
 
-KernelCall prepare_kernel_call(const StatsCall& call, const Device& device) {
-  KernelCall k;
+StatsKernelCall prepare_kernel_call(const StatsCall& call, const Device& device) {
+  StatsKernelCall k;
   k.out = allocate_outputs(call.num_tensors, call.num_formats, device, OutputFill::kUninitialised);
   k.workspace = empty_tensor({call.num_tensors, workspace_columns(call.num_formats)}, ScalarType::Long, device);
 

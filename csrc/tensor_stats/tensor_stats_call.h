@@ -89,11 +89,11 @@ StatsOutputs allocate_outputs(int64_t num_tensors, int num_formats, const Device
 // What the CUDA kernels (on a GPU, or emulated on the CPU) need for `call`: outputs left uninitialised (the
 // finalize kernel writes every element), a workspace the launch sequence zeroes, and the plan tying them
 // together. plan.device_views is left null (views passed inline); the caller may point it at a table.
-struct KernelCall {
+struct StatsKernelCall {
   StatsOutputs out;
   Tensor workspace;
   LaunchPlan plan;
 };
-KernelCall prepare_kernel_call(const StatsCall& call, const Device& device);
+StatsKernelCall prepare_kernel_call(const StatsCall& call, const Device& device);
 
 }  // namespace amp_inspect

@@ -3,44 +3,36 @@
 // (torch.ops.amp_inspect._tensor_stats_emulated / _unscale_stats_emulated_, see tests/test_cuda_emu.py): it
 // proves the kernels' chunking, reductions, barriers and atomics on every CI run, without a GPU.
 // The host side is the CUDA op's own (prepare_call, prepare_kernel_call, kernels::run_stats); only the
-// backend differs: host memory, a chosen number of blocks, and emulated launches.
-// Built as the test-only library amp_inspect._C_emu (never in a wheel, setup.py), loaded after amp_inspect._C.
+// backend differs (common/emulated_op.h): host memory, a chosen number of blocks, and emulated launches.
+// Built as the test-only library amp_inspect._C_emu (never in a wheel, setup.py), loaded after amp_inspect._C; this
+// file also holds that library's Python module.
 #include <Python.h>
 #include <torch/csrc/stable/library.h>
 
-#include <cstring>
 #include <vector>
 
 #include "tensor_stats/tensor_stats_call.h"
-// The emulation shim and the kernels come last: the shim's macros must not meet the torch headers.
-#include "tensor_stats/tensor_stats_emu_backend.h"
+// The emulation and the kernels come last: the emulation shim's macros must not meet the torch headers.
+#include "common/emulated_op.h"
+#include "tensor_stats/tensor_stats_kernels.cuh"
 
 namespace amp_inspect {
 namespace {
 
-StatsOutputs run_emulated(const StatsCall& call, int64_t blocks, bool inline_views) {
-  AMPI_CHECK(call.chunk_elems > 0 && call.chunk_elems % 8 == 0,
-             "amp_inspect._tensor_stats_emulated: chunk_elems must be a positive multiple of 8, got ", call.chunk_elems);
-  KernelCall k = prepare_kernel_call(call, Device(DeviceType::CPU));
+constexpr const char* kEmulatedOp = "amp_inspect._tensor_stats_emulated: ";
+// The kernels read a chunk in whole 16-byte vectors of every dtype.
+constexpr int64_t kChunkElemsMultiple = 8;
+
+StatsOutputs run_emulated_stats(const StatsCall& call, int64_t blocks, bool inline_views) {
+  AMPI_CHECK(call.chunk_elems > 0 && call.chunk_elems % kChunkElemsMultiple == 0, kEmulatedOp,
+             "chunk_elems must be a positive multiple of ", kChunkElemsMultiple, ", got ", call.chunk_elems);
+  StatsKernelCall k = prepare_kernel_call(call, Device(DeviceType::CPU));
   std::vector<TensorView> views(call.views.size());  // as the CUDA op does: one run of views per dtype
   group_views_by_dtype(call.views.data(), static_cast<int64_t>(views.size()), call.chunk_elems, views.data());
   k.plan.host_views = views.data();
   if (!inline_views) k.plan.device_views = views.data();  // host memory is the "device" here
-  EmulatedBackend backend;
-  backend.blocks = blocks;
-  try {
-    kernels::run_stats(k.plan, backend);
-  } catch (const std::exception& e) {
-    fail("amp_inspect: ", e.what());
-  }
+  run_emulated(blocks, [&](cuda_emu::Backend& backend) { kernels::run_stats(k.plan, backend); });
   return k.out;
-}
-
-void check_cpu(const std::vector<Tensor>& tensors) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    AMPI_CHECK(tensors[i].is_cpu(), "amp_inspect._tensor_stats_emulated: tensor ", i, " is on ",
-               device_name(tensors[i].device()), "; the emulation runs on CPU tensors");
-  }
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_emulated(std::vector<Tensor> tensors,
@@ -49,10 +41,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_emulated(std::ve
                                                                          std::vector<std::string> formats,
                                                                          int64_t chunk_elems, int64_t blocks,
                                                                          bool inline_views) {
-  check_cpu(tensors);
-  const StatsOutputs out =
-      run_emulated(prepare_call(tensors, scale, scale_value, formats, chunk_elems), blocks, inline_views);
-  return out.returned();
+  check_emulated_on_cpu(kEmulatedOp, tensors, "tensor ");
+  return run_emulated_stats(prepare_call(tensors, scale, scale_value, formats, chunk_elems), blocks, inline_views)
+      .returned();
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_emulated(std::vector<Tensor> tensors, Tensor inv_scale,
@@ -60,11 +51,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_emulated(std::v
                                                                           std::vector<std::string> formats,
                                                                           int64_t chunk_elems, int64_t blocks,
                                                                           bool inline_views) {
-  check_cpu(tensors);
+  check_emulated_on_cpu(kEmulatedOp, tensors, "tensor ");
   StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, chunk_elems);
   prepare_unscale(call, tensors, inv_scale, found_inf);
-  const StatsOutputs out = run_emulated(call, blocks, inline_views);
-  return out.returned();
+  return run_emulated_stats(call, blocks, inline_views).returned();
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ constexpr int kFinalizeThreads = 256;
 // Calls of at most this many rows finalize in their last stats block (one block copies 256 histogram bins per
 // row; beyond this a separate finalize kernel, many blocks, is faster than one block).
 constexpr int64_t kFinalizeInBlockRows = 16;
+// The separate finalize kernel: one block per row, at most this many (a grid-stride loop over the rows).
+constexpr int64_t kMaxFinalizeBlocks = 1024;
 // Batches (16 values) sum their squares in float32 where tensor_stats.h's kFloatSquaresFrom / kFloatSquaresBelow
 // allow it, else in float64.
 
@@ -713,12 +715,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) stats_kernel(const 
 
 // ---- host side: the launch sequence, for any backend ----
 //
-// A Backend runs the kernels somewhere (the GPU, or the CPU emulation) and provides:
-//   void zero(int64_t* words, int64_t count);                    // before the statistics kernel
-//   template <class K> int64_t stats_blocks(K kernel, int64_t chunks);  // the grid of a statistics launch
-//   template <class K> void launch_stats(K kernel, int64_t blocks, const StatsParams& params);
-//   int64_t finalize_blocks(int64_t rows);
-//   void launch_finalize(int64_t blocks, const FinalizeParams& params);
+// A Backend runs the kernels somewhere: common/cuda_launch.cuh's CudaBackend on the GPU, common/cuda_emu.h's
+// Backend on the CPU (zero, blocks, blocks_up_to, launch).
 
 // Calls fn(stats_kernel<mode, formats, dtype>) for the variant a launch needs.
 template <int kMode, int kFormats, class Fn>
@@ -753,7 +751,7 @@ static_assert(kMaxFormats == 4, "with_formats_kernel lists one variant per forma
 // kInlineViews views without one) and the finalize pass. Asynchronous on a GPU backend.
 template <class Backend>
 void run_stats(const LaunchPlan& plan, Backend& backend) {
-  backend.zero(plan.workspace, plan.workspace_words);
+  backend.zero(plan.workspace, plan.workspace_words * static_cast<int64_t>(sizeof(int64_t)));
   StatsParams params{};
   params.chunk_elems = plan.chunk_elems;
   const int formats = plan.num_formats;
@@ -798,7 +796,7 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
         const int64_t per_launch = plan.device_views != nullptr ? run_end - run : kInlineViews;
         for (int64_t first = run; first < run_end; first += per_launch) {
           const int64_t n = run_end - first < per_launch ? run_end - first : per_launch;
-          const int64_t grid = backend.stats_blocks(kernel, chunks_of(first, n));
+          const int64_t grid = backend.blocks(kernel, kThreads, chunks_of(first, n));
           blocks += grid;
           if (!launch) continue;
           params.views = plan.device_views != nullptr ? plan.device_views + first : nullptr;
@@ -808,7 +806,7 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
           params.num_views = n;
           params.first_chunk = plan.host_views[first].first_chunk;
           params.num_chunks = chunks_of(first, n);
-          backend.launch_stats(kernel, grid, params);
+          backend.launch(kernel, grid, kThreads, params);
         }
       });
       run = run_end;
@@ -820,7 +818,7 @@ void run_stats(const LaunchPlan& plan, Backend& backend) {
   params.finalize_in_block = params.total_blocks > 0 && plan.num_tensors <= kFinalizeInBlockRows;
   each_launch(true);
   if (plan.num_tensors == 0 || params.finalize_in_block) return;
-  backend.launch_finalize(backend.finalize_blocks(plan.num_tensors), fin);
+  backend.launch(finalize_kernel, backend.blocks_up_to(plan.num_tensors, kMaxFinalizeBlocks), kFinalizeThreads, fin);
 }
 
 }  // namespace AMPI_KERNELS_NAMESPACE

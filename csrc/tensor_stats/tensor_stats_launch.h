@@ -1,6 +1,7 @@
-// tensor_stats_launch.h: what the host hands the CUDA kernels of tensor_stats_kernels.cuh for one call, and
-// the sizes both sides agree on. Torch-free and CUDA-free: included by the host op (tensor_stats_cuda_op.cpp),
-// by the kernels (through nvcc, or through the host compiler for the CPU emulation in tensor_stats_emu.cpp).
+// tensor_stats_launch.h: what the host hands the CUDA kernels of tensor_stats_kernels.cuh for one call, the sizes
+// both sides agree on, and the launcher of their GPU build. Torch-free and CUDA-free: included by the host op
+// (tensor_stats_cuda_op.cpp), by the kernels (through nvcc, or through the host compiler for the CPU emulation in
+// tensor_stats_emu.cpp).
 #pragma once
 
 #include <cstdint>
@@ -79,5 +80,14 @@ AMPI_HD int done_column(int num_formats) { return count_columns(num_formats) + k
 AMPI_HD int hist_column(int num_formats) { return count_columns(num_formats); }
 AMPI_HD int extremes_column(int num_formats) { return count_columns(num_formats) + kHistBins; }
 AMPI_HD int sumsq_column(int num_formats) { return count_columns(num_formats) + kHistBins + 1; }
+
+// The GPU build of the kernels (tensor_stats_cuda.cu, by nvcc), which the CUDA op calls: zeroes the workspace and
+// launches the statistics and finalize kernels on `stream` (the device's current stream as the C shim hands it, a
+// cudaStream_t). Asynchronous: no host sync. Throws (std::runtime_error) when the GPU has no kernel image for this
+// binary's architectures.
+void launch_tensor_stats(const LaunchPlan& plan, int device_index, void* stream);
+
+// Whether this binary holds a kernel the device can run (a cubin of its architecture or PTX it can compile).
+bool device_supported(int device_index);
 
 }  // namespace amp_inspect

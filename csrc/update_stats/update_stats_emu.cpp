@@ -2,42 +2,33 @@
 // with cuda_emu.h in front and run on the CPU, each CUDA thread a host thread. Tests only
 // (torch.ops.amp_inspect._update_stats_emulated, tests/test_update_stats_emu.py): it proves the kernel's chunking,
 // block reduction and atomics on every CI run, without a GPU. The host side is the CUDA op's own
-// (prepare_update_call, plan_update_kernels, update_kernels::run_update_stats); only the backend differs: host
-// memory, a chosen chunk size and number of blocks, emulated launches. Built into the test-only _C_emu.
+// (prepare_update_call, plan_update_kernels, update_kernels::run_update_stats); only the backend differs
+// (common/emulated_op.h): host memory, a chosen chunk size and number of blocks, emulated launches. Built into the
+// test-only _C_emu.
 #include <torch/csrc/stable/library.h>
 
-#include <cstring>
 #include <tuple>
 #include <vector>
 
-#include "common/op.h"
-#include "update_stats/update_stats_kernel_call.h"
-// The emulation shim and the kernel come last: the shim's macros must not meet the torch headers.
-#include "update_stats/update_stats_emu_backend.h"
+#include "update_stats/update_stats_call.h"
+// The emulation and the kernel come last: the emulation shim's macros must not meet the torch headers.
+#include "common/emulated_op.h"
+#include "update_stats/update_stats_kernels.cuh"
 
 namespace amp_inspect {
 namespace {
 
-constexpr const char* kEmulatedOp = "amp_inspect._update_stats_emulated";
+constexpr const char* kEmulatedOp = "amp_inspect._update_stats_emulated: ";
 
 std::tuple<Tensor, Tensor, Tensor> update_stats_emulated(std::vector<Tensor> before, std::vector<Tensor> after,
                                                          std::vector<Tensor> grads, std::vector<Tensor> exp_avg_sq,
                                                          int64_t chunk_elems, int64_t blocks) {
-  for (size_t i = 0; i < before.size(); ++i) {
-    AMPI_CHECK(before[i].is_cpu(), kEmulatedOp, ": before[", i, "] is on ", device_name(before[i].device()),
-               "; the emulation runs on CPU tensors");
-  }
-  AMPI_CHECK(chunk_elems > 0, kEmulatedOp, ": chunk_elems must be positive, got ", chunk_elems);
+  check_emulated_on_cpu(kEmulatedOp, before, "before[", "]");
+  AMPI_CHECK(chunk_elems > 0, kEmulatedOp, "chunk_elems must be positive, got ", chunk_elems);
   UpdateKernelCall k;
   k.call = prepare_update_call(before, after, grads, exp_avg_sq);
   plan_update_kernels(k, Device(DeviceType::CPU), chunk_elems);
-  UpdateEmulatedBackend backend;
-  backend.blocks_override = blocks;
-  try {
-    update_kernels::run_update_stats(k.plan, backend);
-  } catch (const std::exception& e) {
-    fail("amp_inspect: ", e.what());
-  }
+  run_emulated(blocks, [&](cuda_emu::Backend& backend) { update_kernels::run_update_stats(k.plan, backend); });
   return k.out.returned();
 }
 

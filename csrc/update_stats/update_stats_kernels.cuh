@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreads) update_stats_kernel(const __grid_con
   }
 }
 
-// The launch sequence, for any backend with zero(ptr, bytes), blocks(kernel, work) and launch(kernel, grid,
-// params): the outputs zeroed, then one launch per kUpdateViewsPerLaunch views. Asynchronous on a GPU.
+// The launch sequence, for any backend (common/cuda_launch.cuh's CudaBackend on the GPU, common/cuda_emu.h's Backend
+// on the CPU): the outputs zeroed, then one launch per kUpdateViewsPerLaunch views. Asynchronous on a GPU.
 template <class Backend>
 void run_update_stats(const UpdateLaunchPlan& plan, Backend& backend) {
   backend.zero(plan.counts, static_cast<int64_t>(sizeof(int64_t)) * plan.num_tensors * kUpdateCountColumns);
@@ -105,7 +105,7 @@ void run_update_stats(const UpdateLaunchPlan& plan, Backend& backend) {
     params.counts = plan.counts;
     params.sums = plan.sums;
     params.amax = plan.amax;
-    backend.launch(update_stats_kernel, backend.blocks(update_stats_kernel, chunks), params);
+    backend.launch(update_stats_kernel, backend.blocks(update_stats_kernel, kThreads, chunks), kThreads, params);
   }
 }
 

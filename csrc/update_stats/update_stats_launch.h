@@ -1,5 +1,5 @@
 // update_stats_launch.h: the torch-free launch plan update_stats' CUDA kernel (update_stats_kernels.cuh) runs on,
-// shared by the CUDA op, its nvcc-built launcher and the emulated op.
+// shared by the CUDA op, its nvcc-built launcher (declared here) and the emulated op.
 #pragma once
 
 #include <cstdint>
@@ -33,5 +33,10 @@ struct UpdateLaunchPlan {
   double* sums = nullptr;     // [num_tensors, kUpdateSumColumns]
   float* amax = nullptr;      // [num_tensors]
 };
+
+// The GPU build of the kernel (update_stats_cuda.cu, by nvcc), which the CUDA op calls: zeroes the outputs and
+// launches the kernel on `stream` (the device's current stream as the C shim hands it, a cudaStream_t; one launch per
+// kUpdateViewsPerLaunch tensors). Asynchronous: no host sync.
+void launch_update_stats(const UpdateLaunchPlan& plan, int device_index, void* stream);
 
 }  // namespace amp_inspect
