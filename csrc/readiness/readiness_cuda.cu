@@ -3,8 +3,8 @@
 // CudaBackend. The recipes' rules come from readiness.h, the code the CPU kernel runs; the same kernel source also
 // runs on the CPU under tests (readiness_emu.cpp). Built without fast-math (float32 subnormals must survive).
 #include "common/cuda_launch.cuh"
+#include "readiness/readiness.h"
 #include "readiness/readiness_kernels.cuh"
-#include "readiness/readiness_launch.h"
 
 namespace amp_inspect {
 

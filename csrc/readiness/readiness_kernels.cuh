@@ -5,7 +5,7 @@
 //     CPU, each CUDA thread a real host thread (tests only: tests/test_readiness_emu.py).
 // The recipes' rules (block scales, element casts) are csrc/readiness.h's, the code the CPU kernel runs.
 //
-// One read of the data. Each lane loads 8 contiguous elements of a row (readiness_launch.h: the geometry) and
+// One read of the data. Each lane loads 8 contiguous elements of a row (readiness.h: the geometry) and
 // keeps them in registers. Their finite amax, maxed over 2, 4 and 16 neighbouring lanes (a butterfly of
 // __shfl_xor_sync), is the amax of the lane's 16-, 32- and 128-element block; then every recipe asked runs its
 // what-if quantization on the elements still in registers: ALU work, no second read. Counts and sums stay in
@@ -28,7 +28,6 @@
 #include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
 #include "readiness/readiness.h"
-#include "readiness/readiness_launch.h"
 
 namespace amp_inspect {
 namespace readiness_kernels {

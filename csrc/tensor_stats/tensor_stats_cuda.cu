@@ -7,8 +7,8 @@
 #include <cuda_runtime.h>
 
 #include "common/cuda_launch.cuh"
+#include "tensor_stats/tensor_stats.h"
 #include "tensor_stats/tensor_stats_kernels.cuh"
-#include "tensor_stats/tensor_stats_launch.h"
 
 namespace amp_inspect {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "common/cuda_op.h"
+#include "tensor_stats/tensor_stats.h"
 #include "tensor_stats/tensor_stats_call.h"
-#include "tensor_stats/tensor_stats_launch.h"
 
 namespace amp_inspect {
 namespace {

@@ -34,7 +34,6 @@
 #include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
 #include "tensor_stats/tensor_stats.h"
-#include "tensor_stats/tensor_stats_launch.h"
 
 namespace amp_inspect {
 namespace kernels {

@@ -3,8 +3,8 @@
 // logic comes from update_stats.h, the code the CPU kernel runs; the same kernel source also runs on the CPU under
 // tests (update_stats_emu.cpp). Built without fast-math (float32 subnormals must survive).
 #include "common/cuda_launch.cuh"
+#include "update_stats/update_stats.h"
 #include "update_stats/update_stats_kernels.cuh"
-#include "update_stats/update_stats_launch.h"
 
 namespace amp_inspect {
 

@@ -19,7 +19,6 @@
 #include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
 #include "update_stats/update_stats.h"
-#include "update_stats/update_stats_launch.h"
 
 namespace amp_inspect {
 
