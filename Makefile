@@ -63,7 +63,7 @@ bench: setup
 	$(BIN)/python bench/bench_step.py --device cpu
 	$(BIN)/python bench/bench_distributed.py
 
-# The CUDA kernels run on the CPU (csrc/cuda_emu.h), each CUDA thread a host thread, under ThreadSanitizer:
+# The CUDA kernels run on the CPU (csrc/common/cuda_emu.h), each CUDA thread a host thread, under ThreadSanitizer:
 # a missing barrier is reported as a data race, a wrong index or merge as a mismatch with the serial reference.
 # The stats kernels (tsan_driver.cpp), then format readiness's (readiness_tsan_driver.cpp), then update_stats'
 # (update_tsan_driver.cpp).
