@@ -136,7 +136,6 @@ inline TallyOutputs allocate_readiness_outputs(int64_t num_tensors, int num_reci
                                 device, fill, kReadinessOp);
 }
 
-
 // ---- for the CUDA kernels (the CUDA op, in _C_cuda, and the emulated op, in the test-only _C_emu) ----
 
 // The checked call, its outputs, the views with their work geometry, grouped by dtype, and the plan tying them

@@ -1,6 +1,6 @@
 // tensor_stats_call.h: the host side shared by the CPU and CUDA backends of amp_inspect::tensor_stats and
-// unscale_stats_: the input checks, which turn the inputs into a torch-free StatsCall (plain pointers, sizes,
-// strides, format bounds) each backend walks the flat list of work chunks of, the outputs, and the plan the CUDA
+// unscale_stats_: the input checks, which describe the inputs as a torch-free StatsCall (plain pointers, sizes,
+// strides, format bounds) whose flat list of work chunks each backend walks; the outputs; and the plan the CUDA
 // kernels run on. Stable ABI only; what every op shares on the host is common/op.h.
 //
 // Header-only (inline): each library compiles its own copy, in the one file of it that runs the op (the CPU kernel
@@ -22,7 +22,7 @@
 
 namespace amp_inspect {
 
-// How the op's error sentences begin (both ops: unscale_stats_ checks its own arguments in its own name).
+// How the op's error sentences begin (unscale_stats_'s too, but for the checks of its own arguments, which name it).
 constexpr const char* kStatsOp = "amp_inspect.tensor_stats: ";
 
 // Outputs of one call, T = number of tensors, F = number of formats:

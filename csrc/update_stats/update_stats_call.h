@@ -120,7 +120,6 @@ inline TallyOutputs allocate_update_outputs(int64_t num_tensors, const Device& d
   return allocate_tally_outputs(num_tensors, kUpdateCountColumns, kUpdateSumColumns, device, fill, kUpdateOp);
 }
 
-
 // ---- for the CUDA kernel (the CUDA op, in _C_cuda, and the emulated op, in the test-only _C_emu) ----
 
 // The checked call, its outputs, the views with their first chunks and the plan (common/op.h's TallyKernelCall).

@@ -55,9 +55,10 @@ __global__ void __launch_bounds__(kThreads) update_stats_kernel(const __grid_con
     clear_tally(t);
     for (int64_t i = start + tid; i < end; i += kThreads) {
       const uint32_t state = has_state ? load_as_f32_bits(view.state, view.state_dtype, i) : 0u;
-      tally_update_element(t, load_as_f32_bits(view.before, view.weight_dtype, i),
-                           load_as_f32_bits(view.after, view.weight_dtype, i),
-                           load_as_f32_bits(view.grad, view.grad_dtype, i), state, has_state, weight_normal, state_normal);
+      const uint32_t before = load_as_f32_bits(view.before, view.weight_dtype, i);
+      const uint32_t after = load_as_f32_bits(view.after, view.weight_dtype, i);
+      const uint32_t grad = load_as_f32_bits(view.grad, view.grad_dtype, i);
+      tally_update_element(t, before, after, grad, state, has_state, weight_normal, state_normal);
     }
     scratch[tid] = t;
     __syncthreads();
