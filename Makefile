@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-run the set-up when the build inputs change (it rebuilds the extension).
 STAMP := $(VENV)/.amp_inspect-setup
-BUILD_INPUTS := setup.py pyproject.toml $(wildcard csrc/*)
+BUILD_INPUTS := setup.py pyproject.toml $(shell find csrc -type f)
 
 .PHONY: setup demo test wheel test-wheel test-oldest-torch test-no-toolkit test-emu-tsan lint bench gpu-check clean
 
@@ -63,7 +63,7 @@ bench: setup
 	$(BIN)/python bench/bench_step.py --device cpu
 	$(BIN)/python bench/bench_distributed.py
 
-# The CUDA kernels run on the CPU (csrc/cuda_emu.h), each CUDA thread a host thread, under ThreadSanitizer:
+# The CUDA kernels run on the CPU (csrc/common/cuda_emu.h), each CUDA thread a host thread, under ThreadSanitizer:
 # a missing barrier is reported as a data race, a wrong index or merge as a mismatch with the serial reference.
 # The stats kernels (tsan_driver.cpp), then format readiness's (readiness_tsan_driver.cpp), then update_stats'
 # (update_tsan_driver.cpp).

@@ -158,7 +158,20 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 ROOT = Path(__file__).parent
 CSRC = "csrc"
+# Sources include each other by their path under csrc/ ("common/numerics.h"); absolute, since torch's ninja build
+# compiles from the build folder.
+INCLUDE_DIRS = [str((ROOT / CSRC).resolve())]
 EMU_EXTENSION = "amp_inspect._C_emu"  # tests only: built in place, never in a wheel (BuildStableExtension)
+# The ops, a folder of csrc/ each: csrc/<op>/<op>_cpu.cpp (the CPU kernel, in _C), <op>_cuda_op.cpp and
+# <op>_cuda.cu (the CUDA op and the GPU build of its kernels, in _C_cuda), <op>_emu.cpp (its kernels emulated, in
+# the test-only _C_emu). What every op shares is csrc/common/ (common/op.cpp in each library); the schemas and
+# layout() are csrc/module.cpp. Format readiness (issue 21) and update_stats (issue 22) joined tensor_stats.
+OPS = ("tensor_stats", "readiness", "update_stats")
+
+
+def _op_sources(*kinds: str) -> list[str]:
+    """Every op's sources of these kinds, e.g. ("cpu.cpp",): csrc/tensor_stats/tensor_stats_cpu.cpp, ..."""
+    return [f"{CSRC}/{op}/{op}_{kind}" for op in OPS for kind in kinds]
 
 
 def _built_archs() -> str:
@@ -216,28 +229,35 @@ def _extensions():
     # -Wno-unknown-pragmas: the emulated CUDA kernels carry nvcc's `#pragma unroll`; GCC before 13 cannot be
     # silenced from the source (`#pragma GCC diagnostic` misses preprocessor warnings, GCC bug 53431).
     # -fvisibility=hidden: as torch's stable namespaces; only PyInit__C is exported, and _C and _C_cuda, which
-    # both hold tensor_stats_call.cpp, never bind to each other's copy.
+    # both hold common/op.cpp and each op's checks (<op>_call.h), never bind to each other's copy.
     # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
     cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
-    # Format readiness (readiness_*.cpp) joins the CPU library beside tensor_stats.
-    cpu_sources = ("tensor_stats.cpp", "tensor_stats_call.cpp", "tensor_stats_cpu.cpp", "readiness_call.cpp")
-    sources = [f"{CSRC}/{name}" for name in (*cpu_sources, "readiness_cpu.cpp")]
-    sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cpu.cpp"]  # update_stats (issue 22)
-    # The test-only emulated ops: a library of their own (it holds its own copy of tensor_stats_call.cpp, as
-    # _C_cuda does), loaded after _C, whose schema library its ops join.
-    emu_sources = [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_emu.cpp"]
-    emu_sources += [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_emu.cpp"]  # format readiness's CUDA kernels
-    emu_sources += [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_emu.cpp"]  # update_stats' CUDA kernel
-    emu = CppExtension(EMU_EXTENSION, emu_sources, extra_compile_args={"cxx": cxx}, py_limited_api=True)
+    common = f"{CSRC}/common/op.cpp"
+    sources = [f"{CSRC}/module.cpp", common, *_op_sources("cpu.cpp")]
+    # The test-only emulated ops: a library of their own (it holds its own copy of common/op.cpp and of each op's
+    # checks, as _C_cuda does), loaded after _C, whose schema library its ops join.
+    emu_sources = [common, *_op_sources("emu.cpp")]
+    emu = CppExtension(
+        EMU_EXTENSION, emu_sources, include_dirs=INCLUDE_DIRS, extra_compile_args={"cxx": cxx}, py_limited_api=True
+    )
     # py_limited_api: compiled with Py_LIMITED_API (CPython 3.10's), linked without libtorch_python.
     if NVCC is None:
         if NO_CUDA_REASON != "AMP_INSPECT_NO_CUDA=1":
             _say(f"building WITHOUT the CUDA kernels: {NO_CUDA_REASON}.")
-        return [CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": cxx}, py_limited_api=True), emu]
+        cpu = CppExtension(
+            "amp_inspect._C", sources, include_dirs=INCLUDE_DIRS, extra_compile_args={"cxx": cxx}, py_limited_api=True
+        )
+        return [cpu, emu]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
         os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
     defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"', f"-DAMPI_CUDA_MAJOR={_cuda_major()}"]
-    cpu = CppExtension("amp_inspect._C", sources, extra_compile_args={"cxx": [*cxx, *defines]}, py_limited_api=True)
+    cpu = CppExtension(
+        "amp_inspect._C",
+        sources,
+        include_dirs=INCLUDE_DIRS,
+        extra_compile_args={"cxx": [*cxx, *defines]},
+        py_limited_api=True,
+    )
     # The CUDA kernels in a library of their own: amp_inspect loads it only beside a torch of the CUDA major it
     # was built for, so a wheel beside a torch of another CUDA major still serves its CPU kernels.
     # nvcc compiles the architectures of the list in parallel threads (one per core, at most one per arch).
@@ -250,14 +270,14 @@ def _extensions():
         TORCH_TARGET,
         *defines,
     ]
+    toolkit = _pip_toolkit_paths()
     cuda = CUDAExtension(
         "amp_inspect._C_cuda",
-        [f"{CSRC}/tensor_stats_call.cpp", f"{CSRC}/tensor_stats_cuda_op.cpp", f"{CSRC}/tensor_stats_cuda.cu"]
-        + [f"{CSRC}/readiness_call.cpp", f"{CSRC}/readiness_cuda_op.cpp", f"{CSRC}/readiness_cuda.cu"]
-        + [f"{CSRC}/update_stats_call.cpp", f"{CSRC}/update_stats_cuda_op.cpp", f"{CSRC}/update_stats_cuda.cu"],
+        [common, *_op_sources("cuda_op.cpp", "cuda.cu")],
+        include_dirs=[*INCLUDE_DIRS, *toolkit.pop("include_dirs", [])],
         extra_compile_args={"cxx": [*cxx, *defines, "-DUSE_CUDA"], "nvcc": nvcc},
         py_limited_api=True,
-        **_pip_toolkit_paths(),
+        **toolkit,
     )
     return [cpu, cuda, emu]
 

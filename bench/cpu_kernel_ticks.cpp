@@ -6,8 +6,8 @@
 //
 // It includes the kernel's source from the first -I folder that has one (another checkout's csrc measures that):
 //   T=$(python -c "import torch, os; print(os.path.dirname(torch.__file__))")
-//   g++ -O3 -std=c++20 -fno-fast-math -DKERNEL_SRC='"tensor_stats_cpu.cpp"' -Icsrc -I$T/include \
-//     -DTORCH_TARGET_VERSION=0x020a000000000000 bench/cpu_kernel_ticks.cpp csrc/tensor_stats_call.cpp \
+//   g++ -O3 -std=c++20 -fno-fast-math -DKERNEL_SRC='"tensor_stats/tensor_stats_cpu.cpp"' -Icsrc -I$T/include \
+//     -DTORCH_TARGET_VERSION=0x020a000000000000 bench/cpu_kernel_ticks.cpp csrc/common/op.cpp \
 //     -L$T/lib -ltorch -ltorch_cpu -lc10 -Wl,-rpath,$T/lib -o /tmp/ticks && /tmp/ticks [MAG]
 // ONLY=<dtype 0/1/2><formats 1/4> (e.g. ONLY=01) runs one case 20000 times, for `perf record -e cpu-clock`.
 #include KERNEL_SRC

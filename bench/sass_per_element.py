@@ -19,7 +19,7 @@ Each is divided by the elements of a batch (the loop's histogram atomics, one pe
 --check exits 1 when a variant misses its target or any kernel spills. cuobjdump: CUDA's own, or the one in
 triton's wheel (triton/backends/nvidia/bin/cuobjdump).
 
-Format readiness's kernel (csrc/readiness_kernels.cuh, one per input dtype), with --readiness: its task loop
+Format readiness's kernel (csrc/readiness/readiness_kernels.cuh, one per input dtype), with --readiness: its task loop
 (one warp task: 8 elements per lane, all recipes' code unrolled; the largest loop with the 16-byte loads and no
 block barrier) is counted statically, every instruction of its body once, per element. "common" is a build with
 the lanes' common path alone (AMPI_READINESS_FAST_PATH_ONLY: judge_element_fast, no float32 subnormal in the
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODES = ("plain", "scaled", "unscale")
-DTYPES = ("fp32", "fp16", "bf16", "fp64")  # csrc/numerics.h InputDtype order
+DTYPES = ("fp32", "fp16", "bf16", "fp64")  # csrc/common/numerics.h InputDtype order
 KERNEL = re.compile(r"stats_kernelILi(\d)ELi(\d)ELi(\d)E")
 LOAD = re.compile(r"\bLDG\.E(\.\w+)*\.128\b")
 BRANCH = re.compile(r"^(@!?U?P\w+\s+)?BRA(\.\w+)*\s+(0x[0-9a-f]+)")
@@ -257,16 +257,16 @@ def compile_object(folder: Path) -> tuple[Path, str]:
 
     obj = folder / "tensor_stats_cuda.o"
     command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
-    command += ["-Xptxas", "-v", "-c", str(REPO / "csrc" / "tensor_stats_cuda.cu"), "-o", str(obj)]
+    command += ["-Xptxas", "-v", "-c", str(REPO / "csrc" / "tensor_stats" / "tensor_stats_cuda.cu"), "-o", str(obj)]
     command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return obj, done.stdout + done.stderr
 
 
 READINESS_KERNEL = re.compile(r"readiness_kernelILi(\d)E")
-READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/numerics.h InputDtype order
-READINESS_GROUP = 8  # elements per lane per task (csrc/readiness_launch.h kReadinessGroupElems)
-RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness.h kRecipes)
+READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/common/numerics.h InputDtype order
+READINESS_GROUP = 8  # elements per lane per task (csrc/readiness/readiness.h kReadinessGroupElems)
+RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness/readiness.h kRecipes)
     "fp8_e4m3_tensor",
     "fp8_e5m2_tensor",
     "fp8_e4m3_block128",
@@ -303,7 +303,7 @@ def readiness_build(
     command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
     command += ["-Xptxas", "-v", f"-DAMPI_READINESS_COMPILED_RECIPES={mask}"]
     command += [f"-DAMPI_READINESS_FAST_PATH_ONLY={int(common_path)}", "-c"]
-    command += [str(REPO / "csrc" / "readiness_cuda.cu"), "-o", str(obj)]
+    command += [str(REPO / "csrc" / "readiness" / "readiness_cuda.cu"), "-o", str(obj)]
     command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     sass = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True, check=True).stdout
@@ -384,7 +384,9 @@ def default_cuobjdump() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("object", nargs="?", help="the nvcc output of csrc/tensor_stats_cuda.cu (or --compile)")
+    parser.add_argument(
+        "object", nargs="?", help="the nvcc output of csrc/tensor_stats/tensor_stats_cuda.cu (or --compile)"
+    )
     parser.add_argument("--ptxas-log", help="the -Xptxas -v output of that compile, for registers and spills")
     parser.add_argument("--compile", action="store_true", help="compile the kernels for sm_90 first")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed or a kernel spills")

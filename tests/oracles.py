@@ -1,6 +1,7 @@
 """Independent oracles for amp_inspect.tensor_stats.
 
-None of these read amp_inspect's thresholds (csrc/numerics.h, amp_inspect/core/formats.py) or its reference:
+None of these read amp_inspect's thresholds (csrc/tensor_stats/tensor_stats.h, amp_inspect/core/formats.py) or its
+reference:
 
 - ``classify_torch_cast``: casts float32 v with ``v.to(dtype)`` and looks at what came out.
 - ``classify_numpy_fp16``: numpy's float16 cast, which rounds float32 *and float64* directly (one rounding),

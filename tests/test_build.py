@@ -62,8 +62,9 @@ def test_csrc_uses_the_stable_abi_only():
     bind the binary to the torch it was built against), and the stable ABI targeted at 2.10."""
     unstable = re.compile(r"#include\s*<(ATen/|c10/|torch/library\.h|torch/extension\.h|torch/torch\.h)")
     offenders = [
-        f"{path.name}:{n}: {line.strip()}"
-        for path in sorted((REPO / "csrc").iterdir())
+        f"{path.relative_to(REPO).as_posix()}:{n}: {line.strip()}"
+        for path in sorted((REPO / "csrc").rglob("*"))
+        if path.is_file()
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if unstable.search(line)
     ]

@@ -1,4 +1,4 @@
-"""The CUDA kernels' own source, run on the CPU (csrc/tensor_stats_emu.cpp: every CUDA thread of a block a
+"""The CUDA kernels' own source, run on the CPU (csrc/tensor_stats/tensor_stats_emu.cpp: every CUDA thread of a block a
 host thread, real barriers, shuffles and atomics) against the CPU kernel: exactly, sumsq to the tolerance of
 the CUDA-vs-CPU tests (2e-6). Chunks are made small and grids chosen so that small tensors cross many chunk,
 block, vector and tensor-table boundaries. Marked ``cuda_emu``: no GPU needed; skipped, saying so, only where the
@@ -19,7 +19,7 @@ from tests.test_random_bits import DTYPES, random_tensor
 
 pytestmark = pytest.mark.cuda_emu
 
-INLINE_VIEWS = 16  # csrc/tensor_stats_launch.h kInlineViews: more tensors take a table, or several launches
+INLINE_VIEWS = 16  # csrc/tensor_stats/tensor_stats.h kInlineViews: more tensors take a table, or several launches
 SMALL_CHUNK = 64  # elements per chunk in most tests (the GPU uses 2048)
 
 
@@ -154,7 +154,7 @@ def test_bad_emulation_arguments_are_refused():
         emulated([torch.randn(10)], chunk=12)
 
 
-# ---- the per-batch decisions of the full-batch loop (csrc/tensor_stats_kernels.cuh, count_batch) ----
+# ---- the per-batch decisions of the full-batch loop (csrc/tensor_stats/tensor_stats_kernels.cuh, count_batch) ----
 
 THREADS = 256  # kernels::kThreads
 FORMAT_DTYPES = {

@@ -76,7 +76,7 @@ def test_architecture_names_every_module() -> None:
     package = ROOT / "amp_inspect"
     modules = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py") if p.name != "__init__.py"}
     modules |= {
-        p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").glob("*") if p.suffix in {".h", ".cpp", ".cu", ".cuh"}
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*") if p.suffix in {".h", ".cpp", ".cu", ".cuh"}
     }
     named = set(re.findall(r"`((?:amp_inspect|csrc)/[\w/]+\.\w+)`", page))
     assert not modules - named, f"docs/architecture.md does not name {sorted(modules - named)}"

@@ -13,7 +13,7 @@ import amp_inspect
 from tests import oracles
 
 BLOCK = 2048  # the CPU kernel's inner block
-WINDOW = 40  # kMaxWindowBins in csrc/tensor_stats_cpu.cpp
+WINDOW = 40  # kMaxWindowBins in csrc/tensor_stats/tensor_stats_cpu.cpp
 
 
 def _spanning(width: int, n: int, rng: np.random.Generator, *, base_exponent: int = -20) -> np.ndarray:

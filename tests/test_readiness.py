@@ -1,6 +1,6 @@
-"""The format_readiness op's CPU kernel (csrc/readiness_cpu.cpp on csrc/readiness.h) against the float64 reference
-(amp_inspect/core/references/format_readiness.py) and against torch's own float8 casts; the op as torch sees it
-(opcheck), its input checks, and the Python face (amp_inspect.format_readiness, ReadinessStats).
+"""The format_readiness op's CPU kernel (csrc/readiness/readiness_cpu.cpp on csrc/readiness/readiness.h) against the
+float64 reference (amp_inspect/core/references/format_readiness.py) and against torch's own float8 casts; the op as
+torch sees it (opcheck), its input checks, and the Python face (amp_inspect.format_readiness, ReadinessStats).
 
 Exactness: counts and amax equal the reference's exactly. sq_signal and sq_error are float64 sums of the same
 float64 terms (both compute each element's x^2 and (x - dequant)^2 the same way, q / s as float64's correctly

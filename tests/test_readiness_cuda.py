@@ -1,4 +1,4 @@
-"""Format readiness's CUDA kernels on a real GPU (csrc/readiness_cuda.cu) against the float64 reference: the
+"""Format readiness's CUDA kernels on a real GPU (csrc/readiness/readiness_cuda.cu) against the float64 reference: the
 counts and amax exactly, the sums to the emulation tests' tolerance, on the emulation tests' cases at the GPU's
 own work chunk (16 warp tasks), with grids from the occupancy API; plus what only a GPU has: the current
 stream, no host sync, CUDA graph capture. Marked ``cuda``: skipped, saying so, without a visible GPU

@@ -1,9 +1,9 @@
-"""Format readiness's CUDA kernels (csrc/readiness_kernels.cuh) run on the CPU through the emulation
-(csrc/readiness_emu.cpp: every CUDA thread of a block a host thread, real barriers, shuffles and atomics) against
-the float64 reference (amp_inspect/core/references/format_readiness.py) and the CPU kernel: the counts and the amax
-exactly, the sums to SUM_RTOL (all three add the same float64 terms, in other orders). Work chunks are made small and
-grids chosen so that small tensors cross many chunk, block, warp-task and launch boundaries; row lengths sit on
-and around every lane-group and block size, so the butterfly's caps and the short last blocks are all reached.
+"""Format readiness's CUDA kernels (csrc/readiness/readiness_kernels.cuh) run on the CPU through the emulation
+(csrc/readiness/readiness_emu.cpp: every CUDA thread of a block a host thread, real barriers, shuffles and atomics)
+against the float64 reference (amp_inspect/core/references/format_readiness.py) and the CPU kernel: the counts and the
+amax exactly, the sums to SUM_RTOL (all three add the same float64 terms, in other orders). Work chunks are made small
+and grids chosen so that small tensors cross many chunk, block, warp-task and launch boundaries; row lengths sit on and
+around every lane-group and block size, so the butterfly's caps and the short last blocks are all reached.
 Marked ``cuda_emu``: no GPU needed; skipped, saying so, only where the test-only library amp_inspect._C_emu is
 not built.
 
@@ -25,7 +25,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL = tuple(range(len(RECIPES)))
 TENSOR_SCALED = tuple(i for i, r in enumerate(RECIPES) if r.needs_tensor_amax)
 BLOCK_SCALED = tuple(i for i, r in enumerate(RECIPES) if not r.needs_tensor_amax)
-INLINE_VIEWS = 16  # csrc/readiness_launch.h kReadinessInlineViews: more tensors of a dtype take more launches
+INLINE_VIEWS = 16  # csrc/readiness/readiness.h kReadinessInlineViews: more tensors of a dtype take more launches
 WARP_TASK = 256  # elements of a row one warp task covers (32 lanes x 8)
 # Both sides add the same float64 terms (readiness.h's and the reference's dequantized values are the same float64
 # operations); only the order of the additions differs.

@@ -261,7 +261,8 @@ def test_with_a_kernel_no_warning_is_given() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the compiled CPU kernel (csrc/update_stats_cpu.cpp on csrc/update_stats.h) against the reference
+# the compiled CPU kernel (csrc/update_stats/update_stats_cpu.cpp on csrc/update_stats/update_stats.h) against the
+# reference
 #
 # Exactness: counts and amax equal the reference's exactly. sq_change and sq_weight are float64 sums of the same
 # float64 terms (each a difference or square of floats widened exactly), added in another order: n nonnegative

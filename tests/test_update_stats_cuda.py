@@ -1,6 +1,6 @@
-"""update_stats' CUDA kernel (csrc/update_stats_kernels.cuh in _C_cuda) on a GPU against the pure-torch reference on
-the CPU: counts and amax exactly, sums to a relative 2n * 2^-53 (the float64 atomics add the same terms in a
-schedule's order); no host sync; CUDA graph capture. Marked ``cuda``: skipped, saying so, without a visible GPU.
+"""update_stats' CUDA kernel (csrc/update_stats/update_stats_kernels.cuh in _C_cuda) on a GPU against the pure-torch
+reference on the CPU: counts and amax exactly, sums to a relative 2n * 2^-53 (the float64 atomics add the same terms in
+a schedule's order); no host sync; CUDA graph capture. Marked ``cuda``: skipped, saying so, without a visible GPU.
 (Written without a GPU at hand: the emulated kernel's tests, tests/test_update_stats_emu.py, ran; these did not.)"""
 
 from __future__ import annotations

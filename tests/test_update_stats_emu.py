@@ -1,9 +1,9 @@
-"""update_stats' CUDA kernel (csrc/update_stats_kernels.cuh) run on the CPU through the emulation
-(csrc/update_stats_emu.cpp: every CUDA thread of a block a host thread, real barriers and atomics) against the
-pure-torch reference (amp_inspect/core/references/update_stats.py) and the CPU kernel: counts and amax exactly, the sums
-to a relative 2n * 2^-53 (the same float64 terms added in another order). Chunks are made small and grids chosen so
-that small tensors cross many chunk, block and launch boundaries. Marked ``cuda_emu``: no GPU needed; skipped,
-saying so, only where the test-only library amp_inspect._C_emu is not built.
+"""update_stats' CUDA kernel (csrc/update_stats/update_stats_kernels.cuh) run on the CPU through the emulation
+(csrc/update_stats/update_stats_emu.cpp: every CUDA thread of a block a host thread, real barriers and atomics) against
+the pure-torch reference (amp_inspect/core/references/update_stats.py) and the CPU kernel: counts and amax exactly, the
+sums to a relative 2n * 2^-53 (the same float64 terms added in another order). Chunks are made small and grids chosen so
+that small tensors cross many chunk, block and launch boundaries. Marked ``cuda_emu``: no GPU needed; skipped, saying
+so, only where the test-only library amp_inspect._C_emu is not built.
 
 What this cannot see (needs a GPU): the memory model, code generation, registers, speed."""
 
@@ -18,7 +18,7 @@ from tests.test_update_stats import DTYPES, adamw_step, random_step, sums_rtol
 
 pytestmark = pytest.mark.cuda_emu
 
-VIEWS_PER_LAUNCH = 24  # csrc/update_stats_launch.h kUpdateViewsPerLaunch: more tensors take more launches
+VIEWS_PER_LAUNCH = 24  # csrc/update_stats/update_stats.h kUpdateViewsPerLaunch: more tensors take more launches
 
 
 def emulated(before, after, grads, states=(), *, chunk_elems=300, blocks=3):

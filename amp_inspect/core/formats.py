@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-# The exponent histogram every statistic carries (numerics.h kHistBins): one bin per value of a float32's
-# exponent field, (bits >> 23) & 0xFF, so bin 127 holds [1, 2), bin 0 zeros and float32 subnormals, bin 255 Inf and NaN.
+# The exponent histogram every statistic carries (csrc/tensor_stats/tensor_stats.h kHistBins): one bin per value of
+# a float32's exponent field, (bits >> 23) & 0xFF, so bin 127 holds [1, 2), bin 0 zeros and float32 subnormals, bin
+# 255 Inf and NaN.
 HIST_BINS = 256
 EXPONENT_BIAS = 127
 ZERO_BIN = 0
@@ -49,7 +50,7 @@ class FormatBounds:
 
     @property
     def bits(self) -> tuple[int, int, int, int, int, int]:
-        """The six bounds in the order of numerics.h's ``FormatBounds`` (what ``_C.layout()`` gives)."""
+        """The six bounds in the order of tensor_stats.h's ``FormatBounds`` (what ``_C.layout()`` gives)."""
         return (
             self.overflow_from,
             self.normal_from,
@@ -77,7 +78,7 @@ def float64_from_bits(bits: int) -> float:
     return struct.unpack("<d", struct.pack("<Q", bits))[0]
 
 
-# The Python copy of csrc/numerics.h's kFormatBounds (and tensor_stats_call.cpp's kFormatNames), in FormatId
+# The Python copy of csrc/tensor_stats/tensor_stats.h's kFormatBounds and kFormatNames, in FormatId
 # order. The compiled table is the source: amp_inspect._C.layout() hands it over, the extension is refused at
 # load time when the two differ (statistics.layout_problem), and tests/test_schema.py holds them equal. This
 # copy exists because the log readers (torch-free) and the pure-torch fallback (no _C) need the bounds too.

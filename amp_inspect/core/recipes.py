@@ -3,9 +3,9 @@
 A recipe quantizes a GEMM operand (activations X, weights W, output gradients dY) to a narrow element format
 with a scale per tensor or per block of contiguous elements along the last dimension. ``format_readiness``
 (core/format_readiness.py) measures, per tensor and recipe, what quantizing and dequantizing every finite element would
-lose. The kernels (csrc/readiness.h ``kRecipes``), the float64 reference (core/references/format_readiness.py) and the
-docs (docs/numerics.md, "Format readiness") follow the rules below; ``amp_inspect._C.layout()`` reports the C++ table
-and tests/test_schema.py holds the two equal.
+lose. The kernels (csrc/readiness/readiness.h ``kRecipes``), the float64 reference (core/references/format_readiness.py)
+and the docs (docs/numerics.md, "Format readiness") follow the rules below; ``amp_inspect._C.layout()`` reports the C++
+table and tests/test_schema.py holds the two equal.
 
 Notation: ``fl32(e)`` is e computed in float32 arithmetic (one IEEE float32 operation, round to nearest even);
 ``amax`` is the largest |x| over the finite elements of the tensor (``amax_t``) or of the block (``amax_b``);

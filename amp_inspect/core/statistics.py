@@ -28,7 +28,7 @@ Terms (v is the value judged: x, or ``float32(x) * scale``; the format terms are
   do (transformer_engine/debug/features/utils/stats_computation.py: (compute, reduce) pairs, derived ones
   naming their dependencies), kernels compute mergeable primitives and the rest is derived.
 
-The C++ side has the same tables (csrc/tensor_stats.h ``kOutputs``, numerics.h ``kFormatBounds``,
+The C++ side has the same tables (csrc/tensor_stats/tensor_stats_call.h ``kOutputs``, tensor_stats.h ``kFormatBounds``,
 ``kFixedCountColumns``, ``kHistBins``) and hands them to Python through ``amp_inspect._C.layout()``;
 ``layout_problem`` says where the two differ, the extension is refused at load time when they do
 (amp_inspect/core/_native.py), and tests/test_schema.py holds them equal.
@@ -554,9 +554,9 @@ def layout_problem(native: Mapping[str, Any]) -> str | None:
 
 
 def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
-    """Where format readiness's tables in ``_C.layout()["readiness"]`` (csrc/readiness.h: the recipes, their element
-    formats and scale rules, the op's columns and outputs) differ from core/recipes.py's and ``READINESS``'s: one
-    clause, or None. A binary without the table (built before format readiness) is refused like one whose tables
+    """Where format readiness's tables in ``_C.layout()["readiness"]`` (csrc/readiness/readiness.h: the recipes, their
+    element formats and scale rules, the op's columns and outputs) differ from core/recipes.py's and ``READINESS``'s:
+    one clause, or None. A binary without the table (built before format readiness) is refused like one whose tables
     differ: a binary is used whole or not at all."""
     from amp_inspect.core import recipes
 
@@ -590,8 +590,8 @@ def readiness_layout_problem(native: Mapping[str, Any]) -> str | None:
 
 
 def update_layout_problem(native: Mapping[str, Any]) -> str | None:
-    """Where update_stats's columns in ``_C.layout()["update"]`` (csrc/update_stats.h) differ from ``UPDATE``'s:
-    one clause, or None. A binary without the table (built before update_stats) is refused whole."""
+    """Where update_stats's columns in ``_C.layout()["update"]`` (csrc/update_stats/update_stats.h) differ from
+    ``UPDATE``'s: one clause, or None. A binary without the table (built before update_stats) is refused whole."""
     theirs = native.get("update")
     if theirs is None:
         return "it has no update_stats op (built before update_stats)"
@@ -606,7 +606,7 @@ def update_layout_problem(native: Mapping[str, Any]) -> str | None:
 
 
 def _columns_kind(o: Output) -> str:
-    """How csrc/tensor_stats.h's OutputColumns names this output's columns."""
+    """How csrc/tensor_stats/tensor_stats_call.h's OutputColumns names this output's columns."""
     if o.one_dimensional:
         return "none"
     if [s.per for s in o.statistics] == [PER_BIN]:

@@ -1,7 +1,7 @@
 // readiness_tsan_driver.cpp: format readiness's CUDA kernels (readiness_kernels.cuh) under ThreadSanitizer
 // (`make test-emu-tsan`), torch-free.
 //
-// Runs the emulated kernels (every CUDA thread of a block a host thread, csrc/cuda_emu.h) on small tensors of
+// Runs the emulated kernels (every CUDA thread of a block a host thread, csrc/common/cuda_emu.h) on small tensors of
 // every input dtype and many row lengths (packed short rows, short last blocks, long rows of several warp
 // tasks), with and without a given tensor amax, over several work chunks and grids, and checks every run
 // against a serial loop over readiness.h's own functions (block by block, element by element). A missing
@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "readiness_emu_backend.h"
+#include "common/cuda_emu.h"  // first: the kernels are compiled for the CPU through it
+#include "readiness/readiness_kernels.cuh"
 
 using namespace amp_inspect;
 
@@ -139,7 +140,7 @@ int run(std::vector<Tensor>& tensors, bool given, int64_t chunk_tasks, int64_t b
   plan.counts = counts.data();
   plan.sums = sums.data();
   plan.amax = amax.data();
-  ReadinessEmulatedBackend backend;
+  cuda_emu::Backend backend;
   backend.blocks_override = blocks;
   try {
     readiness_kernels::run_readiness(plan, backend);

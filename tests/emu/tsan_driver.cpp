@@ -1,8 +1,8 @@
 // tsan_driver.cpp: the CUDA kernels' source under ThreadSanitizer (`make test-emu-tsan`), torch-free.
 //
-// Runs the emulated kernels (every CUDA thread of a block a host thread, see csrc/cuda_emu.h) on small
+// Runs the emulated kernels (every CUDA thread of a block a host thread, see csrc/common/cuda_emu.h) on small
 // tensors of every dtype, dense, unaligned and strided, plain, scaled and unscaling, over several chunk
-// sizes and grids, and checks every run against a serial reference built from numerics.h (the per-element
+// sizes and grids, and checks every run against a serial reference built from tensor_stats.h (the per-element
 // code the CPU kernel runs). A missing barrier shows up as a TSan data race report; a wrong index, merge or
 // reduction as a mismatch. Exit status 0 only if every run matched (TSan's own reports exit 66).
 #include <cmath>
@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "tensor_stats_emu_backend.h"
+#include "common/cuda_emu.h"  // first: the kernels are compiled for the CPU through it
+#include "tensor_stats/tensor_stats_kernels.cuh"
 
 using namespace amp_inspect;
 
@@ -205,8 +206,8 @@ int run(const Case& c, int mode, int64_t chunk, int64_t blocks, bool inline_view
   // Expected values first: unscale_stats_ overwrites the tensors.
   std::vector<Expected> expected;
   for (const TensorView& v : views) expected.push_back(reference(v, kFormatBounds, mode == kLaunchScaled ? scale : 0));
-  EmulatedBackend backend;
-  backend.blocks = blocks;
+  cuda_emu::Backend backend;
+  backend.blocks_override = blocks;
   kernels::run_stats(plan, backend);
 
   int failures = 0;

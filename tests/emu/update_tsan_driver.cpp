@@ -1,7 +1,7 @@
 // update_tsan_driver.cpp: update_stats' CUDA kernel (update_stats_kernels.cuh) under ThreadSanitizer
 // (`make test-emu-tsan`), torch-free.
 //
-// Runs the emulated kernel (every CUDA thread of a block a host thread, csrc/cuda_emu.h) on random bit patterns of
+// Runs the emulated kernel (every CUDA thread of a block a host thread, csrc/common/cuda_emu.h) on random bit patterns of
 // every weight and state dtype, over several chunk sizes and grids and more tensors than one launch holds, and
 // checks every run against a serial loop over update_stats.h's tally_update_element. A missing barrier in the
 // block reduction shows up as a TSan data race report; a wrong index or merge as a mismatch. Exit status 0 only if
@@ -11,7 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "update_stats_emu_backend.h"
+#include "common/cuda_emu.h"  // first: the kernels are compiled for the CPU through it
+#include "update_stats/update_stats_kernels.cuh"
 
 using namespace amp_inspect;
 
@@ -77,7 +78,7 @@ bool run(std::mt19937& rng, int32_t weight, int32_t state, int num_tensors, int6
   plan.counts = counts.data();
   plan.sums = sums.data();
   plan.amax = amax.data();
-  UpdateEmulatedBackend backend;
+  cuda_emu::Backend backend;
   backend.blocks_override = blocks;
   update_kernels::run_update_stats(plan, backend);
   for (int t = 0; t < num_tensors; ++t) {

@@ -1,0 +1,483 @@
+// readiness_cpu.cpp: the CPU kernel of amp_inspect::format_readiness (issue 21).
+//
+// Per tensor, blocks run along rows of its last dimension. The unit of work is one 128-element block of a row
+// (the largest block a recipe uses; a row's last one may be shorter): its elements are read once into a small
+// stack buffer as float32 bits, the amaxes of its 16-element sub-blocks are taken (a 32- or 128-element block's
+// amax is the max of its sub-blocks'), and then every recipe asked for quantizes the buffer's elements while they
+// are in L1. The per-element logic is readiness.h's: judge_element_fast in vectorised loops (AVX-512 / AVX2 clones)
+// where a unit holds no float32 subnormal and its scales are normal floats, else the exact judge_element (the one the
+// CUDA kernel runs); the two give the same verdicts. Units are grouped into chunks of about kChunkElems elements,
+// split across threads with torch::stable::parallel_for (torch's pool). Cost: bench/README.md.
+//
+// Tensor-scaled recipes (fp8_*_tensor, nvfp4) need the tensor's amax before the pass: given (tensor_amax, delayed
+// scaling) or measured by a first pass over the tensor, only when such a recipe is asked for and no amax is given.
+// Each chunk writes its totals to a slot of its own, summed per tensor in chunk order: results do not depend on the
+// number of threads, and no lock is taken.
+//
+// The float64 sums' order. A unit's sq_signal, and a recipe's sq_error on a unit that takes the fast loop, are added
+// in sum_in_lanes' fixed order; a recipe's sq_error on a unit that takes the exact path, element by element in
+// element order. Which path a unit takes depends on its values alone (never on the FPU's mode). Since 2026-12-01
+// (issue 21's CPU speed-up) a unit whose NVFP4 blocks include one with total scale 0 takes the fast loop (it took
+// the exact path before): the same terms, added in the other of the two orders, within the tests' tolerance of the
+// reference (tests/test_readiness.py's sums_rtol).
+//
+// no-trapping-math, for the whole file (before any header, so that every inline function it calls has the same
+// options and inlines): without it GCC keeps a select between float results as a branch (a float operation might
+// trap) and does not vectorise the element loops. It changes no value: IEEE results, their rounding and their
+// order stay as written (it is not fast-math).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/cpu_clones.h"
+#include "readiness/readiness_call.h"
+
+namespace amp_inspect {
+namespace {
+
+constexpr int64_t kChunkElems = int64_t{1} << 16;  // one unit of parallel work, about
+constexpr int kSubBlocks = kLargestBlock / kSmallestBlock;
+constexpr int kMaxCountColumns = kReadinessFixedCounts + kReadinessCountsPerRecipe * kNumRecipes;
+constexpr int kMaxSumColumns = kReadinessFixedSums + kReadinessSumsPerRecipe * kNumRecipes;
+
+// How a view's units (128-element blocks of its rows) fall into chunks.
+struct ViewWork {
+  int64_t units_per_row;    // ceil(row_length / 128)
+  int64_t units;            // rows * units_per_row
+  int64_t units_per_chunk;  // about kChunkElems elements
+  int64_t first_chunk;      // in the call's flat list of chunks
+};
+
+struct Plan {
+  std::vector<ViewWork> work;
+  int64_t total_chunks = 0;
+
+  explicit Plan(const ReadinessCall& call) {
+    for (const ReadinessView& v : call.views) {
+      ViewWork w{};
+      w.units_per_row = (v.row_length + kLargestBlock - 1) / kLargestBlock;
+      w.units = (v.numel / v.row_length) * w.units_per_row;
+      const int64_t unit_elems = std::min<int64_t>(v.row_length, kLargestBlock);
+      w.units_per_chunk = std::max<int64_t>(1, kChunkElems / unit_elems);
+      w.first_chunk = total_chunks;
+      total_chunks += (w.units + w.units_per_chunk - 1) / w.units_per_chunk;
+      work.push_back(w);
+    }
+  }
+
+  // The view a chunk belongs to: the last whose first_chunk <= chunk.
+  int64_t view_of(int64_t chunk) const {
+    const auto it = std::upper_bound(work.begin(), work.end(), chunk,
+                                     [](int64_t c, const ViewWork& w) { return c < w.first_chunk; });
+    return static_cast<int64_t>(it - work.begin()) - 1;
+  }
+};
+
+// The element range of unit u of a view: its row's elements from the unit's block on, at most 128.
+struct UnitRange {
+  int64_t start;
+  int64_t length;
+};
+UnitRange unit_range(const ReadinessView& view, const ViewWork& w, int64_t u) {
+  const int64_t row = u / w.units_per_row;
+  const int64_t offset = (u % w.units_per_row) * kLargestBlock;
+  return {row * view.row_length + offset, std::min<int64_t>(kLargestBlock, view.row_length - offset)};
+}
+
+// Totals of one chunk, in the op's columns.
+struct ChunkTotals {
+  int64_t counts[kMaxCountColumns];
+  double sums[kMaxSumColumns];
+  uint32_t amax;  // float32 bits of the chunk's finite amax
+};
+
+// What the recipes of one tensor need beside its blocks: each recipe's grid, and for the tensor-scaled ones
+// the tensor's scale; NVFP4's decode scale.
+struct TensorRecipes {
+  const RecipeSpec* spec[kNumRecipes];
+  ElementGrid grid[kNumRecipes];
+  BlockScale tensor_scale[kNumRecipes];  // fp32_tensor only
+  uint32_t decode_bits;                  // NVFP4's d
+};
+
+TensorRecipes tensor_recipes(const ReadinessCall& call, uint32_t amax_bits) {
+  TensorRecipes t{};
+  t.decode_bits = nvfp4_decode_scale_bits(amax_bits);
+  for (int r = 0; r < call.num_recipes; ++r) {
+    t.spec[r] = &kRecipes[call.recipe_ids[r]];
+    t.grid[r] = kElementGrids[t.spec[r]->element];
+    t.tensor_scale[r] = fp32_scale(amax_bits, t.grid[r]);
+  }
+  return t;
+}
+
+// Block totals of one recipe.
+struct BlockVerdicts {
+  int64_t flushed;
+  int64_t saturated;
+  double sq_error;
+};
+
+// The sum of v[0, n) (n <= kLargestBlock) in float64, in a fixed order: kSumLanes running sums (element i into lane
+// i mod kSumLanes, in element order), added from lane 0 to lane kSumLanes - 1, then the rest. A float64 `sum += v[i]`
+// loop is not vectorised (without fast-math the compiler keeps its order); these lanes are. They are held in one of
+// two forms that give the same sums (the same adds, per lane, in the same order): kWide, one 8-double GCC vector, a
+// single AVX-512 register; else four 2-double vectors, SSE2's width, which every clone keeps in registers (the
+// 8-double vector went through the stack on the AVX2 and default clones, as in update_stats_cpu.cpp).
+constexpr int kSumLanes = 8;
+constexpr int kPairs = kSumLanes / 2;
+using DoubleLanes = double __attribute__((vector_size(kSumLanes * sizeof(double))));
+using DoublePair = double __attribute__((vector_size(2 * sizeof(double))));
+template <bool kWide>
+__attribute__((always_inline)) inline double sum_in_lanes(const double* v, int64_t n) {
+  double lane[kSumLanes];
+  int64_t i = 0;
+  if constexpr (kWide) {
+    DoubleLanes acc = {};
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+      DoubleLanes x;
+      std::memcpy(&x, v + i, sizeof x);
+      acc += x;
+    }
+    std::memcpy(lane, &acc, sizeof lane);
+  } else {
+    DoublePair acc[kPairs] = {};
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+      DoublePair x[kPairs];
+      std::memcpy(x, v + i, sizeof x);
+      for (int p = 0; p < kPairs; ++p) acc[p] += x[p];
+    }
+    std::memcpy(lane, acc, sizeof lane);
+  }
+  double total = 0.0;
+  for (int l = 0; l < kSumLanes; ++l) total += lane[l];
+  for (; i < n; ++i) total += v[i];
+  return total;
+}
+
+// One scale per element of a unit (its block's): the float32 v is computed with, and the float64 the dequantized value
+// is computed with (judge_element_fast), for judge_fast.
+struct UnitScales {
+  float scale32[kLargestBlock];
+  double dequant[kLargestBlock];
+};
+
+// judge_element_fast over a unit's elements, each under its own block's scale, the scale's kind fixed so the loop
+// has no branch: vectorised (AVX-512 / AVX2 clones), int32 lane counters (at most 128 elements), the squared errors
+// staged and summed in lanes.
+template <bool kDivide, bool kDequantDivides, bool kWide>
+__attribute__((always_inline)) inline BlockVerdicts judge_fast(const uint32_t* __restrict bits, int64_t n,
+                                                              const ElementGrid& g, const UnitScales& s) {
+  int32_t flushed = 0, saturated = 0;
+  double squares[kLargestBlock];
+  for (int64_t i = 0; i < n; ++i) {
+    const ElementVerdict v = judge_element_fast(bits[i], g, kDivide, s.scale32[i], kDequantDivides, s.dequant[i]);
+    flushed += v.flushed;
+    saturated += v.saturated;
+    squares[i] = v.sq_error;
+  }
+  return {flushed, saturated, sum_in_lanes<kWide>(squares, n)};
+}
+
+// The three kinds of scale: fp32 (v = x * s, q / s), E8M0 (v = x * 2^-X, q * 2^X), NVFP4 (v = x / t, q * t); each
+// with paired or wide lanes (sum_in_lanes).
+AMPI_CPU_CLONES BlockVerdicts judge_fast_fp32(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                    const UnitScales& s) {
+  return judge_fast<false, true, false>(bits, n, g, s);
+}
+AMPI_CPU_CLONES BlockVerdicts judge_fast_fp32_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                         const UnitScales& s) {
+  return judge_fast<false, true, true>(bits, n, g, s);
+}
+AMPI_CPU_CLONES BlockVerdicts judge_fast_power_of_two(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                            const UnitScales& s) {
+  return judge_fast<false, false, false>(bits, n, g, s);
+}
+AMPI_CPU_CLONES BlockVerdicts judge_fast_power_of_two_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                                 const UnitScales& s) {
+  return judge_fast<false, false, true>(bits, n, g, s);
+}
+AMPI_CPU_CLONES BlockVerdicts judge_fast_divide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                      const UnitScales& s) {
+  return judge_fast<true, false, false>(bits, n, g, s);
+}
+AMPI_CPU_CLONES BlockVerdicts judge_fast_divide_wide(const uint32_t* bits, int64_t n, const ElementGrid& g,
+                                                           const UnitScales& s) {
+  return judge_fast<true, false, true>(bits, n, g, s);
+}
+
+// The exact judge_element over elements [0, n) of a block: for blocks where judge_element_fast's conditions fail.
+BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g, const BlockScale& s) {
+  BlockVerdicts v{0, 0, 0.0};
+  for (int64_t i = 0; i < n; ++i) {
+    const ElementVerdict e = judge_element(bits[i], g, s);
+    v.flushed += e.flushed;
+    v.saturated += e.saturated;
+    v.sq_error += e.sq_error;
+  }
+  return v;
+}
+
+// One recipe on a unit (finite elements; non-finite ones were set to 0, which counts nothing): each block's scale
+// (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
+// block (no float32 subnormal element; normal float32 scales, or an NVFP4 total scale of 0), else each block by the
+// exact judge_element, so the verdicts do not depend on the FPU's flush-to-zero mode.
+AMPI_CPU_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subnormal, bool wide,
+                                        const RecipeSpec& spec, const ElementGrid& g, const uint32_t* sub_amax,
+                                        const BlockScale& tensor_scale, uint32_t decode_bits, int64_t* counts,
+                                        double& sq_error) {
+  constexpr int kMaxBlocks = kLargestBlock / kSmallestBlock;
+  BlockScale scales[kMaxBlocks];
+  const int64_t block = spec.block == 0 ? kLargestBlock : spec.block;
+  const int64_t subs_per_block = block / kSmallestBlock;
+  const int64_t subs = (n + kSmallestBlock - 1) / kSmallestBlock;
+  const int64_t blocks = (n + block - 1) / block;
+  bool fast = !has_subnormal;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (spec.block == 0) {  // one scale for the tensor: its blocks are counted once, at the end
+      scales[b] = tensor_scale;
+    } else {
+      uint32_t amax = 0;
+      for (int64_t k = b * subs_per_block; k < std::min(subs, (b + 1) * subs_per_block); ++k) {
+        amax = std::max(amax, sub_amax[k]);
+      }
+      scales[b] = block_scale(spec.scale, g, amax, decode_bits);
+      counts[2] += 1;
+      counts[3] += scales[b].scale_flushed;
+    }
+    fast = fast && (scale_is_normal_float(scales[b]) || (scales[b].all_zero && scales[b].divide));
+  }
+  BlockVerdicts v{0, 0, 0.0};
+  if (fast) {
+    const bool power_of_two = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
+    UnitScales per_element;
+    for (int64_t b = 0; b < blocks; ++b) {  // block by block: no division per element
+      const double scale = scales[b].scale;
+      // An NVFP4 block whose total scale is 0 (all_zero) divides by +Inf and dequantizes by 0: v = +-0, q = +-0, so
+      // judge_element_fast gives judge_element's all_zero verdict exactly (flushed where x != 0, not saturated,
+      // error x, squared x * x), x being no float32 subnormal here.
+      const bool all_zero = scales[b].all_zero;
+      const float scale32 = all_zero ? __builtin_inff() : static_cast<float>(scale);  // else exact: a float32 value
+      const double dequant = all_zero ? 0.0 : power_of_two ? 1.0 / scale : scale;  // 2^X exactly, for 2^-X
+      const int64_t end = std::min(n, (b + 1) * block);
+      for (int64_t i = b * block; i < end; ++i) {
+        per_element.dequant[i] = dequant;
+        per_element.scale32[i] = scale32;
+      }
+    }
+    if (scales[0].divide) {
+      v = (wide ? judge_fast_divide_wide : judge_fast_divide)(bits, n, g, per_element);
+    } else if (power_of_two) {
+      v = (wide ? judge_fast_power_of_two_wide : judge_fast_power_of_two)(bits, n, g, per_element);
+    } else {
+      v = (wide ? judge_fast_fp32_wide : judge_fast_fp32)(bits, n, g, per_element);
+    }
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
+      v.flushed += part.flushed;
+      v.saturated += part.saturated;
+      v.sq_error += part.sq_error;
+    }
+  }
+  counts[0] += v.flushed;
+  counts[1] += v.saturated;
+  sq_error += v.sq_error;
+}
+
+// The first look at a unit's bits: counts nonzero, nonfinite and float32-subnormal elements, sets NaN/Inf to 0 (they
+// take no part in any amax or sum), and returns the sum of squares; sub_amax gets each 16-element sub-block's amax.
+// Branch-free (both widenings of x computed, one kept), so the cloned loops vectorise.
+struct UnitScan {
+  int32_t nonzero, nonfinite, subnormal;
+  double sq_signal;
+};
+template <bool kWide>
+__attribute__((always_inline)) inline UnitScan scan_unit(uint32_t* __restrict bits, int64_t n,
+                                                     uint32_t* __restrict sub_amax) {
+  int32_t nonzero = 0, nonfinite = 0, subnormal = 0;
+  double squares[kLargestBlock];
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = bits[i] & kAbsMask32;
+    const bool finite = is_finite32(a);
+    nonfinite += !finite;
+    nonzero += finite & (a != 0);
+    const bool tiny = a < kImplicitBit32;
+    subnormal += (a != 0) & tiny;
+    bits[i] = finite ? bits[i] : 0u;
+    // x exactly as float64: the hardware's widening of a normal float32 (no DAZ there), or mantissa * 2^-149
+    const double wide = static_cast<double>(bits_as_float32(finite && !tiny ? a : 0u));
+    const double small = static_cast<double>(static_cast<int32_t>(a & kMantissaMask32)) * kFloatSubnormalUnit;
+    const double x = tiny ? small : wide;
+    squares[i] = x * x;
+  }
+  for (int64_t first = 0; first < n; first += kSmallestBlock) {  // a register per sub-block, not memory
+    uint32_t m = 0;
+    const int64_t end = std::min<int64_t>(n, first + kSmallestBlock);
+    for (int64_t i = first; i < end; ++i) m = std::max(m, bits[i] & kAbsMask32);
+    sub_amax[first / kSmallestBlock] = m;
+  }
+  return {nonzero, nonfinite, subnormal, sum_in_lanes<kWide>(squares, n)};
+}
+AMPI_CPU_CLONES UnitScan scan_unit_paired(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+  return scan_unit<false>(bits, n, sub_amax);
+}
+AMPI_CPU_CLONES UnitScan scan_unit_wide(uint32_t* bits, int64_t n, uint32_t* sub_amax) {
+  return scan_unit<true>(bits, n, sub_amax);
+}
+
+// One unit: read, per-tensor counts and squares, sub-block amaxes, then every recipe.
+void judge_unit(const ReadinessView& view, UnitRange range, const ReadinessCall& call, const TensorRecipes& tr,
+                ChunkTotals& out) {
+  uint32_t bits[kLargestBlock];
+  load_f32_bits(view.data, view.dtype, range.start, range.length, bits);  // exact (common/cpu_clones.h)
+  const int64_t n = range.length;
+  uint32_t sub_amax[kSubBlocks] = {};
+  const bool wide = wide_lanes();
+  const UnitScan scan = (wide ? scan_unit_wide : scan_unit_paired)(bits, n, sub_amax);
+  const int32_t subnormal = scan.subnormal;
+  out.counts[1] += scan.nonzero;
+  out.counts[2] += scan.nonfinite;
+  out.sums[0] += scan.sq_signal;
+  for (const uint32_t m : sub_amax) out.amax = std::max(out.amax, m);
+  for (int r = 0; r < call.num_recipes; ++r) {
+    int64_t* counts = out.counts + kReadinessFixedCounts + kReadinessCountsPerRecipe * r;
+    judge_recipe(bits, n, subnormal != 0, wide, *tr.spec[r], tr.grid[r], sub_amax, tr.tensor_scale[r], tr.decode_bits,
+                 counts, out.sums[kReadinessFixedSums + r]);
+  }
+}
+
+// The finite amax of elements [start, start + n) of a view, as float32 bits (cloned: SSE2 has no unsigned max).
+// Read in place, in the tensor's own width: the magnitudes of bf16 and fp16 bits order as their values do, and
+// widening is monotone, so the widened max of the 16-bit magnitudes is the max of the widened ones. Inf and NaN are
+// masked to 0 (GCC 12 leaves the max of a select scalar: the reduction variable is used twice).
+AMPI_CPU_CLONES uint32_t finite_amax_f32(const uint32_t* __restrict p, int64_t n) {
+  uint32_t amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = p[i] & kAbsMask32;
+    const uint32_t f = a & (0u - static_cast<uint32_t>(a < kInfBits32));  // a, or 0 for Inf / NaN
+    amax = std::max(amax, f);
+  }
+  return amax;
+}
+// |bits| of the largest finite value of 16-bit elements, finite below `inf_bits` (the format's +Inf).
+AMPI_CPU_CLONES uint16_t finite_amax_16(const uint16_t* __restrict p, int64_t n, uint16_t inf_bits) {
+  uint16_t amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t a = static_cast<uint16_t>(p[i] & 0x7FFFu);
+    const uint16_t f = static_cast<uint16_t>(a & (0u - static_cast<uint32_t>(a < inf_bits)));
+    amax = std::max(amax, f);
+  }
+  return amax;
+}
+uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
+  switch (view.dtype) {
+    case kFloat32:
+      return finite_amax_f32(static_cast<const uint32_t*>(view.data) + start, n);
+    case kBFloat16:
+      return bf16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, 0x7F80u));
+    default:
+      return fp16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, 0x7C00u));
+  }
+}
+
+TallyOutputs run_readiness_cpu(const ReadinessCall& call) {
+  TallyOutputs out = allocate_readiness_outputs(call.num_tensors, call.num_recipes, Device(DeviceType::CPU));
+  const Plan plan(call);
+  const int64_t num_views = static_cast<int64_t>(call.views.size());
+
+  // The tensor amax each view's recipes use: given, or measured (a first pass where a recipe needs it first).
+  std::vector<uint32_t> amax_bits(num_views, 0u);
+  if (call.tensor_amax != nullptr) {
+    // |amax|: a given -0.0 is 0 (negative amaxes are refused where they can be read without a sync)
+    for (int64_t v = 0; v < num_views; ++v) {
+      amax_bits[v] = float32_as_bits(call.tensor_amax[call.views[v].out_row]) & kAbsMask32;
+    }
+  } else if (call.needs_tensor_amax) {
+    std::vector<uint32_t> chunk_amax(plan.total_chunks, 0u);
+    torch::stable::parallel_for(0, plan.total_chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t v = plan.view_of(c);
+        const ViewWork& w = plan.work[v];
+        const int64_t first_unit = (c - w.first_chunk) * w.units_per_chunk;
+        const int64_t last_unit = std::min(w.units, first_unit + w.units_per_chunk);  // exclusive
+        const int64_t start = unit_range(call.views[v], w, first_unit).start;
+        const UnitRange last = unit_range(call.views[v], w, last_unit - 1);
+        chunk_amax[c] = finite_amax(call.views[v], start, last.start + last.length - start);
+      }
+    });
+    for (int64_t c = 0; c < plan.total_chunks; ++c) {
+      uint32_t& a = amax_bits[plan.view_of(c)];
+      a = std::max(a, chunk_amax[c]);
+    }
+  }
+  std::vector<TensorRecipes> recipes;
+  recipes.reserve(num_views);
+  for (int64_t v = 0; v < num_views; ++v) recipes.push_back(tensor_recipes(call, amax_bits[v]));
+
+  std::vector<ChunkTotals> totals(plan.total_chunks);
+  torch::stable::parallel_for(0, plan.total_chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t v = plan.view_of(c);
+      const ViewWork& w = plan.work[v];
+      ChunkTotals& t = totals[c];
+      std::memset(&t, 0, sizeof t);
+      const int64_t first_unit = (c - w.first_chunk) * w.units_per_chunk;
+      const int64_t last_unit = std::min(w.units, first_unit + w.units_per_chunk);
+      for (int64_t u = first_unit; u < last_unit; ++u) {
+        const UnitRange range = unit_range(call.views[v], w, u);
+        judge_unit(call.views[v], range, call, recipes[v], t);
+      }
+    }
+  });
+
+  int64_t* counts = static_cast<int64_t*>(out.counts.data_ptr());
+  double* sums = static_cast<double*>(out.sums.data_ptr());
+  float* amax = static_cast<float*>(out.amax.data_ptr());
+  const int count_columns = readiness_count_columns(call.num_recipes);
+  const int sum_columns = readiness_sum_columns(call.num_recipes);
+  for (int64_t v = 0; v < num_views; ++v) {
+    const ReadinessView& view = call.views[v];
+    const ViewWork& w = plan.work[v];
+    const int64_t last_chunk = v + 1 < num_views ? plan.work[v + 1].first_chunk : plan.total_chunks;
+    int64_t* row = counts + view.out_row * count_columns;
+    double* sum_row = sums + view.out_row * sum_columns;
+    uint32_t a = amax_bits[v];
+    for (int64_t c = w.first_chunk; c < last_chunk; ++c) {
+      for (int k = 0; k < count_columns; ++k) row[k] += totals[c].counts[k];
+      for (int k = 0; k < sum_columns; ++k) sum_row[k] += totals[c].sums[k];
+      if (call.tensor_amax == nullptr) a = std::max(a, totals[c].amax);  // measured: the max of its blocks'
+    }
+    row[0] = view.numel;
+    for (int r = 0; r < call.num_recipes; ++r) {
+      if (recipes[v].spec[r]->block != 0) continue;
+      row[kReadinessFixedCounts + kReadinessCountsPerRecipe * r + 2] = 1;  // the tensor is the block
+      row[kReadinessFixedCounts + kReadinessCountsPerRecipe * r + 3] = recipes[v].tensor_scale[r].scale_flushed;
+    }
+    amax[view.out_row] = bits_as_float32(a);
+  }
+  if (call.tensor_amax != nullptr) {  // empty tensors too: the amax used is the one given
+    for (int64_t t = 0; t < call.num_tensors; ++t) amax[t] = call.tensor_amax[t];
+  }
+  return out;
+}
+
+// The boxed kernel (TORCH_BOX) takes its arguments by value.
+std::tuple<Tensor, Tensor, Tensor> format_readiness_cpu(std::vector<Tensor> tensors, std::vector<int64_t> recipes,
+                                                        std::optional<Tensor> tensor_amax) {
+  const TallyOutputs out = run_readiness_cpu(prepare_readiness_call(tensors, recipes, tensor_amax));
+  return out.returned();
+}
+
+}  // namespace
+}  // namespace amp_inspect
+
+STABLE_TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
+  m.impl("format_readiness", TORCH_BOX(&amp_inspect::format_readiness_cpu));
+}

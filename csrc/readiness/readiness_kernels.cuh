@@ -1,0 +1,518 @@
+// readiness_kernels.cuh: the CUDA kernels of amp_inspect::format_readiness and the host logic that launches
+// them, written once for two compilers (as tensor_stats_kernels.cuh is):
+//   - nvcc, through readiness_cuda.cu: the kernels that run on the GPU;
+//   - the host C++ compiler, through readiness_emu.cpp with cuda_emu.h in front: the same source run on the
+//     CPU, each CUDA thread a real host thread (tests only: tests/test_readiness_emu.py).
+// The recipes' rules (block scales, element casts) are csrc/readiness.h's, the code the CPU kernel runs.
+//
+// One read of the data. Each lane loads 8 contiguous elements of a row (readiness.h: the geometry) and
+// keeps them in registers. Their finite amax, maxed over 2, 4 and 16 neighbouring lanes (a butterfly of
+// __shfl_xor_sync), is the amax of the lane's 16-, 32- and 128-element block; then every recipe asked runs its
+// what-if quantization on the elements still in registers: ALU work, no second read. Counts and sums stay in
+// registers per thread (uint32 counts, float64 sums) until the block leaves a tensor, then one block
+// reduction (warp shuffles, one shared exchange) adds them to the outputs with one global atomic per column
+// (int64 counts, float64 sums): no workspace and no finalize kernel.
+//
+// The tensor amax. Tensor-scaled recipes (fp8_*_tensor, nvfp4) need it before the pass: the given tensor_amax
+// (delayed scaling), copied to the amax output, or, without one, a first small kernel that measures the finite
+// amax into the amax output (the only second read, and only when such a recipe is asked). Without a
+// tensor-scaled recipe the main pass measures the amax itself, from the amaxes it computes anyway.
+//
+// One kernel per input dtype (fp32, fp16, bf16), each register-allocated for its dtype; recipes are unrolled
+// in table order with compile-time block sizes and rules, each skipped (a branch uniform over the grid) when
+// not asked.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
+#include "common/numerics.h"
+#include "readiness/readiness.h"
+
+namespace amp_inspect {
+namespace readiness_kernels {
+inline namespace AMPI_KERNELS_NAMESPACE {
+
+constexpr int kThreads = 256;
+constexpr int kWarpSize = kReadinessWarpLanes;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kGroup = kReadinessGroupElems;
+// 2 blocks of 256 threads per SM: up to 128 registers per thread (the per-recipe counters alone are ~50).
+constexpr int kMinBlocksPerSm = 2;
+constexpr int kVectorBytes = 16;
+constexpr int kRecipeCount = kReadinessMaxRecipes;
+// A block flushes a tensor's counts at least every this many tasks, so that per-thread counts never wrap: a
+// warp then does at most 65535 tasks per flush, so each lane counts at most 65535 blocks of a recipe (they
+// share a uint32 with the flushed-scale count, 16 bits each: 8 registers fewer) and 8 * 65535 elements.
+constexpr int64_t kMaxFlushTasks = int64_t{kThreads / kReadinessWarpLanes} * 0xFFFF;
+// Lane offsets of the amax butterfly: after offset 1 a lane holds its 16-element block's amax, after 2 its
+// 32-element block's, after 4 and 8 its 128-element block's.
+constexpr int kLanesPerBlock16 = 16 / kGroup;
+constexpr int kLanesPerBlock32 = 32 / kGroup;
+constexpr int kLanesPerBlock128 = 128 / kGroup;
+
+// The merged counts. Word order: numel, nonzero, nonfinite, then per table recipe r flushed, saturated, blocks,
+// scale_flushed (the op's counts columns, but in table order; flush maps them onto the asked slots).
+constexpr int kFixedWords = kReadinessFixedCounts;
+constexpr int kWordsPerRecipe = kReadinessCountsPerRecipe;
+constexpr int kWords = kFixedWords + kWordsPerRecipe * kRecipeCount;
+constexpr int kNumel = 0, kNonzero = 1, kNonfinite = 2;
+constexpr int kFlushed = 0, kSaturated = 1, kBlocks = 2, kScaleFlushed = 3;  // within a recipe's words
+constexpr int kSums = 1 + kRecipeCount;  // sq_signal, then sq_error per table recipe
+// The per-thread counters hold three words per recipe: flushed, saturated, and blocks + 2^16 * scale_flushed.
+constexpr int kCounterWordsPerRecipe = 3;
+constexpr int kCounterWords = kFixedWords + kCounterWordsPerRecipe * kRecipeCount;
+constexpr int kBlocksAndScaleFlushed = 2;
+constexpr uint32_t kScaleFlushedUnit = 1u << 16;
+
+struct Counters {
+  uint32_t n[kCounterWords];
+  double sums[kSums];
+  uint32_t amax_bits;  // float32 bits of the largest finite |x| seen
+
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int k = 0; k < kCounterWords; ++k) n[k] = 0;
+#pragma unroll
+    for (int k = 0; k < kSums; ++k) sums[k] = 0.0;
+    amax_bits = 0;
+  }
+};
+
+// What a tensor's amax is, for a launch.
+enum AmaxMode : int32_t {
+  kAmaxRead = 0,     // the amax output already holds it (given, or measured by amax_kernel): read it
+  kAmaxMeasure = 1,  // no tensor-scaled recipe asked and none given: the main pass writes it
+};
+
+// Everything a launch reads, passed by value (the driver copies it into the constant bank).
+struct ReadinessParams {
+  int64_t num_views;
+  int64_t first_chunk;  // this launch's chunks [first_chunk, first_chunk + num_chunks), of its views
+  int64_t num_chunks;
+  int64_t chunk_tasks;
+  int32_t slot_of_recipe[kRecipeCount];  // output slot of each table recipe, -1 where not asked
+  int32_t count_columns;
+  int32_t sum_columns;
+  int32_t amax_mode;
+  int64_t* counts;
+  double* sums;
+  float* amax;
+  ReadinessKernelView views[kReadinessInlineViews];
+};
+
+// ---- loading ----
+
+// The storage word of each dtype (Storage) and its float32 bits (stored_as_f32_bits): common/dtype_load.cuh.
+
+// The float32 bits of elements [at, at + count) of a row, count <= kGroup; the rest +0. A full, 16-byte
+// aligned group is read with 16-byte loads through the read-only path (one for fp16/bf16, two for fp32);
+// anything else (a row's short last group, rows whose length breaks the alignment) element by element.
+template <int kDtype>
+__device__ __forceinline__ void load_group(const void* data, int64_t at, int count, uint32_t (&bits)[kGroup]) {
+  using W = typename Storage<kDtype>::type;
+  const W* p = static_cast<const W*>(data) + at;
+  constexpr int kPerVector = kVectorBytes / static_cast<int>(sizeof(W));
+  if (count == kGroup && reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0) {
+    const uint4* v = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int l = 0; l < kGroup / kPerVector; ++l) {
+      const uint4 words = __ldg(v + l);
+      const uint32_t w[4] = {words.x, words.y, words.z, words.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if constexpr (sizeof(W) == 4) {
+          bits[l * kPerVector + c] = stored_as_f32_bits<kDtype>(w[c]);
+        } else {
+          bits[l * kPerVector + 2 * c] = stored_as_f32_bits<kDtype>(static_cast<W>(w[c] & 0xFFFFu));
+          bits[l * kPerVector + 2 * c + 1] = stored_as_f32_bits<kDtype>(static_cast<W>(w[c] >> 16));
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) bits[k] = k < count ? stored_as_f32_bits<kDtype>(__ldg(p + k)) : 0u;
+  }
+}
+
+// ---- warp reductions ----
+
+__device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+// The max of `value` over the aligned group of `lanes` lanes (a power of two) this lane is in: every lane
+// of the group gets it. Every lane of the warp must call it with the same `lanes`.
+__device__ __forceinline__ uint32_t group_max(uint32_t value, int from_lanes, int to_lanes) {
+  for (int offset = from_lanes; offset < to_lanes; offset *= 2) {
+    value = max_u32(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+  }
+  return value;
+}
+
+template <typename V>
+__device__ __forceinline__ V warp_sum(V value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_down_sync(0xFFFFFFFFu, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ uint32_t warp_max(uint32_t value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = max_u32(value, __shfl_down_sync(0xFFFFFFFFu, value, offset));
+  }
+  return value;
+}
+
+// ---- one task: a warp's 256 elements (or fewer, of packed short rows) ----
+
+// Calls fn(RecipeIndex<r>{}) for every recipe r of the table, in order: r is a compile-time constant in fn,
+// so each recipe's block size, rule and element grid are constants of its own code and its counters are
+// registers (a runtime loop over recipes would index the counters, sending them to local memory).
+template <int R>
+struct RecipeIndex {
+  static constexpr int value = R;
+};
+// For bench/sass_per_element.py --readiness only: the table recipes whose code is compiled, one bit each (its
+// per-recipe instruction counts are differences of builds). The library's builds compile every recipe.
+#if !defined(AMPI_READINESS_COMPILED_RECIPES)
+#define AMPI_READINESS_COMPILED_RECIPES 0xFF
+#endif
+// Likewise bench-only: 1 compiles the lanes' common path alone (judge_element_fast), whose length it counts.
+#if !defined(AMPI_READINESS_FAST_PATH_ONLY)
+#define AMPI_READINESS_FAST_PATH_ONLY 0
+#endif
+template <int R = 0, class Fn>
+__device__ __forceinline__ void for_each_recipe(Fn&& fn) {
+  if constexpr (R < kRecipeCount) {
+    if constexpr (((AMPI_READINESS_COMPILED_RECIPES >> R) & 1) != 0) fn(RecipeIndex<R>{});
+    for_each_recipe<R + 1>(fn);
+  }
+}
+
+
+template <int kDtype>
+__device__ __forceinline__ void measure_task(const ReadinessParams& p, const ReadinessKernelView& view, int64_t task,
+                                             uint32_t tensor_amax_bits, Counters& c) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int lanes = view.lanes_per_row;
+  int64_t row_group = task;
+  int64_t tile = 0;
+  if (view.tiles_per_row > 1) {  // long rows: task = row * tiles_per_row + tile
+    row_group = task / view.tiles_per_row;
+    tile = task - row_group * view.tiles_per_row;
+  }
+  const int64_t row = row_group * view.rows_per_task + lane / lanes;
+  const int64_t group = tile * kReadinessTileGroups + lane % lanes;  // this lane's group within its row
+  const int64_t first = group * kGroup;                              // its first element within the row
+  int count = 0;
+  if (row < view.rows && first < view.row_length) {
+    const int64_t left = view.row_length - first;
+    count = left < kGroup ? static_cast<int>(left) : kGroup;
+  }
+  uint32_t bits[kGroup];
+  load_group<kDtype>(view.data, row * view.row_length + first, count, bits);
+
+  // NaN/Inf are counted, then replaced by +0 in the registers: they take no part in any amax or sum, and a
+  // zero adds nothing to any recipe's counts or error, so the recipes below need no test per element.
+  uint32_t lane_amax = 0;
+  bool has_subnormal = false;  // a float32 subnormal x: the recipes take readiness.h's exact judge_element
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) {
+    const uint32_t a = bits[k] & kAbsMask32;
+    const bool finite = is_finite32(a);
+    c.n[kNonfinite] += !finite;
+    c.n[kNonzero] += finite && a != 0u;
+    has_subnormal |= a != 0u && a < kImplicitBit32;
+    bits[k] = finite ? bits[k] : 0u;
+    lane_amax = max_u32(lane_amax, finite ? a : 0u);
+    const double x = float32_bits_to_double(bits[k]);
+    c.sums[0] += x * x;
+  }
+  c.n[kNumel] += static_cast<uint32_t>(count);
+  c.amax_bits = max_u32(c.amax_bits, lane_amax);
+  // Block amaxes: a row of `lanes` lanes is never left (offsets < lanes), and a row shorter than a block is
+  // its one block, so capping the butterfly at `lanes` is exactly "the short last block is its own block".
+  const uint32_t amax16 = group_max(lane_amax, 1, lanes < kLanesPerBlock16 ? lanes : kLanesPerBlock16);
+  const uint32_t amax32 = group_max(amax16, kLanesPerBlock16, lanes < kLanesPerBlock32 ? lanes : kLanesPerBlock32);
+  const uint32_t amax128 =
+      group_max(amax32, kLanesPerBlock32, lanes < kLanesPerBlock128 ? lanes : kLanesPerBlock128);
+
+  const bool tensor_first = count > 0 && row == 0 && group == 0;  // counts the tensor-scaled recipes' block
+  // The tensor-level scales are recomputed per task (a few float64 operations per 256 elements) rather than
+  // held across tasks: registers are what this kernel is short of.
+  const uint32_t nvfp4_decode_bits = nvfp4_decode_scale_bits(tensor_amax_bits);
+  for_each_recipe([&](auto recipe) {
+    constexpr int r = decltype(recipe)::value;
+    constexpr RecipeSpec spec = kRecipes[r];
+    constexpr ElementGrid grid = kElementGrids[spec.element];
+    static_assert(spec.block == 0 || spec.block == 16 || spec.block == 32 || spec.block == 128,
+                  "the butterfly measures 16-, 32- and 128-element blocks");
+    if (p.slot_of_recipe[r] < 0) return;  // uniform over the grid
+    BlockScale scale;
+    bool block_first;  // this lane starts its block (a block exists where its first group does)
+    if constexpr (spec.block == 0) {
+      scale = block_scale(spec.scale, grid, tensor_amax_bits, 0u);
+      block_first = tensor_first;
+    } else {
+      const uint32_t block_amax = spec.block == 16 ? amax16 : (spec.block == 32 ? amax32 : amax128);
+      scale = block_scale(spec.scale, grid, block_amax, nvfp4_decode_bits);
+      block_first = count > 0 && group % (spec.block / kGroup) == 0;
+    }
+    uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
+    w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kScaleFlushedUnit : 0u) : 0u;
+    // readiness.h's judge_element_fast (float32 where the rule says fl32, the integer cast, dequantized by a
+    // multiplication where the scale is a power of two) gives judge_element's verdict where no x is a float32
+    // subnormal and the scale is a normal float32: almost every lane. The others take judge_element. The
+    // choice is per lane (8 elements), as the CPU kernel's is per unit; both are exact.
+    if (AMPI_READINESS_FAST_PATH_ONLY || (!has_subnormal && scale_is_normal_float(scale))) {
+      constexpr bool kDivide = spec.scale == kScaleNvfp4;  // v = x / total
+      constexpr bool kPowerOfTwo = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
+      constexpr bool kDequantDivides = !kDivide && !kPowerOfTwo;  // the fp32 rules: q / s
+      const float scale32 = static_cast<float>(scale.scale);           // exact: a float32 value
+      const double dequant = kPowerOfTwo ? 1.0 / scale.scale : scale.scale;  // 2^X exactly, for 2^-X
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const ElementVerdict verdict = judge_element_fast(bits[k], grid, kDivide, scale32, kDequantDivides, dequant);
+        w[kFlushed] += verdict.flushed;
+        w[kSaturated] += verdict.saturated;
+        c.sums[1 + r] += verdict.sq_error;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) {
+        const ElementVerdict verdict = judge_element(bits[k], grid, scale);
+        w[kFlushed] += verdict.flushed;
+        w[kSaturated] += verdict.saturated;
+        c.sums[1 + r] += verdict.sq_error;
+      }
+    }
+  });
+}
+
+// ---- block-level merge ----
+
+// Shared scratch of the block reduction: per warp, every counter word, every sum and the amax.
+struct FlushScratch {
+  uint32_t words[kWarps][kWords];
+  double sums[kWarps][kSums];
+  uint32_t amax[kWarps];
+};
+
+__device__ __forceinline__ bool recipe_word_asked(const ReadinessParams& p, int word) {
+  return word < kFixedWords || p.slot_of_recipe[(word - kFixedWords) / kWordsPerRecipe] >= 0;
+}
+
+// The output column of counter word `word` (asked recipes only).
+__device__ __forceinline__ int count_column(const ReadinessParams& p, int word) {
+  if (word < kFixedWords) return word;
+  const int r = (word - kFixedWords) / kWordsPerRecipe;
+  return kFixedWords + kWordsPerRecipe * p.slot_of_recipe[r] + (word - kFixedWords) % kWordsPerRecipe;
+}
+
+// Counter word k of the merged order (kWords), from the per-thread counters.
+__device__ __forceinline__ uint32_t merged_word(const Counters& c, int k) {
+  if (k < kFixedWords) return c.n[k];
+  const int r = (k - kFixedWords) / kWordsPerRecipe;
+  const int field = (k - kFixedWords) % kWordsPerRecipe;
+  const uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
+  if (field == kBlocks) return w[kBlocksAndScaleFlushed] % kScaleFlushedUnit;
+  if (field == kScaleFlushed) return w[kBlocksAndScaleFlushed] / kScaleFlushedUnit;
+  return w[field];
+}
+
+// Adds the block's counters to output row `out_row` (warp shuffles, one shared exchange, then one thread per
+// column does the global atomic). Every thread of the block must call it.
+__device__ __forceinline__ void flush(const Counters& c, const ReadinessParams& p, int64_t out_row,
+                                      FlushScratch& scratch) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) {
+    if (!recipe_word_asked(p, k)) continue;  // uniform: an unasked recipe's words are all zero
+    const uint32_t total = warp_sum(merged_word(c, k));
+    if (lane == 0) scratch.words[warp][k] = total;
+  }
+#pragma unroll
+  for (int k = 0; k < kSums; ++k) {
+    if (k > 0 && p.slot_of_recipe[k - 1] < 0) continue;
+    const double total = warp_sum(c.sums[k]);
+    if (lane == 0) scratch.sums[warp][k] = total;
+  }
+  const uint32_t amax = warp_max(c.amax_bits);
+  if (lane == 0) scratch.amax[warp] = amax;
+  __syncthreads();  // scratch filled
+  const int tid = threadIdx.x;
+  if (tid < kWords) {
+    if (recipe_word_asked(p, tid)) {
+      uint64_t total = 0;
+      for (int w = 0; w < kWarps; ++w) total += scratch.words[w][tid];
+      if (total != 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.counts + out_row * p.count_columns + count_column(p, tid)),
+                  static_cast<unsigned long long>(total));
+      }
+    }
+  } else if (tid < kWords + kSums) {
+    const int k = tid - kWords;
+    const int column = k == 0 ? 0 : (p.slot_of_recipe[k - 1] < 0 ? -1 : 1 + p.slot_of_recipe[k - 1]);
+    if (column >= 0) {
+      double total = 0.0;
+      for (int w = 0; w < kWarps; ++w) total += scratch.sums[w][k];
+      if (total != 0.0) atomicAdd(p.sums + out_row * p.sum_columns + column, total);
+    }
+  } else if (tid == kWords + kSums && p.amax_mode == kAmaxMeasure) {
+    uint32_t total = 0;
+    for (int w = 0; w < kWarps; ++w) total = max_u32(total, scratch.amax[w]);
+    // Nonnegative float32 bits order as their values: an integer max is the float max.
+    if (total != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax + out_row), total);
+  }
+  __syncthreads();  // scratch read before anyone writes it again
+}
+
+// Tasks [begin, begin + n) of one view, then their counts into its output row. Every thread must call it.
+template <int kDtype>
+__device__ __forceinline__ void measure_piece(const ReadinessParams& p, const ReadinessKernelView& view, int64_t begin,
+                                              int64_t n, FlushScratch& scratch) {
+  // The tensor amax: given, or measured by amax_kernel before this launch (read at L2, where it was written);
+  // its magnitude, as readiness.h's rules take it (a given -0 is 0; negative amaxes are refused where the op
+  // can read them without a sync).
+  const uint32_t tensor_amax_bits =
+      p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) & kAbsMask32 : 0u;
+  Counters c;
+  c.clear();
+  const int warp = threadIdx.x / kWarpSize;
+  // Warp-uniform: the butterfly's shuffles are reached by the whole warp.
+  for (int64_t task = begin + warp; task < begin + n; task += kWarps) measure_task<kDtype>(p, view, task, tensor_amax_bits, c);
+  flush(c, p, view.out_row, scratch);
+}
+
+// Index of the view holding `chunk` (views ordered by first_chunk; few per launch: a linear walk).
+__device__ __forceinline__ int64_t view_of_chunk(const ReadinessParams& p, int64_t chunk) {
+  int64_t v = 0;
+  while (v + 1 < p.num_views && p.views[v + 1].first_chunk <= chunk) ++v;
+  return v;
+}
+
+// The quantization pass over the views of one launch (one input dtype). Block b takes chunks
+// [first_chunk + b * n / grid, first_chunk + (b + 1) * n / grid) and walks them view by view.
+template <int kDtype>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    readiness_kernel(const __grid_constant__ ReadinessParams p) {
+  static_assert(kWords + kSums + 1 <= kThreads, "one thread per merged column");
+  __shared__ FlushScratch scratch;
+  const int64_t grid = gridDim.x;
+  const int64_t block = blockIdx.x;
+  const int64_t chunk_begin = p.first_chunk + block * p.num_chunks / grid;
+  const int64_t chunk_end = p.first_chunk + (block + 1) * p.num_chunks / grid;
+  int64_t v = chunk_begin < chunk_end ? view_of_chunk(p, chunk_begin) : 0;
+  int64_t chunk = chunk_begin;
+  while (chunk < chunk_end) {  // uniform over the block: every barrier inside is reached by all of it
+    const ReadinessKernelView& view = p.views[v];
+    const int64_t view_end = view.first_chunk + readiness_chunks(view, p.chunk_tasks);
+    const int64_t last = chunk_end < view_end ? chunk_end : view_end;
+    const int64_t begin = (chunk - view.first_chunk) * p.chunk_tasks;
+    int64_t end = (last - view.first_chunk) * p.chunk_tasks;
+    if (end > view.tasks) end = view.tasks;
+    for (int64_t piece = begin; piece < end; piece += kMaxFlushTasks) {
+      const int64_t n = end - piece < kMaxFlushTasks ? end - piece : kMaxFlushTasks;
+      measure_piece<kDtype>(p, view, piece, n, scratch);
+    }
+    chunk = last;
+    ++v;
+  }
+}
+
+// The first pass, only where a tensor-scaled recipe is asked and no tensor_amax given: each view's finite
+// amax into the amax output (zeroed), element by element over a grid-stride loop (coalesced 2- or 4-byte
+// loads: this pass only reads), one atomicMax per warp and view.
+template <int kDtype>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const __grid_constant__ ReadinessParams p) {
+  using W = typename Storage<kDtype>::type;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t v = 0; v < p.num_views; ++v) {
+    const ReadinessKernelView& view = p.views[v];
+    const W* data = static_cast<const W*>(view.data);
+    const int64_t numel = view.rows * view.row_length;
+    uint32_t amax = 0;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < numel; i += stride) {
+      const uint32_t a = stored_as_f32_bits<kDtype>(__ldg(data + i)) & kAbsMask32;
+      amax = max_u32(amax, is_finite32(a) ? a : 0u);
+    }
+    amax = warp_max(amax);
+    if (threadIdx.x % kWarpSize == 0 && amax != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax + view.out_row), amax);
+  }
+}
+
+// ---- host side: the launch sequence, for any backend ----
+//
+// A Backend runs the kernels somewhere: common/cuda_launch.cuh's CudaBackend on the GPU, common/cuda_emu.h's
+// Backend on the CPU (zero, copy, blocks, launch).
+
+template <class Fn>
+void with_dtype(int dtype, Fn&& fn) {
+  switch (dtype) {
+    case kFloat32: return fn(readiness_kernel<kFloat32>, amax_kernel<kFloat32>);
+    case kFloat16: return fn(readiness_kernel<kFloat16>, amax_kernel<kFloat16>);
+    default: return fn(readiness_kernel<kBFloat16>, amax_kernel<kBFloat16>);
+  }
+}
+
+// Zeroes the outputs (or fills amax with the given tensor_amax), measures the amax first where a
+// tensor-scaled recipe needs it, then runs the quantization pass: one launch per run of up to
+// kReadinessInlineViews views of one dtype. Asynchronous on a GPU backend.
+template <class Backend>
+void run_readiness(const ReadinessLaunchPlan& plan, Backend& backend) {
+  const int count_columns = readiness_count_columns(plan.num_recipes);
+  const int sum_columns = readiness_sum_columns(plan.num_recipes);
+  backend.zero(plan.counts, plan.num_tensors * count_columns * static_cast<int64_t>(sizeof(int64_t)));
+  backend.zero(plan.sums, plan.num_tensors * sum_columns * static_cast<int64_t>(sizeof(double)));
+  if (plan.tensor_amax != nullptr) {
+    backend.copy(plan.amax, plan.tensor_amax, plan.num_tensors * static_cast<int64_t>(sizeof(float)));
+  } else {
+    backend.zero(plan.amax, plan.num_tensors * static_cast<int64_t>(sizeof(float)));
+  }
+  const bool measure_first = plan.tensor_amax == nullptr && plan.tensor_scaled_asked;
+  ReadinessParams params{};
+  params.chunk_tasks = plan.chunk_tasks;
+  for (int r = 0; r < kRecipeCount; ++r) params.slot_of_recipe[r] = plan.slot_of_recipe[r];
+  params.count_columns = count_columns;
+  params.sum_columns = sum_columns;
+  params.amax_mode = plan.tensor_amax == nullptr && !plan.tensor_scaled_asked ? kAmaxMeasure : kAmaxRead;
+  params.counts = plan.counts;
+  params.sums = plan.sums;
+  params.amax = plan.amax;
+  // The launches: runs of one dtype, at most kReadinessInlineViews views each, their chunks renumbered.
+  auto each_launch = [&](bool amax_pass) {
+    for (int64_t first = 0; first < plan.num_views;) {
+      const int32_t dtype = plan.views[first].dtype;
+      int64_t end = first + 1;
+      while (end < plan.num_views && end - first < kReadinessInlineViews && plan.views[end].dtype == dtype) ++end;
+      params.num_views = end - first;
+      int64_t chunks = 0;
+      int64_t elements = 0;
+      for (int64_t v = first; v < end; ++v) {
+        params.views[v - first] = plan.views[v];
+        params.views[v - first].first_chunk = chunks;
+        chunks += readiness_chunks(plan.views[v], plan.chunk_tasks);
+        elements += plan.views[v].rows * plan.views[v].row_length;
+      }
+      params.first_chunk = 0;
+      params.num_chunks = chunks;
+      with_dtype(dtype, [&](auto main_kernel, auto amax_kernel_of_dtype) {
+        if (amax_pass) {
+          // Work in units of a main-pass chunk's elements, so both passes get grids of the same scale.
+          const int64_t work = (elements + kThreads * kGroup - 1) / (kThreads * kGroup);
+          backend.launch(amax_kernel_of_dtype, backend.blocks(amax_kernel_of_dtype, kThreads, work), kThreads, params);
+        } else {
+          backend.launch(main_kernel, backend.blocks(main_kernel, kThreads, chunks), kThreads, params);
+        }
+      });
+      first = end;
+    }
+  };
+  if (measure_first) each_launch(true);
+  each_launch(false);
+}
+
+}  // namespace AMPI_KERNELS_NAMESPACE
+}  // namespace readiness_kernels
+}  // namespace amp_inspect

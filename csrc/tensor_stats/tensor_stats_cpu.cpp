@@ -1,0 +1,955 @@
+// tensor_stats_cpu.cpp: the CPU kernel of amp_inspect::tensor_stats.
+//
+// One pass over all tensors: the flat list of work chunks (kCpuChunkElems elements each, never crossing a
+// tensor) is split across threads with torch::stable::parallel_for (at::parallel_for through the stable C
+// shim, so torch's own thread pool). Each chunk is read in blocks of kBlockElems elements: float32 and
+// bfloat16 as stored (bfloat16 on its 16-bit bits), the others turned into float32 bits of v in a small
+// stack buffer (L1-resident; float16 by vcvtph2ps where the CPU has it). A block is counted by one vector
+// pass (extremes, squares, exponent bins), then per-element threshold tests only for the bounds between
+// its smallest and largest magnitude ("the common path" below says why that is exact); blocks with NaN,
+// Inf or float32 subnormals take count_block32_full, every test on every element. A thread keeps the
+// running statistics of the tensor it is on and merges them into the outputs, under a lock, only when it
+// moves to another tensor, so the lock is taken about T + threads times per call. No temporary grows with
+// the number of elements.
+//
+// Why one file of about 1000 lines: the common path, the full path and the block driver share the block's
+// staging buffer, the vector types and the lane-count bounds that keep their counters from wrapping; split
+// across files, the proofs of exactness at the top of each path would refer to constants defined elsewhere.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+
+#include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+
+#include "common/cpu_clones.h"
+#include "tensor_stats/tensor_stats_call.h"
+
+namespace amp_inspect {
+namespace {
+
+constexpr int64_t kCpuChunkElems = int64_t{1} << 16;  // one unit of parallel work
+constexpr int64_t kBlockElems = 2048;                 // staged in L1: 8 KiB of float32 bits
+constexpr int kHistCopies = 8;  // interleaved histograms: runs of equal bins don't chain on one counter
+
+// Running statistics of one tensor on one thread.
+struct TensorAccumulator {
+  RawCounts counts;
+  uint32_t max_abs;          // float32 bits of max |v| over finite v
+  uint32_t min_abs_nonzero;  // float32 bits of min |v| over finite nonzero v
+  double sumsq;
+  int64_t hist[kHistBins];
+
+  void clear() {
+    clear_counts(counts);
+    max_abs = 0;
+    min_abs_nonzero = kInfBits32;
+    sumsq = 0.0;
+    std::fill(hist, hist + kHistBins, int64_t{0});
+  }
+};
+
+// Walks the logical elements [start, start + count) of a view: contiguous, or strided with an odometer
+// over the collapsed dims (one division per block, none per element). fn(i, offset) gets the element's
+// position in the walk and its offset from the view's base, in elements.
+template <typename Fn>
+void walk_offsets(const TensorView& view, int64_t start, int64_t count, Fn&& fn) {
+  if (is_contiguous_view(view)) {
+    for (int64_t i = 0; i < count; ++i) fn(i, start + i);
+    return;
+  }
+  const int nd = view.ndim;
+  int64_t index[kMaxDims];
+  int64_t linear = start;
+  for (int d = nd - 1; d >= 0; --d) {
+    index[d] = linear % view.sizes[d];
+    linear /= view.sizes[d];
+  }
+  int64_t offset = element_offset(view, start);
+  for (int64_t i = 0; i < count; ++i) {
+    fn(i, offset);
+    for (int d = nd - 1; d >= 0; --d) {  // advance the odometer
+      offset += view.strides[d];
+      if (++index[d] < view.sizes[d]) break;
+      offset -= view.strides[d] * view.sizes[d];
+      index[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+struct ElementReader {
+  const T* base;
+  const TensorView& view;
+
+  template <typename Fn>
+  void for_each(int64_t start, int64_t count, Fn&& fn) const {
+    walk_offsets(view, start, count, [&](int64_t i, int64_t offset) { fn(i, base[offset]); });
+  }
+};
+
+// Block totals of count_block32, merged into a TensorAccumulator by the caller.
+struct BlockCounts {
+  int64_t nan, posinf, neginf, zero;
+  int64_t over[kMaxFormats], below[kMaxFormats], at_zero[kMaxFormats];
+  int32_t max_abs, min_abs_nonzero;
+  double sumsq;
+};
+
+// Counts a block (at most kBlockElems) of float32 bits of v: the path of float32, float16, bfloat16 and
+// scaled inputs. One loop does everything for kVectorWidth elements at a time, written with GCC vector
+// types so every statistic but the histogram is a handful of vector instructions, and the histogram's
+// scattered increments overlap with them. Lane counters are int32: a lane sees at most
+// kBlockElems / kVectorWidth elements. Abs bits fit in int32, so signed compares are exact.
+constexpr int kVectorWidth = 16;
+using IntVec = int32_t __attribute__((vector_size(kVectorWidth * 4)));
+using UintVec = uint32_t __attribute__((vector_size(kVectorWidth * 4)));
+using FloatVec = float __attribute__((vector_size(kVectorWidth * 4)));
+using DoubleVec = double __attribute__((vector_size(kVectorWidth * 8)));
+using BinVec = uint8_t __attribute__((vector_size(kVectorWidth)));
+// Widest bin window counted by byte compares (2 vector ops per 64 elements per bin); a wider block takes
+// one scattered increment per element instead.
+constexpr int kMaxWindowBins = 40;
+// Sums of squares: float32 lanes for this many vectors, then float64 (see count_block32_impl).
+constexpr int kSquaresPerFlush = 16;
+// Blocks whose largest |v| lies in [kFloatSquaresFrom, kFloatSquaresBelow) (tensor_stats.h, with the proof) sum their
+// squares in float32 lanes of at most kSquaresPerFlush terms each; squares lost below float32's subnormal range (at
+// most kBlockElems of them) are below 2^-38 of the block's sum. Other blocks sum in float64.
+
+template <typename V>
+inline int64_t lane_sum(const V& v) {
+  int64_t total = 0;
+  for (int l = 0; l < kVectorWidth; ++l) total += v[l];
+  return total;
+}
+
+// Adds to hist[lo..hi] how many of bins[0, n) equal each bin, n <= kBlockElems. Byte compares over whole
+// vectors, four bins per read of the block (a compare and a masked add per bin and 64 elements): the block
+// is padded with bin 255, which is never inside the window (hi is a finite value's bin).
+__attribute__((always_inline)) inline void count_bins_in_window(uint8_t* __restrict bins, int64_t n, int lo, int hi,
+                                                               uint32_t* hist) {
+  constexpr int kBinLanes = 64;
+  constexpr int kBinsPerRead = 4;
+  using ByteVec = uint8_t __attribute__((vector_size(kBinLanes)));
+  using WordVec = uint64_t __attribute__((vector_size(kBinLanes)));
+  static_assert(kBlockElems / kBinLanes <= 255, "byte counters must not wrap within a block");
+  const int64_t vectors = (n + kBinLanes - 1) / kBinLanes;
+  for (int64_t i = n; i < vectors * kBinLanes; ++i) bins[i] = static_cast<uint8_t>(kHistBins - 1);
+  for (int first = lo; first <= hi; first += kBinsPerRead) {
+    ByteVec count[kBinsPerRead] = {};
+    for (int64_t v = 0; v < vectors; ++v) {
+      ByteVec x;
+      std::memcpy(&x, bins + v * kBinLanes, sizeof x);
+      for (int k = 0; k < kBinsPerRead; ++k) {
+        count[k] = x == static_cast<uint8_t>(first + k) ? count[k] + 1 : count[k];
+      }
+    }
+    for (int k = 0; k < kBinsPerRead && first + k <= hi; ++k) {
+      // Sum the 64 byte counters: pairwise within each 64-bit word (bytes -> 16 -> 32 -> 64 bits).
+      WordVec w = (WordVec)count[k];  // a vector cast reinterprets the bits
+      w = (w & 0x00FF00FF00FF00FFull) + ((w >> 8) & 0x00FF00FF00FF00FFull);
+      w = (w & 0x0000FFFF0000FFFFull) + ((w >> 16) & 0x0000FFFF0000FFFFull);
+      w = (w & 0x00000000FFFFFFFFull) + (w >> 32);
+      uint64_t total = 0;
+      for (int j = 0; j < kBinLanes / 8; ++j) total += w[j];
+      hist[first + k] += static_cast<uint32_t>(total);
+    }
+  }
+}
+
+template <int kFormats>
+__attribute__((always_inline)) inline void count_block32_full(const uint32_t* __restrict bits, int64_t n,
+                                                             const FormatBounds* bounds, BlockCounts& out,
+                                                             uint32_t (&hist)[kHistCopies][kHistBins]) {
+  constexpr int32_t kInf = static_cast<int32_t>(kInfBits32);
+  constexpr int32_t kAbs = static_cast<int32_t>(kAbsMask32);
+  // A vector comparison yields -1 in the lanes where it holds, so counters subtract it.
+  IntVec nonfinite = {}, zero = {}, max_abs = {};
+  UintVec min_abs_minus_one = {};
+  min_abs_minus_one += kInfBits32;
+  UintVec over[kFormats] = {}, below[kFormats] = {}, at_zero[kFormats] = {};  // threshold counts: below32
+  uint32_t overflow_from[kFormats], normal_from[kFormats], zero_below[kFormats];
+  for (int f = 0; f < kFormats; ++f) {
+    overflow_from[f] = bounds[f].overflow_from;
+    normal_from[f] = bounds[f].normal_from;
+    zero_below[f] = bounds[f].zero_upto + 1u;  // a <= zero_upto is a < zero_upto + 1
+  }
+  DoubleVec sumsq = {};
+  alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
+
+  const int64_t full = n - n % kVectorWidth;
+  for (int64_t group = 0; group < full; group += kSquaresPerFlush * kVectorWidth) {
+    // Squares are summed in float32 lanes for kSquaresPerFlush vectors, then added into float64 lanes:
+    // a lane's float32 sum has at most kSquaresPerFlush terms, so its relative error stays below
+    // kSquaresPerFlush * 2^-24 (about 1e-6). Blocks whose magnitudes could overflow or flush float32
+    // squares are summed again in float64 below.
+    FloatVec squares = {};
+    const int64_t group_end = std::min(full, group + kSquaresPerFlush * kVectorWidth);
+    for (int64_t i = group; i < group_end; i += kVectorWidth) {
+      IntVec b;
+      std::memcpy(&b, bits + i, sizeof b);
+      const IntVec a = b & kAbs;
+      nonfinite -= a >= kInf;  // split into NaN / +Inf / -Inf afterwards, only in blocks that have any
+      zero -= a == 0;
+      const UintVec ua = (UintVec)a;  // a vector cast reinterprets the bits
+      for (int f = 0; f < kFormats; ++f) {
+        over[f] += below32(ua, UintVec{} + overflow_from[f]);  // counts a < overflow_from; n - it below
+        below[f] += below32(ua, UintVec{} + normal_from[f]);
+        at_zero[f] += below32(ua, UintVec{} + zero_below[f]);
+      }
+      // Extremes over finite values: non-finite lanes become 0. The minimum is taken over |bits| - 1 as
+      // unsigned, which sends zeros to the top, so one select serves both exclusions.
+      const IntVec finite = a & (a < kInf);
+      max_abs = finite > max_abs ? finite : max_abs;
+      const UintVec minus_one = (UintVec)finite - 1u;  // a vector cast reinterprets the bits
+      min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+      const FloatVec v = (FloatVec)finite;
+      squares += v * v;
+      // Exponent bins, kept as bytes for count_bins_in_window.
+      const IntVec bin = (b >> kExponentShift32) & static_cast<int32_t>(kExponentMask32);
+      const BinVec bin_bytes = __builtin_convertvector(bin, BinVec);
+      std::memcpy(bins + i, &bin_bytes, sizeof bin_bytes);
+    }
+    sumsq += __builtin_convertvector(squares, DoubleVec);
+  }
+
+  RawCounts tail;  // the last n % kVectorWidth elements, one by one
+  clear_counts(tail);
+  uint32_t tail_max = 0, tail_min = kInfBits32;
+  double tail_sumsq = 0.0;
+  for (int64_t i = full; i < n; ++i) {
+    count_element32(tail, bits[i], bounds, kFormats);
+    const uint32_t a = bits[i] & kAbsMask32;
+    if (is_finite32(a)) {
+      tail_max = std::max(tail_max, a);
+      if (a != 0) tail_min = std::min(tail_min, a);
+      const double v = static_cast<double>(bits_as_float32(a));
+      tail_sumsq += v * v;
+    }
+    bins[i] = static_cast<uint8_t>(hist_bin(bits[i]));
+  }
+
+  out.nan = tail.nan;
+  out.posinf = tail.posinf;
+  out.neginf = tail.neginf;
+  if (lane_sum(nonfinite) > 0) {  // rare: only blocks holding NaN or Inf pay for telling them apart
+    for (int64_t i = 0; i < full; ++i) {
+      out.nan += (bits[i] & kAbsMask32) > kInfBits32;
+      out.posinf += bits[i] == kInfBits32;
+      out.neginf += bits[i] == kNegInfBits32;
+    }
+  }
+  out.zero = lane_sum(zero) + tail.zero;
+  for (int f = 0; f < kFormats; ++f) {
+    out.over[f] = (full - lane_sum(over[f])) + tail.at_or_above_overflow[f];
+    out.below[f] = lane_sum(below[f]) + tail.below_normal[f];
+    out.at_zero[f] = lane_sum(at_zero[f]) + tail.at_or_below_zero[f];
+  }
+  uint32_t block_max = tail_max, block_min_minus_one = kInfBits32;
+  double block_sumsq = tail_sumsq;
+  for (int l = 0; l < kVectorWidth; ++l) {
+    block_max = std::max(block_max, static_cast<uint32_t>(max_abs[l]));
+    block_min_minus_one = std::min(block_min_minus_one, min_abs_minus_one[l]);
+    block_sumsq += sumsq[l];
+  }
+  const uint32_t vector_min = block_min_minus_one >= kInfBits32 ? kInfBits32 : block_min_minus_one + 1;
+  out.max_abs = static_cast<int32_t>(block_max);
+  out.min_abs_nonzero = static_cast<int32_t>(std::min(vector_min, tail_min));
+  if (block_max > 0 && (block_max < kFloatSquaresFrom || block_max >= kFloatSquaresBelow)) {
+    // Squares near float32's limits (they would overflow, or the whole sum would sit among flushed
+    // subnormals): sum this block again in float64, exactly as the scalar tail does.
+    block_sumsq = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t a = bits[i] & kAbsMask32;
+      const double v = static_cast<double>(bits_as_float32(is_finite32(a) ? a : 0u));
+      block_sumsq += v * v;
+    }
+  }
+  out.sumsq = block_sumsq;
+
+  // Histogram. Every element is zero (bin 0), non-finite (bin 255) or has its bin between those of the
+  // block's smallest and largest finite nonzero magnitudes, which for gradients span a few dozen binades
+  // at most. Then counting each bin of that window with byte compares over the whole block is several
+  // times cheaper than one scattered increment per element; wider blocks take the scattered increments.
+  const int lo = out.min_abs_nonzero == static_cast<int32_t>(kInfBits32) ? 1 : hist_bin(out.min_abs_nonzero);
+  const int hi = hist_bin(out.max_abs);
+  if (hi - lo < kMaxWindowBins) {  // also when there is no finite nonzero value (lo > hi): an empty window
+    count_bins_in_window(bins, n, lo, hi, hist[0]);
+    // Outside the window: zeros (bin 0, unless float32 subnormals put bin 0 inside it) and non-finite values.
+    if (lo > 0) hist[0][0] += static_cast<uint32_t>(out.zero);
+    hist[0][kHistBins - 1] += static_cast<uint32_t>(out.nan + out.posinf + out.neginf);
+  } else {
+    const int64_t whole = n - n % kHistCopies;
+    for (int64_t i = 0; i < whole; i += kHistCopies) {
+      for (int k = 0; k < kHistCopies; ++k) hist[k][bins[i + k]] += 1;
+    }
+    for (int64_t i = whole; i < n; ++i) hist[0][bins[i]] += 1;
+  }
+}
+
+// ---- the common path: per-block extremes decide which thresholds need a per-element pass ----
+//
+// A block on the common path has no NaN, no Inf and no float32 subnormal. One vector pass takes what every
+// element needs (max and min of |bits|, squares, exponent bins); the threshold counts then come from the
+// block's extremes wherever a threshold lies outside them, and only the thresholds inside [min, max] get a
+// second, per-element pass over the block (in L1). Blocks off the common path are counted again by
+// count_block32_full, which tests every element against every bound.
+//
+// Why this and not counts from the exponent histogram (issue 19's option a): a bound's count from the
+// histogram still needs a per-element test of the bound's own bin whenever that bin is inside the block's
+// window, and the window [bin(min), bin(max)] holds every bound that [min, max] holds, so the histogram
+// saves a pass only for bounds exactly on a binade edge with a strict test; none of the twelve is.
+//
+// Exactness. Let Z be the block's zeros, m its smallest nonzero |bits| and M its largest (all finite, m at
+// least float32's smallest normal). For a bound t >= 1 (every bound is), count(a < t) is
+//   n  when t > M  (every a <= M < t),
+//   Z  when t <= m (every nonzero a >= m >= t, and every zero is below t),
+// and is otherwise counted element by element. Zeros: every element is zero (bin 0, as no subnormal is
+// there) or has its bin in [bin(m), bin(M)], so Z = n minus the elements counted in those bins, and the
+// histogram's bin 0 is Z. The extremes: with no non-finite value, max |bits| is the plain max, and the
+// unsigned min of |bits| - 1 sends only zeros to the top, so min nonzero |bits| is that min + 1.
+//
+// The same holds in any order-preserving key: bfloat16 blocks are counted on their 16-bit |bits| (key =
+// |bits of v| >> 16, exact as the low half is zero), with each bound t as the key ceil(t / 2^16):
+// a16 * 2^16 < t exactly when a16 < ceil(t / 2^16), as a16 is an integer.
+
+constexpr uint32_t kSmallestNormal32 = 0x00800000u;
+
+// What the vector pass hands to finish_block, in keys (|bits| >> kKeyShift).
+struct BlockScan {
+  uint32_t max_key;
+  uint32_t min_key_minus_one;  // ~0u when every element is zero
+  double sumsq;
+};
+
+// count(|bits| < t[k]) over a float32 block, K bounds at a time: below32 per lane, summed.
+template <int K>
+__attribute__((always_inline)) inline void count_below32(const uint32_t* __restrict bits, int64_t n,
+                                                         const uint32_t* t, int64_t* below) {
+  UintVec count[K] = {};
+  const int64_t full = n - n % kVectorWidth;
+  for (int64_t i = 0; i < full; i += kVectorWidth) {
+    UintVec b;
+    std::memcpy(&b, bits + i, sizeof b);
+    const UintVec a = b & kAbsMask32;
+    for (int k = 0; k < K; ++k) count[k] += below32(a, UintVec{} + t[k]);
+  }
+  for (int k = 0; k < K; ++k) {
+    below[k] = lane_sum(count[k]);
+    for (int64_t i = full; i < n; ++i) below[k] += below32(bits[i] & kAbsMask32, t[k]);
+  }
+}
+
+// The same on bfloat16 keys, 32 lanes of 16 bits: below16 is below32's wrap-around test on 16-bit lanes
+// (|bits| and every key bound are below 2^15). A lane counts at most kBlockElems / 32 elements.
+using ShortVec = uint16_t __attribute__((vector_size(64)));
+constexpr int kShortLanes = 32;
+inline ShortVec below16(ShortVec a, ShortVec t) { return (ShortVec)(a - t) >> 15; }
+template <int K>
+__attribute__((always_inline)) inline void count_below16(const uint16_t* __restrict keys, int64_t n,
+                                                         const uint32_t* t, int64_t* below) {
+  ShortVec count[K] = {};
+  const int64_t full = n - n % kShortLanes;
+  for (int64_t i = 0; i < full; i += kShortLanes) {
+    ShortVec x;
+    std::memcpy(&x, keys + i, sizeof x);
+    const ShortVec a = x & static_cast<uint16_t>(0x7FFF);
+    for (int k = 0; k < K; ++k) count[k] += below16(a, ShortVec{} + static_cast<uint16_t>(t[k]));
+  }
+  for (int k = 0; k < K; ++k) {
+    below[k] = 0;
+    for (int l = 0; l < kShortLanes; ++l) below[k] += count[k][l];
+    for (int64_t i = full; i < n; ++i) below[k] += (keys[i] & 0x7FFFu) < t[k];
+  }
+}
+
+// Block results from the scan: extremes, histogram over the window of bins, thresholds. Returns false (and
+// touches nothing) for a block off the common path. Key is uint32_t (float32 bits) or uint16_t (bfloat16).
+template <int kFormats, typename Key>
+__attribute__((always_inline)) inline bool finish_block(const Key* __restrict keys, int64_t n, BlockScan scan,
+                                                        uint8_t* __restrict bins, const FormatBounds* bounds,
+                                                        BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  constexpr int kShift = sizeof(Key) == 2 ? 16 : 0;
+  constexpr uint32_t kKeyMask = kAbsMask32 >> kShift;
+  if (scan.max_key >= (kInfBits32 >> kShift) || scan.min_key_minus_one < (kSmallestNormal32 >> kShift) - 1u) {
+    return false;
+  }
+  const bool any_nonzero = scan.min_key_minus_one != ~0u;
+  const uint32_t max_key = scan.max_key, min_key = scan.min_key_minus_one + 1u;  // min: only if any_nonzero
+  const uint32_t block_max = max_key << kShift;
+  double block_sumsq = scan.sumsq;
+  if (block_max > 0 && (block_max < kFloatSquaresFrom || block_max >= kFloatSquaresBelow)) {
+    block_sumsq = 0.0;  // squares near float32's limits: float64, as count_block32_full does
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(bits_as_float32((keys[i] & kKeyMask) << kShift));
+      block_sumsq += v * v;
+    }
+  }
+
+  // Histogram over the window [bin(m), bin(M)]; what is not in it is a zero.
+  int64_t zeros = n;
+  if (any_nonzero) {
+    const int lo = static_cast<int>(hist_bin(min_key << kShift)), hi = static_cast<int>(hist_bin(block_max));
+    if (hi - lo < kMaxWindowBins) {
+      uint32_t window[kHistBins] = {};
+      count_bins_in_window(bins, n, lo, hi, window);
+      for (int b = lo; b <= hi; ++b) {
+        hist[0][b] += window[b];
+        zeros -= window[b];
+      }
+      hist[0][0] += static_cast<uint32_t>(zeros);
+    } else {
+      const int64_t whole = n - n % kHistCopies;
+      for (int64_t i = 0; i < whole; i += kHistCopies) {
+        for (int k = 0; k < kHistCopies; ++k) hist[k][bins[i + k]] += 1;
+      }
+      for (int64_t i = whole; i < n; ++i) hist[0][bins[i]] += 1;
+      zeros = 0;
+      for (int64_t i = 0; i < n; ++i) zeros += (keys[i] & kKeyMask) == 0;
+    }
+  } else {
+    hist[0][0] += static_cast<uint32_t>(n);
+  }
+
+  // Thresholds, as keys: count(key < t) from the extremes, or per element for the straddled ones.
+  constexpr int kBounds = 3 * kFormats;
+  constexpr uint32_t kRoundUp = (1u << kShift) - 1u;
+  uint32_t t[kBounds];
+  for (int f = 0; f < kFormats; ++f) {
+    t[3 * f] = (bounds[f].overflow_from + kRoundUp) >> kShift;
+    t[3 * f + 1] = (bounds[f].normal_from + kRoundUp) >> kShift;
+    t[3 * f + 2] = (bounds[f].zero_upto + 1u + kRoundUp) >> kShift;  // a <= zero_upto is a < zero_upto + 1
+  }
+  int64_t below[kBounds];
+  uint32_t straddled[kBounds];
+  int where[kBounds];
+  int num_straddled = 0;
+  for (int k = 0; k < kBounds; ++k) {
+    if (t[k] > max_key) {
+      below[k] = n;
+    } else if (!any_nonzero || t[k] <= min_key) {
+      below[k] = zeros;
+    } else {
+      straddled[num_straddled] = t[k];
+      where[num_straddled++] = k;
+    }
+  }
+  int64_t counted[kBounds];
+  // up to four bounds per pass over the block (kBounds >= b: no pass of more bounds than a call can straddle)
+  for (int k = 0; k < num_straddled; k += 4) {
+    const int batch = std::min(4, num_straddled - k);
+    if constexpr (sizeof(Key) == 2) {
+      if (batch == 1) count_below16<1>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 2 && batch == 2) count_below16<2>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 3 && batch == 3) count_below16<3>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 4 && batch == 4) count_below16<4>(keys, n, straddled + k, counted + k);
+    } else {
+      if (batch == 1) count_below32<1>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 2 && batch == 2) count_below32<2>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 3 && batch == 3) count_below32<3>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 4 && batch == 4) count_below32<4>(keys, n, straddled + k, counted + k);
+    }
+  }
+  for (int k = 0; k < num_straddled; ++k) below[where[k]] = counted[k];
+
+  out.nan = out.posinf = out.neginf = 0;
+  out.zero = zeros;
+  for (int f = 0; f < kFormats; ++f) {
+    out.over[f] = n - below[3 * f];
+    out.below[f] = below[3 * f + 1];
+    out.at_zero[f] = below[3 * f + 2];
+  }
+  out.max_abs = static_cast<int32_t>(block_max);
+  out.min_abs_nonzero = static_cast<int32_t>(any_nonzero ? min_key << kShift : kInfBits32);
+  out.sumsq = block_sumsq;
+  return true;
+}
+
+// The vector pass over a float32 block. Four vectors per step: their exponent bins are packed into one
+// 64-byte store (element 16q + l of the step in byte 4l + q; the histogram does not care about order).
+template <int kFormats>
+__attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __restrict bits, int64_t n,
+                                                              const FormatBounds* bounds, BlockCounts& out,
+                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
+  UintVec max_abs = {}, min_abs_minus_one = {};
+  min_abs_minus_one -= 1u;
+  DoubleVec sumsq = {};
+  alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
+  constexpr int kStep = 4 * kVectorWidth;
+  static_assert((kSquaresPerFlush * kVectorWidth) % kStep == 0, "a flush group is whole steps");
+  const int64_t full = n - n % kStep;
+  for (int64_t group = 0; group < full; group += kSquaresPerFlush * kVectorWidth) {
+    // Squares in float32 lanes for kSquaresPerFlush vectors, then added into float64 lanes: a lane's
+    // float32 sum has at most kSquaresPerFlush terms, so its relative error stays below
+    // kSquaresPerFlush * 2^-24 (about 1e-6).
+    FloatVec squares = {};
+    const int64_t group_end = std::min(full, group + kSquaresPerFlush * kVectorWidth);
+    for (int64_t i = group; i < group_end; i += kStep) {
+      UintVec packed;
+      for (int q = 0; q < 4; ++q) {
+        UintVec b;
+        std::memcpy(&b, bits + i + q * kVectorWidth, sizeof b);
+        const UintVec a = b & kAbsMask32;
+        max_abs = a > max_abs ? a : max_abs;
+        const UintVec minus_one = a - 1u;
+        min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+        const FloatVec v = (FloatVec)b;  // a vector cast reinterprets the bits; the sign does not matter
+        squares += v * v;
+        // The exponent field (bits 23..30 of a) moved to byte q of each lane.
+        if (q == 0) packed = a >> kExponentShift32;
+        if (q == 1) packed |= (a >> (kExponentShift32 - 8)) & 0x0000FF00u;
+        if (q == 2) packed |= (a >> (kExponentShift32 - 16)) & 0x00FF0000u;
+        if (q == 3) packed |= (a << 1) & 0xFF000000u;
+      }
+      std::memcpy(bins + i, &packed, sizeof packed);
+    }
+    sumsq += __builtin_convertvector(squares, DoubleVec);
+  }
+  BlockScan scan{0u, ~0u, 0.0};
+  for (int l = 0; l < kVectorWidth; ++l) {
+    scan.max_key = std::max(scan.max_key, max_abs[l]);
+    scan.min_key_minus_one = std::min(scan.min_key_minus_one, min_abs_minus_one[l]);
+    scan.sumsq += sumsq[l];
+  }
+  for (int64_t i = full; i < n; ++i) {  // the last n % kStep elements, one by one
+    const uint32_t a = bits[i] & kAbsMask32;
+    scan.max_key = std::max(scan.max_key, a);
+    scan.min_key_minus_one = std::min(scan.min_key_minus_one, a - 1u);
+    const double v = static_cast<double>(bits_as_float32(a));
+    scan.sumsq += v * v;
+    bins[i] = static_cast<uint8_t>(a >> kExponentShift32);
+  }
+  return finish_block<kFormats>(bits, n, scan, bins, bounds, out, hist);
+}
+
+// The vector pass over a bfloat16 block, on its 16-bit |bits| (32 lanes): extremes and bins need no
+// widening; the squares take each half of the lanes as float32 (a zero low half: the exact value).
+template <int kFormats>
+__attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __restrict raw, int64_t n,
+                                                              const FormatBounds* bounds, BlockCounts& out,
+                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
+  ShortVec max_abs = {}, min_abs_minus_one = {};
+  min_abs_minus_one -= static_cast<uint16_t>(1);
+  DoubleVec sumsq = {};
+  alignas(64) uint8_t bins[kBlockElems + 64];
+  constexpr int kStep = 2 * kShortLanes;
+  constexpr int kFlush = kSquaresPerFlush * kVectorWidth;  // 8 vectors: 16 squares per float32 lane
+  static_assert(kFlush % kStep == 0, "a flush group is whole steps");
+  const int64_t full = n - n % kStep;
+  for (int64_t group = 0; group < full; group += kFlush) {
+    FloatVec squares = {};
+    const int64_t group_end = std::min(full, group + kFlush);
+    for (int64_t i = group; i < group_end; i += kStep) {
+      ShortVec packed;
+      for (int q = 0; q < 2; ++q) {
+        ShortVec x;
+        std::memcpy(&x, raw + i + q * kShortLanes, sizeof x);
+        const ShortVec a = x & static_cast<uint16_t>(0x7FFF);
+        max_abs = a > max_abs ? a : max_abs;
+        const ShortVec minus_one = a - static_cast<uint16_t>(1);
+        min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+        // Each 32-bit lane holds two bfloat16: the high one is a float32 as it stands but for its low
+        // half (the neighbour's bits), the low one shifted up is a float32. Squares of both, exactly as
+        // the widened values would give (a float32 square of each).
+        const UintVec pair = (UintVec)x;
+        const FloatVec high = (FloatVec)(pair & 0xFFFF0000u), low = (FloatVec)(pair << 16);
+        squares += high * high;
+        squares += low * low;
+        if (q == 0) packed = a >> 7;  // the exponent field of a bfloat16's |bits|, in byte 2l ...
+        if (q == 1) packed |= (a << 1) & static_cast<uint16_t>(0xFF00);  // ... and byte 2l + 1
+      }
+      std::memcpy(bins + i, &packed, sizeof packed);
+    }
+    sumsq += __builtin_convertvector(squares, DoubleVec);
+  }
+  BlockScan scan{0u, ~0u, 0.0};
+  for (int l = 0; l < kShortLanes; ++l) {
+    scan.max_key = std::max<uint32_t>(scan.max_key, max_abs[l]);
+    // A lane's min of a - 1 is 0xFFFF when it saw only zeros: the top, like ~0u.
+    const uint32_t m = min_abs_minus_one[l] == 0xFFFFu ? ~0u : min_abs_minus_one[l];
+    scan.min_key_minus_one = std::min(scan.min_key_minus_one, m);
+  }
+  for (int l = 0; l < kVectorWidth; ++l) scan.sumsq += sumsq[l];
+  for (int64_t i = full; i < n; ++i) {
+    const uint32_t a = raw[i] & 0x7FFFu;
+    scan.max_key = std::max(scan.max_key, a);
+    if (a != 0) scan.min_key_minus_one = std::min(scan.min_key_minus_one, a - 1u);
+    const double v = static_cast<double>(bits_as_float32(a << 16));
+    scan.sumsq += v * v;
+    bins[i] = static_cast<uint8_t>(a >> 7);
+  }
+  return finish_block<kFormats>(raw, n, scan, bins, bounds, out, hist);
+}
+
+// One entry point per format count, so each inner loop is unrolled over its formats, cloned for AVX-512,
+// AVX2 and baseline x86-64 (AMPI_CPU_CLONES, common/cpu_clones.h); the loader picks the best clone for the machine.
+AMPI_CPU_CLONES void count_block32_f1(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  if (!count_block32_impl<1>(bits, n, bounds, out, hist)) count_block32_full<1>(bits, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block32_f2(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  if (!count_block32_impl<2>(bits, n, bounds, out, hist)) count_block32_full<2>(bits, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block32_f3(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  if (!count_block32_impl<3>(bits, n, bounds, out, hist)) count_block32_full<3>(bits, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block32_f4(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  if (!count_block32_impl<4>(bits, n, bounds, out, hist)) count_block32_full<4>(bits, n, bounds, out, hist);
+}
+
+// ---- widening 16-bit inputs to float32 bits, block by block (contiguous views) ----
+
+// bfloat16: common/cpu_clones.h's widen_bf16, a shift vectorised per clone.
+
+// float16 through the hardware conversion where the CPU has it (F16C, or AVX-512F for 16 at a time):
+// vcvtph2ps is exact for every half, subnormals included (MXCSR.DAZ is ignored, the result is normal),
+// and quiets a signalling NaN, which is still a NaN (|bits| > Inf, bin 255): no count changes. Elsewhere
+// common/cpu_clones.h's widen_fp16, numerics.h's fp16_to_f32_bits on the bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target("avx512f"))) void widen_fp16_avx512(const uint16_t* src, int64_t n, uint32_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_castps_si512(_mm512_cvtph_ps(h)));
+  }
+  widen_fp16(src + i, n - i, dst + i);
+}
+__attribute__((target("avx,f16c"))) void widen_fp16_f16c(const uint16_t* src, int64_t n, uint32_t* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_castps_si256(_mm256_cvtph_ps(h)));
+  }
+  widen_fp16(src + i, n - i, dst + i);
+}
+#endif
+
+using WidenFn = void (*)(const uint16_t*, int64_t, uint32_t*);
+WidenFn pick_widen_fp16() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (__builtin_cpu_supports("avx512f")) return widen_fp16_avx512;
+  if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) return widen_fp16_f16c;
+#endif
+  return widen_fp16;
+}
+const WidenFn widen_fp16_fastest = pick_widen_fp16();
+
+AMPI_CPU_CLONES void count_block16_f1(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  if (count_block16_impl<1>(raw, n, bounds, out, hist)) return;
+  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
+  count_block32_full<1>(widened, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block16_f2(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  if (count_block16_impl<2>(raw, n, bounds, out, hist)) return;
+  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
+  count_block32_full<2>(widened, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block16_f3(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  if (count_block16_impl<3>(raw, n, bounds, out, hist)) return;
+  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
+  count_block32_full<3>(widened, n, bounds, out, hist);
+}
+AMPI_CPU_CLONES void count_block16_f4(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  if (count_block16_impl<4>(raw, n, bounds, out, hist)) return;
+  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
+  count_block32_full<4>(widened, n, bounds, out, hist);
+}
+
+// A contiguous bfloat16 block; `widened` (kBlockElems) receives the float32 bits if the block is off the
+// common path.
+void count_block16(const uint16_t* raw, int64_t n, const FormatBounds* bounds, int num_formats, BlockCounts& out,
+                   uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  switch (num_formats) {
+    case 1:
+      return count_block16_f1(raw, n, bounds, out, hist, widened);
+    case 2:
+      return count_block16_f2(raw, n, bounds, out, hist, widened);
+    case 3:
+      return count_block16_f3(raw, n, bounds, out, hist, widened);
+    default:
+      return count_block16_f4(raw, n, bounds, out, hist, widened);
+  }
+}
+
+void count_block32(const uint32_t* bits, int64_t n, const FormatBounds* bounds, int num_formats,
+                   BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+  switch (num_formats) {
+    case 1:
+      return count_block32_f1(bits, n, bounds, out, hist);
+    case 2:
+      return count_block32_f2(bits, n, bounds, out, hist);
+    case 3:
+      return count_block32_f3(bits, n, bounds, out, hist);
+    default:
+      return count_block32_f4(bits, n, bounds, out, hist);
+  }
+}
+
+void add_block(TensorAccumulator& acc, const BlockCounts& block, int64_t n, int num_formats) {
+  RawCounts& c = acc.counts;
+  c.numel += n;
+  c.nan += block.nan;
+  c.posinf += block.posinf;
+  c.neginf += block.neginf;
+  c.zero += block.zero;
+  for (int f = 0; f < num_formats; ++f) {
+    c.at_or_above_overflow[f] += block.over[f];
+    c.below_normal[f] += block.below[f];
+    c.at_or_below_zero[f] += block.at_zero[f];
+  }
+  acc.max_abs = std::max(acc.max_abs, static_cast<uint32_t>(block.max_abs));
+  acc.min_abs_nonzero = std::min(acc.min_abs_nonzero, static_cast<uint32_t>(block.min_abs_nonzero));
+  acc.sumsq += block.sumsq;
+}
+
+// float64 without a scale: classified on the exact value, element by element (a rare input dtype).
+void count_chunk64(const TensorView& view, int64_t start, int64_t count, const StatsCall& call,
+                   TensorAccumulator& acc) {
+  uint64_t max_abs = 0, min_abs = kInfBits64;
+  double sumsq = 0.0;
+  ElementReader<uint64_t>{static_cast<const uint64_t*>(view.data), view}.for_each(
+      start, count, [&](int64_t, uint64_t b) {
+        count_element64(acc.counts, b, call.bounds, call.num_formats);
+        const uint64_t a = b & kAbsMask64;
+        if (is_finite64(a)) {
+          max_abs = std::max(max_abs, a);
+          if (a != 0) min_abs = std::min(min_abs, a);
+          const double v = bits_as_float64(a);
+          sumsq += v * v;
+        }
+        // The histogram is over float32(v): a double beyond float32's range lands in bin 255.
+        acc.hist[hist_bin(float32_as_bits(static_cast<float>(bits_as_float64(b))))] += 1;
+      });
+  // Rounding to float32 is monotonic, so the rounded extreme is the extreme of the rounded values.
+  acc.max_abs = std::max(acc.max_abs, float32_as_bits(static_cast<float>(bits_as_float64(max_abs))));
+  if (min_abs != kInfBits64) {
+    acc.min_abs_nonzero =
+        std::min(acc.min_abs_nonzero, float32_as_bits(static_cast<float>(bits_as_float64(min_abs))));
+  }
+  acc.sumsq += sumsq;
+}
+
+// Turns elements [start, start + count) of a view into float32 bits of v, block by block, and counts them.
+// `widen`, when given, turns a contiguous run of T into float32 bits at once (what to_bits does per element).
+template <typename T, typename ToBits>
+void count_chunk32(const TensorView& view, int64_t start, int64_t count, const StatsCall& call,
+                   TensorAccumulator& acc, ToBits&& to_bits, void (*widen)(const T*, int64_t, uint32_t*) = nullptr) {
+  alignas(64) uint32_t buffer[kBlockElems];
+  uint32_t hist[kHistCopies][kHistBins] = {};
+  const ElementReader<T> reader{static_cast<const T*>(view.data), view};
+  const float scale = call.has_scale ? (call.scale_ptr ? *call.scale_ptr : call.scale_value) : 1.0f;
+  for (int64_t done = 0; done < count; done += kBlockElems) {
+    const int64_t n = std::min(kBlockElems, count - done);
+    const uint32_t* bits = buffer;
+    if constexpr (std::is_same<T, uint32_t>::value) {
+      if (!call.has_scale && is_contiguous_view(view)) {
+        bits = reinterpret_cast<const uint32_t*>(reader.base + start + done);  // float32 as stored: no copy
+        BlockCounts block;
+        count_block32(bits, n, call.bounds, call.num_formats, block, hist);
+        add_block(acc, block, n, call.num_formats);
+        continue;
+      }
+    }
+    if constexpr (std::is_same<T, uint16_t>::value) {
+      if (view.dtype == kBFloat16 && !call.has_scale && is_contiguous_view(view)) {
+        BlockCounts block;
+        count_block16(reader.base + start + done, n, call.bounds, call.num_formats, block, hist, buffer);
+        add_block(acc, block, n, call.num_formats);
+        continue;
+      }
+    }
+    if (widen != nullptr && is_contiguous_view(view)) {
+      widen(reader.base + start + done, n, buffer);
+      if (call.has_scale) {
+        for (int64_t i = 0; i < n; ++i) buffer[i] = float32_as_bits(bits_as_float32(buffer[i]) * scale);
+      }
+    } else if (call.has_scale) {
+      reader.for_each(start + done, n, [&](int64_t i, T x) {
+        buffer[i] = float32_as_bits(bits_as_float32(to_bits(x)) * scale);  // one float32 multiply
+      });
+    } else {
+      reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
+    }
+    BlockCounts block;
+    count_block32(bits, n, call.bounds, call.num_formats, block, hist);
+    add_block(acc, block, n, call.num_formats);
+  }
+  for (int b = 0; b < kHistBins; ++b) {
+    int64_t total = 0;
+    for (int k = 0; k < kHistCopies; ++k) total += hist[k][b];
+    acc.hist[b] += total;
+  }
+}
+
+void count_chunk(const TensorView& view, int64_t start, int64_t count, const StatsCall& call,
+                 TensorAccumulator& acc) {
+  switch (view.dtype) {
+    case kFloat32:
+      count_chunk32<uint32_t>(view, start, count, call, acc, [](uint32_t x) { return x; });
+      break;
+    case kFloat16:
+      count_chunk32<uint16_t>(view, start, count, call, acc, [](uint16_t x) { return fp16_to_f32_bits(x); },
+                              widen_fp16_fastest);
+      break;
+    case kBFloat16:
+      count_chunk32<uint16_t>(view, start, count, call, acc, [](uint16_t x) { return bf16_to_f32_bits(x); },
+                              widen_bf16);
+      break;
+    case kFloat64:
+      if (call.has_scale) {  // v = float32(x) * scale: the float32 path after one rounding
+        count_chunk32<uint64_t>(view, start, count, call, acc, [](uint64_t x) {
+          return float32_as_bits(static_cast<float>(bits_as_float64(x)));
+        });
+      } else {
+        count_chunk64(view, start, count, call, acc);
+      }
+      break;
+  }
+}
+
+// Output pointers, merged into under one lock.
+struct OutputSink {
+  std::mutex lock;
+  std::vector<RawCounts> counts;  // one per tensor, finalized at the end
+  std::vector<uint32_t> max_abs, min_abs_nonzero;
+  int64_t* hist;
+  double* sumsq;
+
+  void merge(int64_t row, const TensorAccumulator& acc) {
+    std::lock_guard<std::mutex> guard(lock);
+    RawCounts& c = counts[row];
+    c.numel += acc.counts.numel;
+    c.nan += acc.counts.nan;
+    c.posinf += acc.counts.posinf;
+    c.neginf += acc.counts.neginf;
+    c.zero += acc.counts.zero;
+    for (int f = 0; f < kMaxFormats; ++f) {
+      c.at_or_above_overflow[f] += acc.counts.at_or_above_overflow[f];
+      c.below_normal[f] += acc.counts.below_normal[f];
+      c.at_or_below_zero[f] += acc.counts.at_or_below_zero[f];
+    }
+    max_abs[row] = std::max(max_abs[row], acc.max_abs);
+    min_abs_nonzero[row] = std::min(min_abs_nonzero[row], acc.min_abs_nonzero);
+    sumsq[row] += acc.sumsq;
+    int64_t* h = hist + row * kHistBins;
+    for (int b = 0; b < kHistBins; ++b) h[b] += acc.hist[b];
+  }
+};
+
+// unscale_stats_: overwrites elements [start, start + count) of a view with x * inv_scale, computed as
+// torch's unscale kernel does (float32 math rounded to the dtype; float64 math for float64). Runs right
+// after the chunk was counted, while it is still in cache, so memory is read once and written once.
+void unscale_chunk(const TensorView& view, int64_t start, int64_t count, float inv_scale) {
+  void* base = const_cast<void*>(view.data);  // unscale_stats_ takes its tensors as mutable (Tensor(a!)[])
+  switch (view.dtype) {
+    case kFloat32: {
+      float* p = static_cast<float*>(base);
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = p[o] * inv_scale; });
+      break;
+    }
+    case kFloat16: {
+      torch::headeronly::Half* p = static_cast<torch::headeronly::Half*>(base);
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = static_cast<float>(p[o]) * inv_scale; });
+      break;
+    }
+    case kBFloat16: {
+      torch::headeronly::BFloat16* p = static_cast<torch::headeronly::BFloat16*>(base);
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = static_cast<float>(p[o]) * inv_scale; });
+      break;
+    }
+    case kFloat64: {
+      double* p = static_cast<double*>(base);
+      const double inv = inv_scale;
+      walk_offsets(view, start, count, [&](int64_t, int64_t o) { p[o] = p[o] * inv; });
+      break;
+    }
+  }
+}
+
+StatsOutputs run_cpu(const StatsCall& call) {
+  StatsOutputs out = allocate_outputs(call.num_tensors, call.num_formats, Device(DeviceType::CPU));
+
+  OutputSink sink;
+  RawCounts empty;
+  clear_counts(empty);
+  sink.counts.assign(call.num_tensors, empty);
+  sink.max_abs.assign(call.num_tensors, 0u);
+  sink.min_abs_nonzero.assign(call.num_tensors, kInfBits32);
+  sink.hist = static_cast<int64_t*>(out.hist.data_ptr());
+  sink.sumsq = static_cast<double*>(out.sumsq.data_ptr());
+
+  const int64_t num_views = static_cast<int64_t>(call.views.size());
+  torch::stable::parallel_for(0, call.total_chunks, 1, [&](int64_t begin, int64_t end) {
+    TensorAccumulator acc;
+    int64_t current = -1;
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t v = tensor_of_chunk(call.views.data(), num_views, chunk);
+      if (v != current) {
+        if (current >= 0) sink.merge(call.views[current].out_row, acc);
+        acc.clear();
+        current = v;
+      }
+      const TensorView& view = call.views[v];
+      const int64_t start = (chunk - view.first_chunk) * call.chunk_elems;
+      const int64_t count = std::min(call.chunk_elems, view.numel - start);
+      count_chunk(view, start, count, call, acc);
+      // Written even when inv_scale is 1: converting back to the dtype canonicalises NaN payloads, and
+      // torch's kernel does that too, so the results stay bitwise identical.
+      if (call.unscale) unscale_chunk(view, start, count, call.inv_scale_value);
+    }
+    if (current >= 0) sink.merge(call.views[current].out_row, acc);
+  });
+
+  int64_t* counts = static_cast<int64_t*>(out.counts.data_ptr());
+  float* amax = static_cast<float*>(out.amax.data_ptr());
+  float* amin = static_cast<float*>(out.amin_nonzero.data_ptr());
+  const int columns = count_columns(call.num_formats);
+  bool any_non_finite = false;
+  for (int64_t row = 0; row < call.num_tensors; ++row) {
+    const RawCounts& c = sink.counts[row];
+    any_non_finite = any_non_finite || (c.nan + c.posinf + c.neginf) > 0;
+    finalize_counts(c, call.num_formats, counts + row * columns);
+    amax[row] = bits_as_float32(sink.max_abs[row]);
+    amin[row] = bits_as_float32(sink.min_abs_nonzero[row]);
+  }
+  if (call.unscale && any_non_finite) *call.found_inf_ptr = 1.0f;
+  return out;
+}
+
+// The boxed kernels (TORCH_BOX) take their arguments by value.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> tensor_stats_cpu(std::vector<Tensor> tensors,
+                                                                    std::optional<Tensor> scale,
+                                                                    std::optional<double> scale_value,
+                                                                    std::vector<std::string> formats) {
+  const StatsOutputs out = run_cpu(prepare_call(tensors, scale, scale_value, formats, kCpuChunkElems));
+  return out.returned();
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> unscale_stats_cpu(std::vector<Tensor> tensors, Tensor inv_scale,
+                                                                     Tensor found_inf, std::vector<std::string> formats) {
+  StatsCall call = prepare_call(tensors, std::nullopt, std::nullopt, formats, kCpuChunkElems);
+  prepare_unscale(call, tensors, inv_scale, found_inf);
+  const StatsOutputs out = run_cpu(call);
+  return out.returned();
+}
+
+}  // namespace
+}  // namespace amp_inspect
+
+STABLE_TORCH_LIBRARY_IMPL(amp_inspect, CPU, m) {
+  m.impl("tensor_stats", TORCH_BOX(&amp_inspect::tensor_stats_cpu));
+  m.impl("unscale_stats_", TORCH_BOX(&amp_inspect::unscale_stats_cpu));
+}
