@@ -64,6 +64,12 @@ def test_bench_builtin_and_info(capsys: pytest.CaptureFixture[str]) -> None:
     assert "CUDA kernel" in capsys.readouterr().out
 
 
+def test_bench_in_a_source_checkout_finds_the_full_benchmark() -> None:
+    # The tests run from a checkout: `amp-inspect bench` (no --builtin) must find bench/ beside the package,
+    # wherever the command's module sits inside it.
+    assert cli.SOURCE_BENCH.is_file(), cli.SOURCE_BENCH
+
+
 # ---- logs read past bad lines, outputs never overwrite a log, hostile files in one line ----
 
 

@@ -27,7 +27,7 @@ from amp_inspect.core.printable import shown_name
 if TYPE_CHECKING:
     from amp_inspect.diagnosis.findings import Finding
 
-SOURCE_BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_tensor_stats.py"
+SOURCE_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_tensor_stats.py"
 
 
 def _error_text(error: BaseException, path: Path | None) -> str:

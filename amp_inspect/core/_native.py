@@ -54,7 +54,8 @@ def _load_cuda_kernels() -> str | None:
             f"({torch.__version__}) is a CUDA {have} build; GPU tensors get the pure-torch reference. Build them for "
             f"it from a checkout with `pip install --no-build-isolation .` ({compiler})."
         )
-    libraries = sorted(Path(__file__).parent.glob("_C_cuda*.so"))
+    # Beside _C (the package's top folder), not beside this module: the two libraries are built side by side.
+    libraries = sorted(Path(_C.__file__).parent.glob("_C_cuda*.so"))
     if not libraries:
         return "amp_inspect: its CUDA kernels are off: the build lists them but amp_inspect/_C_cuda*.so is missing."
     try:
