@@ -89,7 +89,7 @@ ALLOWED: dict[str, set[str]] = {
     "evidence": {"core"},
     "distributed": {"core", "model", "evidence"},
     "gradients": {"core", "model", "runlog", "evidence", "distributed"},
-    "probes": {"core", "model", "evidence", "gradients"},
+    "probes": {"core", "model", "evidence", "distributed", "gradients"},
     "scaling": {"core", "model", "evidence", "distributed", "gradients"},
     "readiness": {"core", "model", "distributed", "gradients", "probes"},
     "updates": {"core", "model", "distributed", "gradients", "scaling"},

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import amp_inspect
+from amp_inspect.diagnosis.incident import weight_poisoning
 from amp_inspect.integrations._common import exponent_edges, exponent_span, on_finalized
 
 POISON_AT = 4  # the step (0-based) whose gradients get NaN/Inf in the training-loop tests
@@ -390,11 +391,42 @@ def test_lightning_bf16_mixed_cpu(lightning, tmp_path) -> None:
     assert history[POISON_AT].poisoned and history[POISON_AT].offenders == ["net.head"]
     assert not any(r.skipped for r in history)
     assert history[POISON_AT].scale is None
+    # Judged against bf16, the format the trainer's autocast runs (no formats= given), and the weights read after
+    # the NaN step (finite: the module cleans the gradients the optimizer gets) poison nothing.
+    assert {r.fmt for r in history} == {"bf16"}
+    assert history[POISON_AT].weights is not None and history[POISON_AT].weights.finite
+    assert weight_poisoning(history) is None
     poisoned = logged_column(rows, "amp_inspect/poisoned")  # one per step: the newest finalized report
     assert len(poisoned) == 10 and poisoned[:POISON_AT] == [0.0] * POISON_AT and poisoned[POISON_AT] == 1.0
     assert logged_column(rows, "amp_inspect/skipped") == [0.0] * 10
     assert "amp_inspect/loss_scale" not in rows[0]
     assert "_finalize" not in vars(cb.inspector)  # detached at fit end
+
+
+def test_lightning_checkpoint_of_poisoned_weights_is_warned_about(lightning, tmp_path) -> None:
+    """bf16-mixed, no scaler, the NaN step applied (the gradients left as they are): the checkpoint saved after it
+    holds NaN weights, and the callback says so when Lightning saves it, naming the step that made them."""
+    pl, callback_cls, lit_cls = lightning
+    from amp_inspect.integrations._common import PoisonedCheckpointWarning
+
+    class Applied(lit_cls):
+        def on_before_optimizer_step(self, optimizer) -> None:
+            pass  # nothing cleans the NaN gradients: the optimizer applies them
+
+    cb = callback_cls(activations="off")
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=POISON_AT + 2)
+    trainer = pl.Trainer(
+        callbacks=[cb, saver],
+        accelerator="cpu",
+        max_steps=POISON_AT + 2,
+        precision="bf16-mixed",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+    )
+    with pytest.warns(PoisonedCheckpointWarning, match=f"became NaN/Inf at step {POISON_AT + 1}.*net.head"):
+        trainer.fit(Applied(), lightning_data())
+    assert list((tmp_path / "ckpt").iterdir())  # saved all the same: the warning says what it holds
 
 
 @pytest.mark.filterwarnings("ignore:amp_inspect. no compiled update_stats kernel:RuntimeWarning")

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import runpy
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from amp_inspect.core.printable import shown_name
 
 if TYPE_CHECKING:
     from amp_inspect.diagnosis.findings import Finding
+    from amp_inspect.diagnosis.history import Summary
 
 SOURCE_BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_tensor_stats.py"
 
@@ -104,9 +106,29 @@ def _summary(args: argparse.Namespace) -> int:
     if not records:
         print(f"{args.log}: no inspected step in the log")
         return 1
-    summary = summarize([StepRecord.from_log_record(r) for r in records])
-    print_summary(summary, records[-1])
+    history = [StepRecord.from_log_record(r) for r in records]
+    if getattr(args, "json", False):
+        from amp_inspect.diagnosis.doctor import doctor
+
+        report = doctor(history=history)
+        print(json.dumps(report.to_json(**run_facts(summarize(history))), indent=1))
+        return 0
+    print_summary(summarize(history), records[-1])
     return 0
+
+
+def run_facts(summary: Summary) -> dict[str, Any]:
+    """The run's own facts in the findings document of ``summary --json``: the counts, the weights' poisoning,
+    where the NaN/Inf started."""
+    return {
+        "steps": summary.steps,
+        "skipped": summary.skipped,
+        "poisoned": summary.poisoned,
+        "autocast": summary.autocast,
+        "loss_scaler": summary.policy if summary.scaler else None,
+        "weights_poisoned": summary.weights.to_json() if summary.weights is not None else None,
+        "top_offender": summary.top_offender,
+    }
 
 
 T = TypeVar("T")
@@ -208,6 +230,9 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         help=f"skipped steps in a row that count as a loss-scale collapse (default {COLLAPSE_SKIPS})",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings as well as errors")
+    parser.add_argument(
+        "--json", action="store_true", help="print the findings as one JSON document (docs/usage.md: its schema)"
+    )
     parser.set_defaults(func=_file_command("doctor", lambda args: args.log)(_doctor))
     return parser
 
@@ -231,7 +256,7 @@ def _doctor(args: argparse.Namespace) -> int:
         header += log_header
         findings += log_findings
     report = DoctorReport(findings, header)
-    print(report)
+    print(json.dumps(report.to_json(), indent=1) if args.json else report)
     failing = report.errors or (args.strict and report.warnings)
     return 1 if failing else 0
 
@@ -286,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     summary = sub.add_parser("summary", help="skip rate, scale events, offenders and advice from a run log")
     summary.add_argument("log", type=Path)
+    summary.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's facts and the doctor's findings on the log as one JSON document (docs/usage.md)",
+    )
     summary.set_defaults(func=_summary)
 
     readiness = sub.add_parser(

@@ -22,15 +22,35 @@ MAX_LISTED = 10  # modules or parameters named in one finding before "and N more
 _WRAP_WIDTH = 110
 
 
+FINDINGS_SCHEMA = "amp_inspect.findings/1"  # the JSON document of --json (docs/usage.md: findings for machines)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem (or fact): ``code`` a short stable id, ``severity`` one of SEVERITIES, ``message`` what is
-    wrong and where (parameter and module names), ``fix`` how to fix it, with code."""
+    wrong and where (parameter and module names), ``fix`` how to fix it, with code. Where the finding rests on
+    steps of a run, ``steps`` names them and ``modules`` the modules it is about (empty where it is not about
+    steps or modules); ``evidence`` holds the typed facts it rests on (JSON values), for machines."""
 
     code: str
     severity: str
     message: str
     fix: str = ""
+    steps: tuple[int, ...] = ()
+    modules: tuple[str, ...] = ()
+    evidence: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding as one JSON object of the findings document (FINDINGS_SCHEMA)."""
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "action": self.fix,
+            "steps": list(self.steps),
+            "modules": list(self.modules),
+            "evidence": self.evidence,
+        }
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -81,6 +101,17 @@ class DoctorReport:
     @property
     def codes(self) -> list[str]:
         return [f.code for f in self.findings]
+
+    def to_json(self, **extra: Any) -> dict[str, Any]:
+        """The findings document (``FINDINGS_SCHEMA``): the verdict, the header, every finding; ``extra`` keys
+        (a run's facts) join it."""
+        return {
+            "schema": FINDINGS_SCHEMA,
+            "ok": self.ok,
+            "header": list(self.header),
+            **extra,
+            "findings": [f.to_json() for f in self.findings],
+        }
 
     def __str__(self) -> str:
         counts = Counter(f.severity for f in self.findings)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from amp_inspect.core.printable import shown_name
+from amp_inspect.diagnosis.incident import WeightPoisoning, origin_steps, weight_poisoning
 from amp_inspect.evidence.attribution import (
     BEFORE_ALLREDUCE,
     LOSS_OR_FORWARD,
@@ -41,6 +42,7 @@ from amp_inspect.evidence.attribution import (
 )
 from amp_inspect.evidence.headroom import Headroom
 from amp_inspect.evidence.spikes import SPIKE_FACTOR, Spike, find_spikes
+from amp_inspect.evidence.weights import WeightsSeen
 from amp_inspect.scaling.policies import RunFacts, ScaleDecision, policy_advice
 from amp_inspect.scaling.timeline import (
     POLICY_TORCH,
@@ -82,6 +84,7 @@ class StepRecord:
     module_norms: dict[str, float | None] | None = None  # per-module gradient norms where known (evidence/spikes.py)
     everywhere: bool = False  # every module with gradients held NaN/Inf (attribution.every_module)
     update: UpdateStats | None = None  # update_every: what the step's optimizer.step() did (updates/report.py)
+    weights: WeightsSeen | None = None  # after NaN/Inf gradients: whether the weights were NaN/Inf (evidence/weights)
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -103,6 +106,7 @@ class StepRecord:
             autocast=getattr(report, "autocast", None),
             everywhere=bool(report.offenders) and every_module(report.offenders, report.by_module),
             update=report.update,
+            weights=report.weights.seen if report.weights is not None else None,
         )
 
     @classmethod
@@ -134,6 +138,7 @@ class StepRecord:
             module_norms=_module_norms(record.get("modules")),
             everywhere=every_module(list(record.get("offenders", [])), record.get("modules")),
             update=UpdateStats.from_record(record["update"], int(record["step"])) if record.get("update") else None,
+            weights=WeightsSeen.from_record(record["weights"]) if record.get("weights") else None,
         )
 
 
@@ -158,13 +163,14 @@ def finding_kind(finding: str) -> str:
 
 def first_findings(history: list[StepRecord]) -> Counter:
     """first_nonfinite findings (finding_kind) -> the steps that had them, most first; the hooks' note that they saw
-    nothing is left out."""
-    return Counter(finding_kind(r.first_nonfinite) for r in history if finding_module(r.first_nonfinite))
+    nothing is left out, and so are steps whose NaN/Inf followed from poisoned weights (incident.origin_steps)."""
+    return Counter(finding_kind(r.first_nonfinite) for r in origin_steps(history) if finding_module(r.first_nonfinite))
 
 
 def nonfinite_blame(history: list[StepRecord], poisoned: bool = False) -> Blame:
-    """Where the NaN/Inf of the skipped (or the poisoned) steps started: attribution.blame on the history."""
-    steps = [r for r in history if (r.poisoned if poisoned else r.skipped)]
+    """Where the NaN/Inf of the skipped (or the poisoned) steps started: attribution.blame on the history, leaving
+    out the steps whose NaN/Inf followed from poisoned weights (incident.origin_steps)."""
+    steps = [r for r in origin_steps(history) if (r.poisoned if poisoned else r.skipped)]
     return blame((r.offenders, r.first_nonfinite, r.nonfinite_origin, r.everywhere) for r in steps)
 
 
@@ -172,6 +178,16 @@ def top_offender(history: list[StepRecord]) -> str | None:
     """The module the skipped (else the poisoned) steps' NaN/Inf started in most often: what every surface calls
     "the top offender"."""
     return nonfinite_blame(history).top or nonfinite_blame(history, poisoned=True).top
+
+
+def where_started(history: list[StepRecord], start: int, end: int, default: str) -> str:
+    """Where the NaN/Inf of ``history[start:end + 1]`` started, as a run of steps is told: the weights when they
+    were already NaN/Inf on those steps (incident.weight_poisoning of the whole history), else the top of their
+    blame, else ``default``."""
+    poisoning = weight_poisoning(history)
+    if poisoning is not None and history[start].step in poisoning.consequences:
+        return f"the weights, NaN/Inf since step {poisoning.since} (every gradient follows from them)"
+    return nonfinite_blame(history[start : end + 1]).shown_top(default)
 
 
 def uses_fp16(history: list[StepRecord]) -> bool:
@@ -239,6 +255,10 @@ class Summary:
     spike_advice: str = ""
     rank_advice: str = ""
     updates: list[UpdateVerdict] = field(default_factory=list)  # update_every: the verdicts on the updates
+    # The weights became NaN/Inf (diagnosis/incident.py): the story every surface tells first; its steps'
+    # NaN/Inf are left out of the blame above.
+    weights: WeightPoisoning | None = None
+    weights_advice: str = ""  # its action, first in `advice` (its headline is first in `warnings`)
     update_overview: UpdateOverview | None = None  # update_every: the measured optimizer steps merged by module
 
     @property
@@ -257,6 +277,10 @@ class Summary:
         facts = [f"autocast {self.autocast}" if self.autocast else "autocast dtype not seen"]
         facts.append(f"loss scaler: {'policy ' + repr(self.policy) if self.scaler else 'none'}")
         lines[0] += f" ({', '.join(facts)})"
+        # The weights' story leads: every later NaN/Inf follows from it.
+        first = self.weights.headline() if self.weights is not None else None
+        if first is not None:
+            lines.append(f"WARNING: {first}")
         # The activation hooks' findings lead: they name the module whose output went non-finite first.
         for finding, n in self.first_nonfinite.most_common(3):
             lines.append(
@@ -283,7 +307,7 @@ class Summary:
             lines.append(f"{self.ranks_heading}: " + ", ".join(f"{r} ({n})" for r, n in self.ranks.most_common(8)))
         if self.update_overview is not None:
             lines.append(self.update_overview.headline())
-        lines += [f"WARNING: {w}" for w in self.warnings]
+        lines += [f"WARNING: {w}" for w in self.warnings if w != first]
         lines += [str(spike) for spike in self.spikes[:5]]
         if len(self.spikes) > 5:
             lines.append(f"... and {len(self.spikes) - 5} more gradient spikes")
@@ -383,7 +407,7 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
             # that chooses a scale below 1 from the measured gradients has not collapsed.)
             return f"loss scale collapse at step {last.step}: scale {scale} is below 1"
         return None
-    where = nonfinite_blame(history[trailing.start :]).shown_top("no module (no NaN/Inf in gradients)")
+    where = where_started(history, trailing.start, trailing.end, "no module (no NaN/Inf in gradients)")
     fall = scale_fall(history, trailing)
     first = history[trailing.start].scale
     if last.scale is not None and fall >= COLLAPSE_FACTOR:
@@ -420,6 +444,7 @@ def summarize(
     summary.ranks_made_them = all(r.inf_origin == BEFORE_ALLREDUCE for r in skipped if r.ranks_with_inf)
     if not history:
         return summary
+    summary.weights = weight_poisoning(history)
     summary.blame = nonfinite_blame(history)
     summary.poisoned_blame = nonfinite_blame(history, poisoned=True)
     summary.first_nonfinite = first_findings(history)
@@ -427,8 +452,15 @@ def summarize(
     summary.autocast = next((r.autocast for r in reversed(history) if r.autocast), None)
     summary.scaler = has_scaler(history)
     summary.policy = policy_of(r.scale_decision for r in history)
-    poisoned = [r for r in history if r.poisoned]
-    summary.poisoned = len(poisoned)
+    if summary.weights is not None:
+        summary.warnings.append(summary.weights.headline())
+        summary.weights_advice = summary.weights.action()
+        summary.advice.append(summary.weights_advice)
+    summary.poisoned = sum(r.poisoned for r in history)
+    # The poisoned steps an origin is traced on: not those whose NaN/Inf came from weights already NaN/Inf, and not
+    # the one step that made them so (the weights finding tells that one).
+    made_them = summary.weights.by_step if summary.weights is not None else None
+    poisoned = [r for r in origin_steps(history) if r.poisoned and r.step != made_them]
     if poisoned:
         summary.poisoned_offenders = Counter(m for r in poisoned for m in r.offenders)
         named = summary.poisoned_blame.shown_top("no module named")
@@ -450,7 +482,7 @@ def summarize(
     warning = collapse_warning(history, collapse_skips)
     run, end = longest_skip_run(history)
     if warning is None and run >= collapse_skips:
-        where = nonfinite_blame(history[end - run + 1 : end + 1]).shown_top("no module named")
+        where = where_started(history, end - run + 1, end, "no module named")
         warning = f"{run} skipped steps in a row earlier in the run, up to step {history[end].step}"
         warning += f" (started in {where})"
     if warning:

@@ -27,11 +27,12 @@ from amp_inspect.diagnosis.history import (
     collapse_warning,
     first_findings,
     longest_skip_run,
-    nonfinite_blame,
     stable_recommended_scale,
     summarize,
     uses_fp16,
+    where_started,
 )
+from amp_inspect.diagnosis.incident import weight_poisoning
 from amp_inspect.model.view import ModelView
 from amp_inspect.scaling.clipping import ScaledClip
 from amp_inspect.scaling.timeline import POLICY_TORCH, policy_of
@@ -275,6 +276,25 @@ def split_advice(advice: str) -> tuple[str, str]:
 
 
 @check
+def weights_poisoned(setup: Setup) -> Iterator[Finding]:
+    """The weights themselves became NaN/Inf (diagnosis/incident.py): since which step, by which step's optimizer
+    step, and where that step's NaN/Inf started; every later step's NaN/Inf follows from them."""
+    poisoning = weight_poisoning(list(setup.history or []))
+    if poisoning is not None:
+        made = () if poisoning.by_step is None else (poisoning.by_step,)
+        origin = () if poisoning.origin is None else (poisoning.origin,)
+        yield Finding(
+            "weights-poisoned",
+            "error",
+            f"{poisoning.headline()}.",
+            f"{poisoning.action()}.",
+            steps=(*made, poisoning.since),
+            modules=tuple(dict.fromkeys((*origin, *poisoning.first_read.nonfinite))),
+            evidence=poisoning.to_json(),
+        )
+
+
+@check
 def first_nonfinite_producer(setup: Setup) -> Iterator[Finding]:
     """The activation hooks' first non-finite producers in the history: the module whose output (or output
     gradient) went non-finite first, the answer to "where did the NaN start" (it leads the history's findings)."""
@@ -334,7 +354,7 @@ def loss_scale_collapse(setup: Setup) -> Iterator[Finding]:
     start = end - run + 1
     if run < setup.collapse_skips or start == 0:
         return
-    named = nonfinite_blame(history[start : end + 1]).shown_top("no module (no NaN/Inf in gradients)")
+    named = where_started(history, start, end, "no module (no NaN/Inf in gradients)")
     before, after = history[start].scale, history[end + 1].scale if end + 1 < len(history) else None
     fall = f", the scale falling from {before:g} to {after:g}" if before and after else ""
     yield Finding(
@@ -373,14 +393,18 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
     if not history:
         return
     summary = summarize(history, collapse_skips=setup.collapse_skips, **scaler_settings(setup.scaler))
-    filed = {
+    filed: dict[str, tuple[str, str] | None] = {
+        summary.weights_advice: None,  # weights_poisoned files it, with its headline
         summary.poisoned_advice: ("poisoned-steps", "warning"),
         summary.spike_advice: ("gradient-spikes", "info"),
         summary.rank_advice: ("one-rank-nonfinite", "info"),
         **{v.advice: (v.code, v.severity) for v in summary.updates},  # update_every's verdicts (updates/report.py)
     }
     for advice in summary.advice:
-        code, severity = filed.get(advice, ("scaler-advice", "info"))
+        where = filed.get(advice, ("scaler-advice", "info"))
+        if where is None:
+            continue
+        code, severity = where
         seen, action = split_advice(advice)
         yield Finding(code, severity, seen, action)
 

@@ -42,15 +42,16 @@ from amp_inspect.core.table import fixed_width
 from amp_inspect.core.tensor_stats import TensorStats
 from amp_inspect.evidence.attribution import (
     BEFORE_ALLREDUCE,
-    FROM_EVERY_MODULE,
-    LOSS_OR_FORWARD,
     ORIGIN_HEADINGS,
     SHARDS,
     every_module,
+    finding_module,
     modules_in_trouble,
     origin_in_order,
+    step_origin,
 )
 from amp_inspect.evidence.headroom import Headroom, balanced_scale, measure_headroom
+from amp_inspect.evidence.weights import WeightsSeen
 
 # Headroom and the origin kinds are defined in torch-free modules (the log readers use them); they stay
 # importable from here, where StepReport's users have always found them.
@@ -123,6 +124,13 @@ class ReportPart(Protocol):
     def ready(self) -> bool: ...
 
 
+class WeightsPart(ReportPart, Protocol):
+    """What the report reads of the weight watch's read of the parameters (probes/weight_watch.py)."""
+
+    @property
+    def seen(self) -> WeightsSeen: ...
+
+
 class UpdatePart(ReportPart, Protocol):
     """What the report reads of the optimizer step's UpdateStats (updates/report.py)."""
 
@@ -144,6 +152,7 @@ ANNOTATIONS = frozenset(
         "readiness",  # readiness/hooks.py: the step's ReadinessReport
         "update",  # updates/watch.py: what the step's optimizer.step() did
         "scale_decision",  # scaling/scaler.py: the headroom policy's decision after the step
+        "weights",  # probes/weight_watch.py: whether the weights were NaN/Inf, read after NaN/Inf gradients
     }
 )
 
@@ -185,6 +194,7 @@ class StepReport:
         self.hardware: dict[str, Any] | None = None  # memory etc. when the step was inspected (run log only)
         self.readiness: ReportPart | None = None  # readiness_every: this step's ReadinessReport (readiness/report.py)
         self.update: UpdatePart | None = None  # update_every: what this step's optimizer.step() did (UpdateStats)
+        self.weights: WeightsPart | None = None  # after NaN/Inf gradients: whether the weights were NaN/Inf too
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
@@ -270,7 +280,12 @@ class StepReport:
         """Whether host values can be read without waiting for the device."""
         ready = self._snapshot.ready() and (self._origin is None or self._origin.ready())
         ready = ready and (self.readiness is None or self.readiness.ready())
+        ready = ready and (self.weights is None or self.weights.ready())
         return ready and (self.update is None or self.update.ready())
+
+    def gradients_ready(self) -> bool:
+        """Whether the gradients' verdict (found_inf, offenders, norms) can be read without waiting."""
+        return self._snapshot.ready()
 
     # ---- host values, computed once on first use ----
     # Two levels: the step's verdict (cheap, vectorised: what the history keeps every step), and the
@@ -478,6 +493,8 @@ class StepReport:
             record["readiness"] = self.readiness.to_record()
         if self.update is not None and (self.update.by_module or self.update.skipped):
             record["update"] = self.update.to_record()
+        if self.weights is not None:
+            record["weights"] = self.weights.to_record()
         if with_hist:
             from amp_inspect.runlog.log import sparse_hist
 
@@ -502,18 +519,18 @@ class StepReport:
             lines.append(f"sparse gradients (numel counts their stored values): {shown_sparse}")
         lines.append(f"headroom ({fmt}): {self.headroom}{self._recommendation()}")
         if self.first_nonfinite:
-            lines.append(f"first non-finite producer: {shown_name(self.first_nonfinite, limit=None)}")
+            producer = f"first non-finite producer: {shown_name(self.first_nonfinite, limit=None)}"
+            weights = self.weights.seen if self.weights is not None else None
+            if (
+                weights is not None
+                and weights.into_step == self.step
+                and finding_module(self.first_nonfinite) in (weights.nonfinite)
+            ):
+                producer += " (its weights were NaN/Inf going into this step)"
+            lines.append(producer)
         if self.scale_decision is not None:
             lines.append(f"headroom policy: {self.scale_decision}")
-        origin = self.nonfinite_origin
-        if origin is not None and every_module(self.offenders, self.by_module) and not self.first_nonfinite:
-            lines.append(f"NaN/Inf started in: {LOSS_OR_FORWARD} ({FROM_EVERY_MODULE})")
-        elif origin is not None:
-            others = len(self.offenders) - 1
-            received = f"; {others} module{'s' if others != 1 else ''} upstream received it" if others else ""
-            lines.append(
-                f"NaN/Inf started in: {shown_name(origin)} (closest to the output in backward order){received}"
-            )
+        lines += self._origin_lines()
         if self.offenders:
             lines.append(
                 "offenders (most NaN/Inf first): " + ", ".join(map(shown_name, self.offenders[:MAX_TABLE_ROWS]))
@@ -543,13 +560,36 @@ class StepReport:
             lines.append(f"... and {len(shown) - MAX_TABLE_ROWS} more modules")
         return "\n".join(lines)
 
+    def _origin_lines(self) -> list[str]:
+        """Where this step's NaN/Inf started, said once (attribution.step_origin decides, as for the history): the
+        weights when they were already NaN/Inf going into the step, else the activation hooks' finding, else the
+        backward order."""
+        weights = self.weights.seen if self.weights is not None else None
+        lines = [] if weights is None else [weights.describe()]
+        if weights is not None and not weights.finite and weights.into_step == self.step and self.found_inf:
+            lines.append(
+                "NaN/Inf started in: the weights, NaN/Inf before this step's forward pass: a consequence of an "
+                "earlier step, not a new origin (summary() names the step that made them)"
+            )
+            return lines
+        everywhere = every_module(self.offenders, self.by_module)
+        where = step_origin(self.offenders, self.first_nonfinite, self.nonfinite_origin, everywhere)
+        if where is None:
+            return lines
+        module, how = where
+        others = len([m for m in self.offenders if m != module])
+        received = f"; {others} module{'s' if others != 1 else ''} upstream received it" if others else ""
+        lines.append(f"NaN/Inf started in: {shown_name(module, limit=None)} ({how}){received}")
+        return lines
+
     def _recommendation(self) -> str:
-        """The scale to recommend in str(): none under a loss-scale policy (its next scale, on the policy's line, is
+        """The scale to recommend in str(): none without a loss scaler (no scale acts: bf16 runs need none), none
+        under a loss-scale policy (its next scale, on the policy's line, is
         the one that acts: two disagreeing numbers would leave the reader to choose) and none for a non-finite
         step; else the median of this step's and the recent steps' recommendations (one step's follows its single
         smallest gradient and jumps by binades from step to step)."""
         rec = self.recommended_scale
-        if self.scale_decision is not None or rec is None or self.found_inf:
+        if not self.skips or self.scale_decision is not None or rec is None or self.found_inf:
             return ""
         values = sorted([*self.recent_recommended, rec])
         median = values[len(values) // 2]

@@ -33,7 +33,9 @@ from torch import nn
 
 from amp_inspect.diagnosis.doctor import ClipWatch, DoctorReport
 from amp_inspect.diagnosis.history import StepRecord, Summary
+from amp_inspect.diagnosis.incident import WeightPoisoning, weight_poisoning
 from amp_inspect.distributed.ddp import DdpLink, HookState, NonfiniteByRank
+from amp_inspect.evidence.weights import WeightsSeen
 from amp_inspect.gradients import gradient_pass
 from amp_inspect.gradients.step_context import StepContext
 from amp_inspect.gradients.step_report import StepReport
@@ -48,6 +50,7 @@ from amp_inspect.model.parameter_watch import ParameterWatch
 from amp_inspect.model.view import ModelView
 from amp_inspect.probes._activation_arming import NO_FORWARD_SEEN, ActivationArming
 from amp_inspect.probes.probe import Probe, annotate_all, close_all, end_step_all
+from amp_inspect.probes.weight_watch import WeightWatch, read_weights
 from amp_inspect.readiness.hooks import ReadinessHooks, ReadinessReport
 from amp_inspect.scaling.scaler import InspectingGradScaler
 from amp_inspect.scaling.scaler_link import ScalerLink
@@ -102,7 +105,10 @@ class Inspector:
         # Every probe and link that adds to a report, in the order their parts are asked for (probes/probe.py): one
         # annotate pass as a report is taken in, one end_step loop at each step's end, one close loop at detach.
         self._samples = self._sink.hardware_samples(view) if self._sink is not None else None
+        # After NaN/Inf gradients, one read of the weights says whether they are NaN/Inf too (never on healthy steps).
+        self._weights = WeightWatch(lambda: self.entries)
         self.probes: list[Probe] = [self._arming, self._context, self._ddp, self._readiness, self._updates]
+        self.probes.append(self._weights)
         if self._samples is not None:
             self.probes.append(self._samples)
 
@@ -269,6 +275,35 @@ class Inspector:
     def readiness(self) -> ReadinessReport | None:
         """The last readiness step's table (``readiness_every``; docs/readiness.md); None before one, or when off."""
         return self._readiness.last
+
+    def weights_poisoned(self) -> WeightPoisoning | None:
+        """Whether the weights became NaN/Inf in this run, and since when (diagnosis/incident.py): the step, the
+        step whose optimizer step made them, where its NaN/Inf started; None while no read found them NaN/Inf. The
+        weights are read after each step whose gradients held NaN/Inf (on CUDA one step later), never on healthy
+        steps. Waits for outstanding device copies. A guard before saving a checkpoint::
+
+            if (poisoning := insp.weights_poisoned()) is not None:
+                raise RuntimeError(f"not saving: {poisoning.headline()}")
+        """
+        return weight_poisoning(self.history)
+
+    def check_weights(self) -> WeightsSeen:
+        """Reads the weights now, one fused pass over the parameters (waits for it: meant for rare moments, such as
+        before saving a checkpoint), and says which modules' weights hold NaN/Inf (``.finite``, ``.nonfinite``:
+        module -> count). Sharded parameters are read by this rank's shards (``.partial`` says so)."""
+        check = read_weights(self.entries, self.step)
+        return WeightsSeen(self.step) if check is None else check.seen
+
+    def checkpoint_warning(self) -> str | None:
+        """One sentence when the weights hold NaN/Inf now (check_weights), with the run's story of how they
+        became so (weights_poisoned) where it is known; None when they are finite. The HF and Lightning callbacks
+        warn with it when a checkpoint is saved."""
+        seen = self.check_weights()
+        if seen.finite:
+            return None
+        poisoning = self.weights_poisoned()
+        story = f": {poisoning.headline()}" if poisoning is not None else ""
+        return f"amp_inspect: the weights being saved hold NaN/Inf ({seen.describe()}){story}"
 
     @property
     def last_update(self) -> UpdateStats | None:

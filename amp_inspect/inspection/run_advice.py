@@ -20,6 +20,8 @@ from amp_inspect.diagnosis.setup_checks import (
 )
 from amp_inspect.model.view import ModelView
 
+SEEN_DTYPES = ("fp16", "bf16")  # the autocast formats a history records that name a dtype (not "off")
+
 
 class RunAdvice:
     """One inspector's summary and doctor; ``watch_clipping``: hold a ClipWatch on ``scaler`` for the doctor."""
@@ -42,8 +44,12 @@ class RunAdvice:
         optimizer: torch.optim.Optimizer | None,
         autocast_dtype: Any,
     ) -> DoctorReport:
-        """The AMP doctor on the model, ``scaler``, ``history`` and the clip watch (when on)."""
+        """The AMP doctor on the model, ``scaler``, ``history`` and the clip watch (when on). Without
+        ``autocast_dtype``, the autocast dtype the run's forward passes were seen under (the same verdicts as
+        ``amp_inspect.doctor(..., autocast_dtype=...)`` given that dtype)."""
         self.view.refresh()  # one named_parameters pass; a walk only where the model changed
+        if autocast_dtype is None:
+            autocast_dtype = next((r.autocast for r in reversed(history) if r.autocast in SEEN_DTYPES), None)
         return doctor(
             self.view,
             optimizer,

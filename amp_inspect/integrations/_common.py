@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -219,9 +220,28 @@ def callback_options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def attach_kwargs(options: AttachOptions, optimizers: object) -> dict[str, Any]:
-    """The Inspector's keyword arguments of a callback's options, the trainer's ``optimizers`` where asked for."""
+def attach_kwargs(options: AttachOptions, optimizers: object, given: Iterable[str]) -> dict[str, Any]:
+    """The Inspector's keyword arguments of a callback's options, the trainer's ``optimizers`` where asked for.
+    ``given``: the options the user passed. ``formats`` is passed on only when given: left out, the Inspector judges
+    the gradients against the format of the autocast dtype the trainer runs (a bf16 run is not judged as fp16)."""
     kwargs = options.as_kwargs()
+    if "formats" not in given:
+        del kwargs["formats"]
     if kwargs.get("optimizer") == TRAINER_OPTIMIZER:
         kwargs["optimizer"] = optimizers
     return kwargs
+
+
+class PoisonedCheckpointWarning(RuntimeWarning):
+    """A checkpoint was saved from weights that hold NaN/Inf (warn_poisoned_checkpoint)."""
+
+
+def warn_poisoned_checkpoint(inspector: Inspector, what: str) -> bool:
+    """Warns (PoisonedCheckpointWarning, and on stderr through the warnings machinery) when ``inspector``'s weights
+    hold NaN/Inf as ``what`` is saved, naming the step they became so and its origin where the run shows it;
+    returns whether it warned."""
+    message = inspector.checkpoint_warning()
+    if message is None:
+        return False
+    warnings.warn(f"{what}: {message}", PoisonedCheckpointWarning, stacklevel=3)
+    return True

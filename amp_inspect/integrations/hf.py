@@ -58,6 +58,7 @@ from amp_inspect.integrations._common import (
     callback_options,
     require,
     step_scalars,
+    warn_poisoned_checkpoint,
 )
 
 transformers = require("transformers", "hf", "AmpInspectTrainerCallback")
@@ -95,6 +96,7 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
     ) -> None:
         self.scaler = scaler
         self.options = AttachOptions(**callback_options(options))  # checked now, not at the start of training
+        self._given = frozenset(options)  # formats= only when given: else the trainer's autocast dtype decides
         self.loggers = list(loggers)
         self.inspector: Inspector | None = None
         self._follower: ReportFollower | None = None
@@ -145,7 +147,8 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
             scaler = _as_scaler(getattr(self._trainer.accelerator, "scaler", None))
         if scaler is None:
             scaler = _as_scaler(getattr(kwargs.get("optimizer"), "scaler", None))
-        options = attach_kwargs(self.options, kwargs.get("optimizer"))  # update_every: the Trainer's optimizer
+        # update_every: the Trainer's optimizer
+        options = attach_kwargs(self.options, kwargs.get("optimizer"), self._given)
         self.inspector = Inspector(model, scaler, **options)
         self._follower = ReportFollower(self.inspector)
         for logger in self.loggers:
@@ -171,6 +174,12 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
         if history and history[-1].get("step") == state.global_step and all(k in history[-1] for k in logs):
             history[-1].update(added)
         logs.update(added)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """After the Trainer saved a checkpoint: a loud warning when its weights hold NaN/Inf (a poisoned run
+        otherwise saves, and reports success)."""
+        if self.inspector is not None:
+            warn_poisoned_checkpoint(self.inspector, f"the checkpoint of step {state.global_step}")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.inspector is not None:

@@ -53,6 +53,7 @@ from amp_inspect.integrations._common import (
     check_every,
     require,
     step_scalars,
+    warn_poisoned_checkpoint,
 )
 
 
@@ -101,6 +102,7 @@ class AmpInspectCallback(pl.Callback):
     def __init__(self, *, log_every: int = 1, loggers: Sequence[Any] = (), **options: Any) -> None:
         super().__init__()
         self.options = AttachOptions(**callback_options(options))  # checked now, not at the start of training
+        self._given = frozenset(options)  # formats= only when given: else the trainer's autocast dtype decides
         self.log_every = check_every("log_every", log_every, allow_zero=True)
         self.loggers = list(loggers)
         self.inspector: Inspector | None = None
@@ -109,7 +111,8 @@ class AmpInspectCallback(pl.Callback):
         self._logged_step: int | None = None  # the step whose report was logged last (each is logged once)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        kwargs = attach_kwargs(self.options, getattr(trainer, "optimizers", None))  # update_every: the trainer's
+        # update_every: the trainer's optimizers
+        kwargs = attach_kwargs(self.options, getattr(trainer, "optimizers", None), self._given)
         self.inspector = Inspector(pl_module, precision_scaler(trainer), **kwargs)
         self._follower = ReportFollower(self.inspector)
         self._logged_step = None
@@ -134,6 +137,12 @@ class AmpInspectCallback(pl.Callback):
         scalars = step_scalars(report)
         metrics = {PREFIX + k: scalars[k] for k in LOGGED_KEYS if k in scalars}
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """Before Lightning writes a checkpoint: a loud warning when the weights hold NaN/Inf (a poisoned run
+        otherwise saves, and reports success)."""
+        if self._attached and self.inspector is not None:
+            warn_poisoned_checkpoint(self.inspector, f"the checkpoint of step {trainer.global_step}")
 
     def _detach(self) -> None:
         if self._attached and self.inspector is not None:

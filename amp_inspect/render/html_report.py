@@ -276,7 +276,9 @@ def render_html(
         for where, count in producers.most_common():
             out.append(f"<li>{_e(where)} &mdash; on {count} inspected step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")
-    started = series.blame()
+    # The summary's blame where there is one: it leaves out the steps whose NaN/Inf followed from poisoned weights
+    # (diagnosis/incident.py), which the warnings above tell.
+    started = summary.blame if summary is not None else series.blame()
     if started.origins:
         out.append("<section><h2>Where the NaN/Inf of skipped steps started</h2>")
         out.append(f'<p class="note">{_e(started.describe())}.</p>')

@@ -28,6 +28,10 @@ Record schema, as the Inspector writes it (one line per inspected step)::
      "update": {"modules": {name: {"numel_with_grad", "lost", "lost_fraction", "update_ratio",
                                    "state_underflow", "weight_amax", ...}}, "skipped": bool},  # optional:
                                        # update_every steps, what optimizer.step() did (updates/report.py)
+     "weights": {"into_step": int, "nonfinite": {module: count}, "partial": str},  # optional: after NaN/Inf
+                                       # gradients, a read of the parameters: the NaN/Inf elements of each module's
+                                       # weights as step into_step's forward used them ({} when all finite;
+                                       # "partial": why only this rank's shards were read) (evidence/weights.py)
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
 
 A sparse hist is ``sparse_hist(row)`` of the 256-bin exponent histogram defined in amp_inspect/core/tensor_stats.py:
@@ -177,6 +181,19 @@ def _parse_line(raw: bytes) -> dict[str, Any]:
     return record
 
 
+def _is_weights(value: object) -> bool:
+    """A well-formed "weights" entry (evidence/weights.py's WeightsSeen.to_record)."""
+    if not isinstance(value, dict):
+        return False
+    counts = value.get("nonfinite")
+    return (
+        _is_int(value.get("into_step"), -_MAX_STEP)
+        and isinstance(counts, dict)
+        and all(_is_int(n, 1) for n in counts.values())
+        and isinstance(value.get("partial", ""), str)
+    )
+
+
 def _is_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
@@ -243,6 +260,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
         ),
         # update_report.UpdateStats.from_record checks the rest where it is read
         "update": lambda v: isinstance(v, dict) and isinstance(v.get("modules"), dict),
+        "weights": _is_weights,
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(

@@ -526,10 +526,14 @@ def update_verdicts(updates: Sequence[UpdateStats] | UpdateOverview | None) -> l
         )
 
     median = seen.median_ratio
+    # A module whose weights are (or were made) NaN/Inf has no ratio worth a verdict: the weights finding tells it
+    # (a LayerNorm weight gone from 1.0 to Inf is not "not training").
+    broken = {m for m, r in modules.items() if r.get("made_nonfinite") or r.get("weight_nonfinite")}
     high = sorted(
-        (m for m, v in median.items() if v > RATIO_HIGH and m not in seen.from_zeros), key=lambda m: -median[m]
+        (m for m, v in median.items() if v > RATIO_HIGH and m not in seen.from_zeros and m not in broken),
+        key=lambda m: -median[m],
     )
-    zero = [m for m, v in seen.ratios.items() if max(v) == 0 and m not in lossy]
+    zero = [m for m, v in seen.ratios.items() if max(v) == 0 and m not in lossy and m not in broken]
     zero += [m for m, r in modules.items() if r["numel"] and r.get(LR_ZERO_FIELD) == r["numel"] and m not in zero]
     if high or zero:
         parts = []

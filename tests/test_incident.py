@@ -1,0 +1,282 @@
+"""Issue 29: one incident story across steps. A NaN applied once poisons the weights; the weight watch reads them
+after NaN/Inf gradients (probes/weight_watch.py) and the timeline (diagnosis/incident.py) tells the poisoning once:
+when, by which step, from where; the later steps are consequences, never new origins. Each verdict is tested on a
+run where it must appear and on its healthy neighbour, on transformers' GPT-2 (a tiny config, no download)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import amp_inspect
+from amp_inspect.diagnosis.history import StepRecord, summarize
+from amp_inspect.diagnosis.incident import APPLIED_NONFINITE, OPTIMIZER_STEP, UNKNOWN, weight_poisoning
+from amp_inspect.evidence.headroom import Headroom
+from amp_inspect.evidence.weights import WeightsSeen
+from tests.models import cli_output
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+PLANTED_AT = 10
+STEPS = 14
+SOURCE = "transformer.h.1.mlp.c_fc"
+
+
+def _gpt2(dtype: torch.dtype = torch.float32):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    return transformers.GPT2LMHeadModel(config).to(dtype)
+
+
+def _bf16_run(tmp_path: Path, plant: bool, **options):
+    """bf16 autocast, no scaler (the 2026 default), AdamW; with ``plant``, one NaN in h.1.mlp.c_fc's weight
+    gradient on step PLANTED_AT only: the optimizer applies it and the weights are NaN from step PLANTED_AT + 1."""
+    model = _gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    log = tmp_path / f"bf16-{plant}.jsonl"
+    insp = amp_inspect.attach(model, log=log, **options)
+    reports = []
+    g = torch.Generator().manual_seed(0)
+    for step in range(STEPS):
+        x = torch.randint(0, 64, (2, 16), generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x, labels=x).loss
+        loss.backward()
+        if plant and step == PLANTED_AT:
+            model.transformer.h[1].mlp.c_fc.weight.grad[0, 0] = math.nan
+        reports.append(insp.check())
+        opt.step()
+        opt.zero_grad()
+    insp.close()
+    return insp, reports, log
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("incident")
+    return {plant: _bf16_run(tmp, plant) for plant in (True, False)}
+
+
+def test_the_poisoned_bf16_run_names_the_source_and_the_poisoning_on_the_summary(bf16_runs) -> None:
+    insp, _, _ = bf16_runs[True]
+    poisoning = insp.weights_poisoned()
+    assert poisoning is not None
+    assert (poisoning.cause, poisoning.by_step, poisoning.since) == (APPLIED_NONFINITE, PLANTED_AT, PLANTED_AT + 1)
+    assert poisoning.exact and poisoning.origin == SOURCE
+    assert list(poisoning.first_read.nonfinite) == [SOURCE]  # one planted element: one module's weights at first
+    assert poisoning.consequences == tuple(range(PLANTED_AT + 1, STEPS))
+    summary = insp.summary()
+    text = str(summary)
+    assert f"the weights became NaN/Inf at step {PLANTED_AT + 1}" in text
+    assert f"step {PLANTED_AT}'s NaN/Inf gradients" in text and SOURCE in text
+    # The consequences name no origin of their own: not the embedding, not "the forward pass or the loss".
+    assert summary.top_offender == SOURCE
+    assert "transformer.wte" not in text and "the forward pass or the loss" not in text
+    assert summary.first_nonfinite == {}  # the hooks' findings of steps 11+ are consequences too
+
+
+def test_every_surface_tells_the_same_poisoning(bf16_runs, tmp_path: Path) -> None:
+    insp, _, log = bf16_runs[True]
+    live = insp.doctor()
+    assert live.findings[0].code == "weights-poisoned" and live.findings[0].severity == "error"
+    assert not live.ok and "transformer.wte" not in str(live)
+    from_log = cli_output("doctor", "--log", str(log))
+    assert "[weights-poisoned]" in from_log and f"at step {PLANTED_AT + 1}" in from_log
+    assert "transformer.wte" not in from_log
+    summary = cli_output("summary", str(log))
+    assert f"the weights became NaN/Inf at step {PLANTED_AT + 1}" in summary and SOURCE in summary
+    assert "started in transformer.wte" not in summary
+    logged = summarize([StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)])
+    assert logged.weights == insp.summary().weights  # the log tells the live run's story, field for field
+    if importlib.util.find_spec("matplotlib") is not None:
+        from amp_inspect.render.html_report import write_report
+
+        page = write_report(log, tmp_path / "report.html").read_text(encoding="utf-8")
+        assert f"the weights became NaN/Inf at step {PLANTED_AT + 1}" in page
+        assert "transformer.wte" not in page.split("Offenders")[0]  # no origin of its own before the counts
+
+
+def test_a_poisoned_step_report_says_its_nan_comes_from_the_weights_once(bf16_runs) -> None:
+    _, reports, _ = bf16_runs[True]
+    planted = str(reports[PLANTED_AT])
+    assert f"weights going into step {PLANTED_AT}: all finite" in planted
+    assert planted.count("NaN/Inf started in:") == 1 and f"NaN/Inf started in: {SOURCE} (" in planted
+    after = str(reports[PLANTED_AT + 1])
+    assert after.count("NaN/Inf started in:") == 1
+    assert "NaN/Inf started in: the weights, NaN/Inf before this step's forward pass" in after
+    assert f"in the parameters of 1 module ({SOURCE})" in after
+    assert "its weights were NaN/Inf going into this step" in after  # the hooks' finding, explained
+    assert "recommended scale" not in after and "recommended scale" not in str(reports[0])  # no scaler acts
+
+
+def test_the_healthy_neighbour_reads_no_weights_and_finds_nothing(bf16_runs) -> None:
+    insp, reports, log = bf16_runs[False]
+    assert all(r.weights is None for r in reports)  # healthy steps never pay for the read
+    assert insp.weights_poisoned() is None and insp.checkpoint_warning() is None
+    assert insp.summary().weights is None and "became NaN/Inf" not in str(insp.summary())
+    assert "weights-poisoned" not in insp.doctor().codes
+    assert all("weights" not in r for r in amp_inspect.read_log(log))
+
+
+def test_an_fp16_adam_step_that_overflowed_is_the_cause_not_the_embedding() -> None:
+    """model.half() with Adam (eps 1e-8 is 0 in fp16): step 0's gradients are finite and its optimizer step makes
+    weights Inf; every later step is NaN. The story names that optimizer step."""
+    model = _gpt2(torch.float16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        x = torch.randint(0, 64, (2, 16), generator=g)
+        model(x, labels=x).loss.backward()
+        insp.check()
+        opt.step()
+        opt.zero_grad()
+    poisoning = insp.weights_poisoned()
+    assert poisoning is not None and (poisoning.cause, poisoning.by_step, poisoning.since) == (OPTIMIZER_STEP, 0, 1)
+    text = str(insp.summary())
+    assert "step 0's gradients were finite, so its optimizer step itself made them" in text
+    assert "started in transformer.wte" not in text and "the forward pass or the loss" not in text
+    codes = insp.doctor().codes
+    assert {"weights-poisoned", "optimizer-made-nonfinite"} <= set(codes)
+    assert "update-ratio" not in codes  # LayerNorm weights gone to NaN/Inf are not "not training"
+
+
+def test_a_checkpoint_of_poisoned_weights_is_warned_about(bf16_runs) -> None:
+    from types import SimpleNamespace
+
+    from amp_inspect.integrations._common import PoisonedCheckpointWarning
+    from amp_inspect.integrations.hf import AmpInspectTrainerCallback
+
+    insp, _, _ = bf16_runs[True]
+    message = insp.checkpoint_warning()
+    assert message is not None and f"at step {PLANTED_AT + 1}" in message and SOURCE in message
+    callback = AmpInspectTrainerCallback()
+    callback.inspector = insp
+    with pytest.warns(PoisonedCheckpointWarning, match=f"the checkpoint of step 13: .*NaN/Inf.*{SOURCE}"):
+        callback.on_save(None, SimpleNamespace(global_step=13), None)
+    healthy, _, _ = _bf16_run_short()
+    callback.inspector = healthy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PoisonedCheckpointWarning)
+        callback.on_save(None, SimpleNamespace(global_step=2), None)
+
+
+def _bf16_run_short():
+    model = _gpt2()
+    insp = amp_inspect.attach(model)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x, labels=x).loss.backward()
+    insp.check()
+    return insp, None, None
+
+
+def test_callbacks_follow_the_trainers_autocast_unless_formats_are_given() -> None:
+    from amp_inspect.inspection.options import AttachOptions
+    from amp_inspect.integrations._common import attach_kwargs
+
+    assert "formats" not in attach_kwargs(AttachOptions(), None, given=())
+    assert attach_kwargs(AttachOptions(formats=("fp16",)), None, given={"formats"})["formats"] == ("fp16",)
+
+
+# ---- the timeline on hand-made histories: what it knows and what it does not ----
+
+
+def _record(step: int, *, bad: bool = False, skipped: bool = False, weights: WeightsSeen | None = None) -> StepRecord:
+    return StepRecord(
+        step,
+        None,
+        skipped,
+        ["a", "b"] if bad else [],
+        total_norm=math.nan if bad else 1.0,
+        headroom=Headroom(None, None),
+        recommended_scale=None,
+        poisoned=bad and not skipped,
+        nonfinite_origin="a" if bad else None,
+        weights=weights,
+    )
+
+
+def test_the_timeline_needs_a_read_that_found_them() -> None:
+    history = [_record(0), _record(1, bad=True, weights=WeightsSeen(1)), _record(2)]
+    assert weight_poisoning(history) is None  # a NaN step whose weights stayed finite: no poisoning
+
+
+def test_the_timeline_does_not_guess_across_uninspected_steps() -> None:
+    # every=2: steps 1 and 3 were not inspected, so which optimizer step made the weights NaN is not known.
+    history = [_record(0), _record(2, bad=True), _record(4, bad=True, weights=WeightsSeen(4, {"a": 3}))]
+    poisoning = weight_poisoning(history)
+    assert poisoning is not None and poisoning.cause == UNKNOWN and not poisoning.exact
+    assert poisoning.since == 4 and poisoning.finite_until == 0
+    assert "by step 4" in poisoning.headline() and "not known" in poisoning.headline()
+
+
+def test_skipped_steps_change_no_weight_and_a_restored_checkpoint_ends_the_poisoning() -> None:
+    history = [
+        _record(0),
+        _record(1),  # its optimizer step made them (the only one that ran before the first bad read)
+        _record(2, bad=True, skipped=True, weights=WeightsSeen(2, {"b": 1})),
+        _record(3, bad=True, skipped=True, weights=WeightsSeen(3, {"b": 1})),
+        _record(4, weights=WeightsSeen(5)),  # restored: read finite going into step 5
+        _record(5),
+        _record(6, bad=True, skipped=True),  # a new NaN after the restore: an origin again
+    ]
+    poisoning = weight_poisoning(history)
+    assert (poisoning.cause, poisoning.by_step, poisoning.since) == (OPTIMIZER_STEP, 1, 2)
+    assert poisoning.consequences == (2, 3)
+    assert summarize(history).blame.steps == 1  # step 6 alone is traced to a module
+
+
+def test_the_live_doctor_judges_the_autocast_dtype_the_run_used() -> None:
+    """A GradScaler in a bf16 run: insp.doctor() says so as amp_inspect.doctor(..., autocast_dtype=bf16) does, and
+    the fp16 neighbour (where the scaler belongs) hears nothing of it."""
+    from torch import nn
+
+    codes = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu")
+        insp = amp_inspect.attach(model, scaler)
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=dtype):
+                loss = model(torch.randn(4, 8)).float().sum()
+            scaler.scale(loss).backward()
+            insp.check()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        live = insp.doctor().codes
+        given = amp_inspect.doctor(model, opt, scaler, autocast_dtype=dtype, history=insp.history).codes
+        assert ("scaler-with-bf16" in live) == ("scaler-with-bf16" in given)
+        codes[dtype] = live
+    assert "scaler-with-bf16" in codes[torch.bfloat16] and "scaler-with-bf16" not in codes[torch.float16]
+
+
+def test_findings_for_machines_are_one_json_document(bf16_runs) -> None:
+    import json
+
+    _, _, log = bf16_runs[True]
+    document = json.loads(cli_output("summary", "--json", str(log)))
+    assert document["schema"] == "amp_inspect.findings/1" and document["ok"] is False
+    assert document["weights_poisoned"]["since"] == PLANTED_AT + 1
+    assert document["weights_poisoned"]["cause"] == APPLIED_NONFINITE
+    assert document["top_offender"] == SOURCE
+    first = document["findings"][0]
+    assert first["code"] == "weights-poisoned" and first["severity"] == "error"
+    assert first["steps"] == [PLANTED_AT, PLANTED_AT + 1] and first["modules"][0] == SOURCE
+    assert first["evidence"]["by_step"] == PLANTED_AT and first["action"]
+    doctor = json.loads(cli_output("doctor", "--json", "--log", str(log)))
+    assert doctor["schema"] == document["schema"] and doctor["header"][0].startswith("environment: torch")
+    assert [f for f in doctor["findings"] if f["code"] == "weights-poisoned"] == [first]
+    _, _, healthy = bf16_runs[False]
+    calm = json.loads(cli_output("summary", "--json", str(healthy)))
+    assert calm["weights_poisoned"] is None and "weights-poisoned" not in {f["code"] for f in calm["findings"]}
