@@ -280,3 +280,63 @@ def test_findings_for_machines_are_one_json_document(bf16_runs) -> None:
     _, _, healthy = bf16_runs[False]
     calm = json.loads(cli_output("summary", "--json", str(healthy)))
     assert calm["weights_poisoned"] is None and "weights-poisoned" not in {f["code"] for f in calm["findings"]}
+
+
+def test_a_module_whose_forward_is_bypassed_is_not_measured_never_ready() -> None:
+    """nn.MultiheadAttention hands out_proj's weight to F.multi_head_attention_forward: out_proj is never called,
+    so only its dW is seen. Its readiness is "not measured" for every recipe; a Linear beside it is judged."""
+    from torch import nn
+
+    from amp_inspect.readiness.report import NOT_MEASURED, READY
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.attn(x, x, x)[0])
+
+    torch.manual_seed(0)
+    model = Attention()
+    insp = amp_inspect.attach(model, readiness_every=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 8, 16)).float().sum().backward()
+    insp.check()
+    report = insp.readiness()
+    assert list(report.modules["attn.out_proj"]) == ["dW"]
+    assert {report.verdict("attn.out_proj", r).level for r in report.recipes} == {NOT_MEASURED}
+    assert report.verdict("fc", "fp8_e4m3_tensor").level == READY
+    assert all(counts[READY] <= 1 for counts in report.ready_counts().values())  # out_proj is never counted ready
+    insp.detach()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_is_measured_once(reentrant: bool) -> None:
+    """A checkpointed block's forward runs again in backward: its X, W and dY are counted once, as without
+    checkpointing (reentrant checkpointing runs the first forward without grad: its recomputation is the one seen)."""
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(nn.Module):
+        def __init__(self, ckpt: bool) -> None:
+            super().__init__()
+            self.a, self.b, self.ckpt = nn.Linear(16, 16), nn.Linear(16, 16), ckpt
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = checkpoint(self.a, x, use_reentrant=reentrant) if self.ckpt else self.a(x)
+            return self.b(torch.relu(h))
+
+    seen = {}
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = Block(ckpt)
+        insp = amp_inspect.attach(model, readiness_every=1)
+        model(torch.randn(4, 16, requires_grad=reentrant)).sum().backward()
+        insp.check()
+        seen[ckpt] = {
+            (m, op): (s.nonzero, s.sq_signal) for m, ops in insp.readiness().modules.items() for op, s in ops.items()
+        }
+        insp.detach()
+    assert seen[True] == seen[False] and ("a", "X") in seen[True]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -756,3 +757,11 @@ def test_torchao_low_bit_state_and_stochastic_rounding() -> None:
     sr.step()
     assert insp.last_update.by_module["fc1"]["numel_kept"] > 0
     assert "updates-rounded-away" not in insp.doctor().codes
+
+
+@pytest.mark.parametrize("zero", [0, 0.0, np.float32(0.0), np.float64(0.0), torch.tensor(0.0)])
+def test_a_learning_rate_of_0_is_read_as_such_whatever_its_number_type(zero) -> None:
+    from amp_inspect.updates.watch import _asked_to_move
+
+    assert not bool(_asked_to_move({"lr": zero}, torch.device("cpu")))
+    assert bool(_asked_to_move({"lr": zero + 1e-3}, torch.device("cpu")))

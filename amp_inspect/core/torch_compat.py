@@ -139,3 +139,11 @@ def fused_optimizer_devices() -> set[str]:
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     return set(_get_fused_kernels_supported_devices())
+
+
+def in_backward() -> bool:
+    """Whether this thread runs inside autograd's backward pass: a forward pass run there is activation
+    checkpointing's recomputation (reentrant or not), which a forward hook must not count a second time. Private
+    (``torch._C._current_graph_task_id``, -1 outside a backward): without it, False."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1

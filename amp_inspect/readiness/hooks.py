@@ -39,6 +39,7 @@ from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.format_readiness import ReadinessStats, format_readiness
 from amp_inspect.core.recipes import check_recipes
+from amp_inspect.core.torch_compat import in_backward
 from amp_inspect.distributed.combine import is_distributed, to_local, wait_all
 from amp_inspect.gradients.step_report import HostCopy, StepReport
 from amp_inspect.model.view import ModelView, is_gemm_module
@@ -169,6 +170,8 @@ class ReadinessHooks:
         self._rows: dict[tuple[str, str], _Row] = {}
         self._forwards = 0  # training forwards of hooked modules in this readiness step
         self._calls = 0  # and calls of any kind (evaluation too): none at all means the hooks were bypassed
+        self._inputs_seen: set[str] = set()  # modules whose X and W this step measured (recomputation: not twice)
+        self._outputs_seen: set[str] = set()  # modules whose output gradient this step hooked
         self._eager = EagerHold()
         self._compiled = every is not None and self.view.compiled
         self._closed = False
@@ -216,6 +219,7 @@ class ReadinessHooks:
         self.step = step
         self._rows = {}
         self._forwards = self._calls = 0
+        self._inputs_seen, self._outputs_seen = set(), set()
         self.view.refresh()  # each readiness step: modules added since are measured too (walked only then)
         self._names = dict(self.view.gemm_modules)
         for module, name in self._names.items():
@@ -273,15 +277,19 @@ class ReadinessHooks:
         if self.step is None:
             return
         self._calls += 1
-        if not torch.is_grad_enabled():
+        # A forward run inside backward is activation checkpointing's recomputation: counted only where the forward
+        # itself was not (reentrant checkpointing runs it without grad, so its recomputation is the one seen).
+        if not torch.is_grad_enabled() or (in_backward() and name in self._inputs_seen):
             return
+        self._inputs_seen.add(name)
         self._forwards += 1
         weight = weight_operand(module)
         self._measure(name, [(op, t) for op, t in (("X", x), ("W", weight)) if _measurable(t)])  # one call for both
 
     def _forward_output(self, name: str, output: object) -> None:
-        if self.step is None or not torch.is_grad_enabled():
-            return
+        if self.step is None or not torch.is_grad_enabled() or (in_backward() and name in self._outputs_seen):
+            return  # a recomputed output's gradient is the original's, whose hook measures dY once
+        self._outputs_seen.add(name)
         if isinstance(output, torch.Tensor) and output.requires_grad and output.grad_fn is not None:
             self._tensor_handles.append(output.register_hook(self._gradient_hook(name, self.step)))
 

@@ -20,12 +20,20 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from amp_inspect.core.printable import shown_name
-from amp_inspect.readiness.report import BORDERLINE, JUDGED_OPERANDS, NOT_READY, READY, ReadinessReport, from_log
+from amp_inspect.readiness.report import (
+    BORDERLINE,
+    JUDGED_OPERANDS,
+    NOT_MEASURED,
+    NOT_READY,
+    READY,
+    ReadinessReport,
+    from_log,
+)
 
 MAX_MODULES = 40  # rows drawn at most (the first ones measured); the text table has them all
 SQNR_RANGE = (0.0, 40.0)  # dB: the colour scale (E4M3's best is about 32, E2M1's about 20)
-VERDICT_MARKS = {READY: "ready", BORDERLINE: "borderline", NOT_READY: "NOT READY"}
-VERDICT_EDGES = {READY: "#1a9850", BORDERLINE: "#fdae61", NOT_READY: "#d73027"}
+VERDICT_MARKS = {READY: "ready", BORDERLINE: "borderline", NOT_READY: "NOT READY", NOT_MEASURED: "not measured"}
+VERDICT_EDGES = {READY: "#1a9850", BORDERLINE: "#fdae61", NOT_READY: "#d73027", NOT_MEASURED: "#999999"}
 CAPTION = (
     "One row per module, one column per recipe, at the log's last readiness step. Colour: the SQNR (dB) of the "
     "module's worst judged operand (X, W, dY) under that recipe; the cell says its verdict and, where not nil, the "

@@ -37,7 +37,10 @@ from amp_inspect.core.table import fixed_width
 OPERANDS = ("X", "W", "dY", "dW")
 JUDGED_OPERANDS = ("X", "W", "dY")  # what the GEMM recipes quantize
 READY, BORDERLINE, NOT_READY = "ready", "borderline", "not ready"
-LEVELS = (READY, BORDERLINE, NOT_READY)  # best first
+# A module of which no judged operand was measured: only its dW, because its forward was never called as a module
+# (MultiheadAttention's out_proj: its weight goes to F.multi_head_attention_forward). Not a verdict: never "ready".
+NOT_MEASURED = "not measured"
+LEVELS = (READY, BORDERLINE, NOT_READY, NOT_MEASURED)  # best first; NOT_MEASURED last, so no count calls it ready
 # Count columns of one operand's row (readiness/hooks.py lays its device rows out the same way): the three per-tensor
 # counts, then each per-recipe count for every recipe in order.
 TENSOR_COUNTS = ("numel", "nonzero", "nonfinite")
@@ -273,6 +276,8 @@ class ReadinessReport:
     def verdict(self, module: str, recipe: str) -> Verdict:
         """The worst level of the module's judged operands for ``recipe``, naming the operand that decided it."""
         r = self.recipes.index(recipe)
+        if not any(operand in JUDGED_OPERANDS for operand in self.modules[module]):
+            return Verdict(NOT_MEASURED, "only dW: its forward was not called as a module, so X, W and dY went unseen")
         worst = Verdict(READY)
         for operand, stats in self.modules[module].items():
             if operand not in JUDGED_OPERANDS:

@@ -33,6 +33,7 @@ replicas are not summed (every rank holds the same parameters).
 
 from __future__ import annotations
 
+import numbers
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -491,7 +492,9 @@ def _asked_to_move(group: dict[str, Any], device: torch.device) -> bool | torch.
         if lr.device.type == "cpu":
             return float(lr) != 0.0
         return True
-    return not (isinstance(lr, (int, float)) and lr == 0)
+    # Any real number type: a numpy scalar (np.float32(0.0), what schedulers built on numpy hand back) is a
+    # learning rate of 0 too; what is not a real number (None, a string) says nothing.
+    return not (isinstance(lr, numbers.Real) and float(lr) == 0.0)
 
 
 def _groups(snap: _Snapshot, optimizer: torch.optim.Optimizer) -> Iterable[list[int]]:
