@@ -340,3 +340,22 @@ def test_activation_checkpointing_is_measured_once(reentrant: bool) -> None:
         }
         insp.detach()
     assert seen[True] == seen[False] and ("a", "X") in seen[True]
+
+
+def test_a_spike_in_a_loop_that_clips_is_not_told_to_clip() -> None:
+    """No scaler, one gradient spike: the advice says to clip only where the loop does not clip already (the HF
+    Trainer's max_grad_norm, Lightning's gradient_clip_val, insp.clip_grad_norm_), and says the step was clipped."""
+    norms = [1.0, 1.1, 0.9, 1.0, 1.2, 40.0, 1.0]
+
+    def history(clip: float | None) -> list[StepRecord]:
+        return [
+            StepRecord(
+                i, None, False, [], total_norm=n, headroom=Headroom(None, None), recommended_scale=None, clip_norm=clip
+            )
+            for i, n in enumerate(norms)
+        ]
+
+    plain, clipped = summarize(history(None)).spike_advice, summarize(history(1.0)).spike_advice
+    assert "first: step 5" in plain and "or clip the gradient norm" in plain
+    assert "the loop clips the gradient norm to 1, so the optimizer took a clipped step" in clipped
+    assert "or clip the gradient norm" not in clipped

@@ -528,6 +528,8 @@ def test_hf_trainer_callback_history_and_logs(hf, tmp_path) -> None:
     history = cb.inspector.history
     assert [r.step for r in history] == list(range(8)) == collect.steps
     assert cb.inspector.scaler is None  # bf16 on CPU: no GradScaler
+    # The Trainer clips to max_grad_norm (1.0 by default): every record says so, and the run is judged as bf16.
+    assert {r.clip_norm for r in history} == {1.0} and {r.fmt for r in history} == {"bf16"}
     assert set(cb.inspector.last_report.by_module) == MODULES
     entries = [e for e in trainer.state.log_history if "amp_inspect/skipped" in e]
     assert [e["step"] for e in entries] == [2, 4, 6, 8]

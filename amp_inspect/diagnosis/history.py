@@ -85,6 +85,7 @@ class StepRecord:
     everywhere: bool = False  # every module with gradients held NaN/Inf (attribution.every_module)
     update: UpdateStats | None = None  # update_every: what the step's optimizer.step() did (updates/report.py)
     weights: WeightsSeen | None = None  # after NaN/Inf gradients: whether the weights were NaN/Inf (evidence/weights)
+    clip_norm: float | None = None  # the loop clips the gradient norm to this (the trainer's setting), None unknown
 
     @classmethod
     def from_report(cls, report: StepReport) -> StepRecord:
@@ -107,6 +108,7 @@ class StepRecord:
             everywhere=bool(report.offenders) and every_module(report.offenders, report.by_module),
             update=report.update,
             weights=report.weights.seen if report.weights is not None else None,
+            clip_norm=report.clip_norm,
         )
 
     @classmethod
@@ -139,6 +141,7 @@ class StepRecord:
             everywhere=every_module(list(record.get("offenders", [])), record.get("modules")),
             update=UpdateStats.from_record(record["update"], int(record["step"])) if record.get("update") else None,
             weights=WeightsSeen.from_record(record["weights"]) if record.get("weights") else None,
+            clip_norm=float(record["clip_norm"]) if record.get("clip_norm") is not None else None,
         )
 
 
@@ -489,11 +492,18 @@ def summarize(
         summary.warnings.append(warning)
     if summary.spikes and not summary.scaler:
         first = summary.spikes[0]
+        clips = next((r.clip_norm for r in reversed(history) if r.clip_norm), None)
+        # A loop that clips already took a clipped step: telling it to clip would be advice it has followed.
+        took = (
+            f"the loop clips the gradient norm to {clips:g}, so the optimizer took a clipped step; look at those "
+            "batches and the learning rate"
+            if clips
+            else "the optimizer takes the whole step; look at those batches and the learning rate, or clip the "
+            "gradient norm"
+        )
         summary.spike_advice = (
             f"{len(summary.spikes)} gradient spike{'s' if len(summary.spikes) > 1 else ''} over {SPIKE_FACTOR:g}x "
-            f"the recent median (first: step "
-            f"{first.step}): with no loss scaler nothing skips them and the optimizer takes the whole step; look at "
-            "those batches and the learning rate, or clip the gradient norm"
+            f"the recent median (first: step {first.step}): with no loss scaler nothing skips them and {took}"
         )
         summary.advice.append(summary.spike_advice)
 

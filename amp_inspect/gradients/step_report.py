@@ -153,6 +153,7 @@ ANNOTATIONS = frozenset(
         "update",  # updates/watch.py: what the step's optimizer.step() did
         "scale_decision",  # scaling/scaler.py: the headroom policy's decision after the step
         "weights",  # probes/weight_watch.py: whether the weights were NaN/Inf, read after NaN/Inf gradients
+        "clip_norm",  # inspection/inspector.py: the norm the loop clips the gradients to (Inspector.clip_norm)
     }
 )
 
@@ -195,6 +196,7 @@ class StepReport:
         self.readiness: ReportPart | None = None  # readiness_every: this step's ReadinessReport (readiness/report.py)
         self.update: UpdatePart | None = None  # update_every: what this step's optimizer.step() did (UpdateStats)
         self.weights: WeightsPart | None = None  # after NaN/Inf gradients: whether the weights were NaN/Inf too
+        self.clip_norm: float | None = None  # the norm the training loop clips the gradients to, where known
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
         self._origin: HostCopy | None = None
         self._origin_modules: list[str] = []
@@ -495,6 +497,8 @@ class StepReport:
             record["update"] = self.update.to_record()
         if self.weights is not None:
             record["weights"] = self.weights.to_record()
+        if self.clip_norm is not None:
+            record["clip_norm"] = self.clip_norm
         if with_hist:
             from amp_inspect.runlog.log import sparse_hist
 

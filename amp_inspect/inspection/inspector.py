@@ -107,6 +107,9 @@ class Inspector:
         self._samples = self._sink.hardware_samples(view) if self._sink is not None else None
         # After NaN/Inf gradients, one read of the weights says whether they are NaN/Inf too (never on healthy steps).
         self._weights = WeightWatch(lambda: self.entries)
+        # The norm the training loop clips the gradients to, where it clips (set by the HF and Lightning callbacks
+        # from the trainer's setting, and by clip_grad_norm_): the advice then does not tell it to clip.
+        self.clip_norm: float | None = None
         self.probes: list[Probe] = [self._arming, self._context, self._ddp, self._readiness, self._updates]
         self.probes.append(self._weights)
         if self._samples is not None:
@@ -235,6 +238,8 @@ class Inspector:
         """Takes a report (its own, or one an InspectingGradScaler made) into the history and the log, once each
         probe and link added its part (the one annotate pass)."""
         annotate_all(self.probes, report)
+        if self.clip_norm is not None:
+            report.annotate({"clip_norm": self.clip_norm})
         self._follow_autocast()  # an InspectingGradScaler reads formats at its next unscale
         self.last_report = report
         self._steps.add(report)
@@ -319,6 +324,7 @@ class Inspector:
         pass: no further read of the gradients to measure them), as torch.nn.utils.clip_grad_norm_ does.
         Call it after ``scaler.unscale_(opt)`` and ``check()``; the norm is the unscaled one. Returns it."""
         params = (e.param for e in self.entries)
+        self.clip_norm = float(max_norm)  # the loop clips: the advice says so from the next report on
         return gradient_pass.clip_by_report(params, max_norm, norm_type, self.last_report, self.step - 1)
 
     def close(self) -> None:

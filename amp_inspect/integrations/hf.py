@@ -150,6 +150,9 @@ class AmpInspectTrainerCallback(transformers.TrainerCallback):
         # update_every: the Trainer's optimizer
         options = attach_kwargs(self.options, kwargs.get("optimizer"), self._given)
         self.inspector = Inspector(model, scaler, **options)
+        clip = getattr(args, "max_grad_norm", None)
+        if isinstance(clip, (int, float)) and clip > 0:  # the Trainer clips to it (its default: 1.0)
+            self.inspector.clip_norm = float(clip)
         self._follower = ReportFollower(self.inspector)
         for logger in self.loggers:
             logger.attach(self.inspector)

@@ -114,6 +114,10 @@ class AmpInspectCallback(pl.Callback):
         # update_every: the trainer's optimizers
         kwargs = attach_kwargs(self.options, getattr(trainer, "optimizers", None), self._given)
         self.inspector = Inspector(pl_module, precision_scaler(trainer), **kwargs)
+        clip = getattr(trainer, "gradient_clip_val", None)
+        by_norm = getattr(trainer, "gradient_clip_algorithm", "norm") in (None, "norm")  # Lightning's default
+        if isinstance(clip, (int, float)) and clip > 0 and by_norm:
+            self.inspector.clip_norm = float(clip)  # Trainer(gradient_clip_val=...) clips the norm to it
         self._follower = ReportFollower(self.inspector)
         self._logged_step = None
         for logger in self.loggers:

@@ -32,6 +32,8 @@ Record schema, as the Inspector writes it (one line per inspected step)::
                                        # gradients, a read of the parameters: the NaN/Inf elements of each module's
                                        # weights as step into_step's forward used them ({} when all finite;
                                        # "partial": why only this rank's shards were read) (evidence/weights.py)
+     "clip_norm": float,               # optional: the norm the training loop clips the gradients to (a trainer's
+                                       # setting, or insp.clip_grad_norm_'s max_norm)
      "hist": {name: sparse hist}}      # optional, on steps where ``RunLog.wants_hist(step)``
 
 A sparse hist is ``sparse_hist(row)`` of the 256-bin exponent histogram defined in amp_inspect/core/tensor_stats.py:
@@ -261,6 +263,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
         # update_report.UpdateStats.from_record checks the rest where it is read
         "update": lambda v: isinstance(v, dict) and isinstance(v.get("modules"), dict),
         "weights": _is_weights,
+        "clip_norm": lambda v: v is None or _is_number(v),
         "inf_by_rank": lambda v: (
             isinstance(v, dict)
             and all(
