@@ -359,3 +359,36 @@ def test_a_spike_in_a_loop_that_clips_is_not_told_to_clip() -> None:
     assert "first: step 5" in plain and "or clip the gradient norm" in plain
     assert "the loop clips the gradient norm to 1, so the optimizer took a clipped step" in clipped
     assert "or clip the gradient norm" not in clipped
+
+
+def test_one_report_names_one_origin() -> None:
+    """GPT-2 whose h.1.mlp.c_fc overflows fp16 (weight x1e4) under a GradScaler, the activation hooks on: the printed
+    report's "NaN/Inf started in" names the module of its "first non-finite producer", never another one (it
+    named the module closest to the output in backward order before)."""
+    import re
+
+    model = _gpt2()
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight.mul_(1e4)
+    scaler = torch.amp.GradScaler("cpu")
+    insp = amp_inspect.attach(model, scaler, activations="always")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    texts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x, labels=x).loss
+            scaler.scale(loss).backward()
+            texts.append(str(insp.check()))
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    insp.detach()
+    judged = [t for t in texts if "first non-finite producer" in t]
+    assert judged
+    for text in judged:
+        producer = re.search(r"first non-finite producer: ([\w.]+):", text).group(1)
+        origins = re.findall(r"NaN/Inf started in: ([\w. ]+?) \(", text)
+        assert origins == [producer], text
