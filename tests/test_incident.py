@@ -392,3 +392,31 @@ def test_one_report_names_one_origin() -> None:
         producer = re.search(r"first non-finite producer: ([\w.]+):", text).group(1)
         origins = re.findall(r"NaN/Inf started in: ([\w. ]+?) \(", text)
         assert origins == [producer], text
+
+
+def test_a_spike_names_the_same_modules_with_or_without_a_log(tmp_path: Path) -> None:
+    """GPT-2, bf16, no scaler, the loss x1e5 on step 12: the spike's modules are judged against the same recent
+    median whether or not log= keeps every step (it named another module before), and the log's summary agrees."""
+
+    def run(log: Path | None):
+        model = _gpt2()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        insp = amp_inspect.attach(model, log=log)
+        g = torch.Generator().manual_seed(0)
+        for step in range(16):
+            x = torch.randint(0, 64, (2, 16), generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x, labels=x).loss
+            (loss * 1e5 if step == 12 else loss).backward()
+            insp.check()
+            opt.step()
+            opt.zero_grad()
+        insp.close()
+        return [(s.step, [m for m, _ in s.rose]) for s in insp.summary().spikes]
+
+    log = tmp_path / "spike.jsonl"
+    without, with_log = run(None), run(log)
+    assert without and without[0][0] == 12 and without[0][1]
+    assert without == with_log
+    from_log = summarize([StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)]).spikes
+    assert [(s.step, [m for m, _ in s.rose]) for s in from_log] == without

@@ -1,5 +1,5 @@
 """step_history.StepHistory: reports finalized in order into records, each handed to the follower and then to
-the listeners; per-module norms kept on request or on a spike (with the step before's)."""
+the listeners; every record keeps its per-module norms, equal to the report's per-module tables."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _report(step: int, value: float) -> StepReport:
 
 
 def test_reports_are_finalized_in_order_follower_first() -> None:
-    steps = StepHistory(collapse_skips=5, keep_module_norms=False)
+    steps = StepHistory(collapse_skips=5)
     seen: list[tuple[str, int]] = []
     steps.listeners.append(lambda r: seen.append(("listener", r.step)))
     for step in range(3):
@@ -23,22 +23,22 @@ def test_reports_are_finalized_in_order_follower_first() -> None:
     records = steps.records(lambda report, record: seen.append(("follower", record.step)))
     assert [r.step for r in records] == [0, 1, 2]
     assert seen == [(who, s) for s in range(3) for who in ("follower", "listener")]
-    assert all(r.module_norms is None for r in records)  # no log, no spike: not kept
+    assert all(r.module_norms == {"a": 2.0, "b": 2.0**0.5} for r in records)  # kept, log or not
     assert steps.recent_recommended() == [r.recommended_scale for r in records if r.recommended_scale]
 
 
-def test_module_norms_kept_for_the_log_and_on_a_spike_with_the_step_before() -> None:
-    kept = StepHistory(collapse_skips=5, keep_module_norms=True)
-    kept.add(_report(0, 1.0))
-    assert kept.records(lambda *_: None)[0].module_norms == {"a": 2.0, "b": 2.0**0.5}
-    steps = StepHistory(collapse_skips=5, keep_module_norms=False)
-    for step in range(8):
-        steps.add(_report(step, 1.0))
-    steps.add(_report(8, 1000.0))  # a spike: far above the recent median
-    records = steps.records(lambda *_: None)
-    assert records[-1].module_norms is not None and records[-1].module_norms["a"] == 2000.0
-    assert records[-2].module_norms == {"a": 2.0, "b": 2.0**0.5}  # the step before, for the comparison
-    assert records[-3].module_norms is None
+def test_module_norms_are_the_per_module_tables_norms_every_step() -> None:
+    """The cheap sums every record keeps equal the per-module tables' grad_norm, bit for bit (NaN where a value is
+    NaN/Inf), scaled or not: a spike is judged the same whether or not a log made those tables."""
+    import math
+
+    for scale in (None, torch.tensor(1024.0)):
+        stats = tensor_stats([torch.full((4,), 3.0), torch.tensor([1.0, math.nan]), torch.randn(7)])
+        report = StepReport(0, stats, ["a", "b", "a"], scale)
+        tables = {m: r["grad_norm"] for m, r in report.by_module.items()}
+        cheap = report.module_norms()
+        assert cheap.keys() == tables.keys() and math.isnan(cheap["b"]) and math.isnan(tables["b"])
+        assert cheap["a"] == tables["a"]
 
 
 def test_a_spike_after_nan_steps_gets_module_norms_as_the_summary_sees_it() -> None:
@@ -60,5 +60,4 @@ def test_a_spike_after_nan_steps_gets_module_norms_as_the_summary_sees_it() -> N
     history = insp.history
     spikes = find_spikes([r.step for r in history], [r.total_norm for r in history])
     assert [s.step for s in spikes] == [history[-1].step]
-    assert history[-1].module_norms is not None  # kept because it is a spike
-    assert history[0].module_norms is None  # a steady step keeps none (no log asked for them)
+    assert history[-1].module_norms is not None and history[0].module_norms is not None  # every step, no log

@@ -310,6 +310,20 @@ class StepReport:
             }
         return self._summary
 
+    def module_norms(self) -> dict[str, float]:
+        """Each module's gradient norm, as ``by_module[m]["grad_norm"]`` holds it (unscaled; NaN where a value is
+        NaN/Inf), from two sums over the rows: cheap enough for every step, so that what a spike is judged against
+        never depends on whether the per-module tables were made (a log open or not)."""
+        h = self._snapshot.host()
+        scale = self.scale or 1.0
+        names = list(dict.fromkeys(self.module_of_row))
+        index = {name: i for i, name in enumerate(names)}
+        ids = np.array([index[name] for name in self.module_of_row], dtype=np.int64)
+        sumsq = np.zeros(len(names), dtype=np.float64)
+        np.add.at(sumsq, ids, h["sumsq"].astype(np.float64, copy=False))  # in row order, as the module records
+        bad = np.bincount(ids, weights=derive("nonfinite", h).astype(np.float64), minlength=len(names))
+        return {name: math.nan if bad[i] else math.sqrt(float(sumsq[i])) / scale for i, name in enumerate(names)}
+
     def _get_modules(self) -> dict[str, Any]:
         if self._modules is None:
             self._modules = self._per_module(self._snapshot.host(), self.scale)

@@ -10,23 +10,15 @@ from another thread while the training thread collects is safe: one lock finaliz
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import warnings
 from collections import deque
 from collections.abc import Callable
-from itertools import islice
 
 from amp_inspect.diagnosis.history import RECENT_STEPS, StepRecord, collapse_warning
-from amp_inspect.evidence.spikes import SPIKE_WINDOW, is_spike
 from amp_inspect.gradients.step_report import StepReport
 
 Follower = Callable[[StepReport, StepRecord], None]
-
-
-def module_norms(report: StepReport) -> dict[str, float | None]:
-    """Each module's gradient norm in ``report`` (reads the host values)."""
-    return {name: m["grad_norm"] for name, m in report.by_module.items()}
 
 
 class StepHistory:
@@ -34,15 +26,13 @@ class StepHistory:
 
     ``follow`` (given to ``collect``: held by no one, so no cycle back to the inspector) is called with
     (report, record) for each finalized step, in order, before the user's ``listeners`` (called with the
-    report); ``keep_module_norms``: every record keeps its per-module norms (a run log is open)."""
+    report); every record keeps its per-module gradient norms (what a spike's modules are judged against)."""
 
-    def __init__(self, collapse_skips: int, keep_module_norms: bool) -> None:
+    def __init__(self, collapse_skips: int) -> None:
         self.collapse_skips = collapse_skips
-        self.keep_module_norms = keep_module_norms
         self.listeners: list[Callable[[StepReport], None]] = []
         self._pending: deque[StepReport] = deque()
         self._records: list[StepRecord] = []
-        self._previous: StepReport | None = None  # the last finalized report (spikes compare with it)
         self._warned_collapse = False
         self._lock = threading.RLock()
 
@@ -75,15 +65,9 @@ class StepHistory:
 
     def _finalize(self, report: StepReport, follow: Follower) -> None:
         record = StepRecord.from_report(report)
-        # The last SPIKE_WINDOW finite norms, as the summary's find_spikes takes them (NaN steps passed over).
-        recent = islice((r.total_norm for r in reversed(self._records) if math.isfinite(r.total_norm)), SPIKE_WINDOW)
-        spike = is_spike(record.total_norm, list(recent)[::-1]) is not None
-        if spike or self.keep_module_norms:
-            record = dataclasses.replace(record, module_norms=module_norms(report))
-        before = self._previous
-        if spike and before is not None and self._records and self._records[-1].module_norms is None:
-            self._records[-1] = dataclasses.replace(self._records[-1], module_norms=module_norms(before))
-        self._previous = report
+        # Every step keeps its module norms (two sums over the rows): a spike's modules are judged against the same
+        # recent median whether or not a log is written (the log's summary reads them from its records).
+        record = dataclasses.replace(record, module_norms=report.module_norms())
         self._records.append(record)
         follow(report, record)
         for listener in self.listeners:

@@ -91,7 +91,7 @@ class Inspector:
         self._pass = gradient_pass.ParameterPass()
         report_group = ddp.process_group if (ddp := view.ddp) is not None else opts.group
         self._sink = RunLogSink.of_rank(opts.log, opts.log_all_ranks, report_group, opts.hist_every, self)
-        self._steps = StepHistory(opts.collapse_skips, keep_module_norms=self._sink is not None)
+        self._steps = StepHistory(opts.collapse_skips)
         self._arming = ActivationArming(view, opts.activations, opts.arm_steps, self.formats, self, self.step)
         self._readiness = ReadinessHooks.of_options(view, opts, self, self.step, report_group)  # readiness_every
         self._updates = OptimizerWatch.of_options(opts, self)  # update_every: what optimizer.step() did
@@ -333,7 +333,6 @@ class Inspector:
         if self._sink is not None:
             self._sink.close()
             self._sink = None  # later steps are still inspected, no longer logged
-            self._steps.keep_module_norms = False
             if self._samples in self.probes:
                 self.probes.remove(self._samples)
 
