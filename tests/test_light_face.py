@@ -43,6 +43,8 @@ TORCH_FREE = (
     "amp_inspect.scaling.timeline",
     "amp_inspect.render.series",
     "amp_inspect.evidence.spikes",
+    "amp_inspect.evidence.weights",
+    "amp_inspect.diagnosis.incident",
     "amp_inspect.core.statistics",
     "amp_inspect.core.table",
     "amp_inspect.updates.report",
