@@ -11,6 +11,12 @@ BUILD_INPUTS := setup.py pyproject.toml $(shell find csrc -type f)
 
 .PHONY: setup demo test wheel test-wheel test-oldest-torch test-no-toolkit test-emu-tsan lint bench gpu-check clean
 
+# Whether setup.py built the CPU kernels only because no GPU is visible (exit 0), and the line that says so.
+CPU_ONLY_BUILD := import os, sys, torch; sys.exit(torch.version.cuda is None or torch.cuda.is_available() or \
+	bool(os.environ.get('TORCH_CUDA_ARCH_LIST')))
+CPU_ONLY_LINE := amp_inspect: no GPU here, so the CPU kernels only; to build the CUDA kernels anyway: \
+	TORCH_CUDA_ARCH_LIST=9.0 $(BIN)/pip install --no-build-isolation -e . (your GPU's arch; make wheel: every arch)
+
 setup: $(STAMP)
 
 $(STAMP): $(BUILD_INPUTS)
@@ -18,6 +24,8 @@ $(STAMP): $(BUILD_INPUTS)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch numpy ninja "setuptools>=77" wheel
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,all]"
 	$(BIN)/python -m amp_inspect.info
+	@# No GPU and no TORCH_CUDA_ARCH_LIST: setup.py built the CPU kernels only (pip --quiet hides its line).
+	@$(BIN)/python -c "$(CPU_ONLY_BUILD)" && echo "$(CPU_ONLY_LINE)" || true
 	touch $(STAMP)
 
 demo: setup

@@ -4,14 +4,18 @@ every torch from 2.10 on (a cp310-abi3 wheel). Beside them, for the tests only, 
 kernels' source compiled for the CPU, tests/test_cuda_emu.py): built by in-place and editable builds
 (`build_ext --inplace`, `pip install -e`, `make setup`), never put in a wheel (`make wheel`, `pip install .`).
 
-CUDA kernels are built whenever torch is a CUDA build, also on a machine with no GPU visible: then
-TORCH_CUDA_ARCH_LIST defaults to every NVIDIA generation from Ampere to Blackwell (DEFAULT_ARCHS, plus PTX of
-the newest for later GPUs). The nvcc used is the first of CUDA_HOME, CUDA_PATH, /usr/local/cuda and PATH whose
-CUDA major is torch's; without one, NVIDIA's nvcc for torch's CUDA version is installed from PyPI into this
-environment (AMP_INSPECT_FETCH_NVCC=0: never) and used. Where no nvcc can be had, the build says so in one line
-with the command that fixes it. AMP_INSPECT_IGNORE_SYSTEM_CUDA=1 hides the system toolkit (to test the PyPI
-route); a machine with a GPU builds for that GPU only (torch's default), or for TORCH_CUDA_ARCH_LIST.
-AMP_INSPECT_NO_CUDA=1 skips the CUDA kernels; DEBUG=1 builds with -g -O0.
+CUDA kernels are built where they can run: torch is a CUDA build and a GPU is visible (for that GPU's arch, torch's
+default), or TORCH_CUDA_ARCH_LIST names the archs to build for (`make wheel`: every NVIDIA generation from Ampere to
+Blackwell, DEFAULT_ARCHS, plus PTX of the newest for later GPUs). A machine with no GPU and no TORCH_CUDA_ARCH_LIST
+builds the CPU kernels (and the tests' emulation) only, in minutes rather than the better part of an hour, and says
+in one line how to build the CUDA kernels anyway. The nvcc used is the first of CUDA_HOME, CUDA_PATH,
+/usr/local/cuda and PATH whose CUDA major is torch's; without one, NVIDIA's nvcc for torch's CUDA version is
+installed from PyPI into this environment (AMP_INSPECT_FETCH_NVCC=0: never) and used. Where no nvcc can be had, the
+build says so in one line with the command that fixes it. AMP_INSPECT_IGNORE_SYSTEM_CUDA=1 hides the system toolkit
+(to test the PyPI route). AMP_INSPECT_NO_CUDA=1 skips the CUDA kernels; DEBUG=1 builds with -g -O0.
+Each target (_C, _C_cuda, _C_emu) compiles in a build folder of its own: a source two targets share
+(common/op.cpp) is compiled once per target, with that target's flags, and a rebuild of one never redoes the
+other's objects.
 Never built with fast-math: the kernels count float32 subnormals that fast-math would flush.
 Every translation unit is compiled as C++20 (the CUDA emulation uses std::atomic_ref), whatever standard the
 torch at hand would pass (torch before 2.14 passes -std=c++17).
@@ -24,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 # A100 / A10 and RTX 30xx / L4 and RTX 40xx / H100 and H200 / B200 / RTX 50xx, and PTX for what comes next.
@@ -109,6 +113,13 @@ def _find_nvcc() -> Path | None:
         return None
     if cuda is None:
         NO_CUDA_REASON = f"torch {torch.__version__} is a CPU-only build"
+        return None
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+        NO_CUDA_REASON = (
+            "no GPU is visible and TORCH_CUDA_ARCH_LIST is not set; to build them anyway, name the archs: "
+            f"`TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation -e .` (your GPU's; `make wheel` builds "
+            f"{DEFAULT_ARCHS})"
+        )
         return None
     # AMP_INSPECT_IGNORE_SYSTEM_CUDA=1: build as on a machine without a CUDA toolkit (CUDA_HOME, CUDA_PATH,
     # /usr/local/cuda and nvcc on PATH ignored), so that the PyPI route below is what runs.
@@ -248,8 +259,6 @@ def _extensions():
             "amp_inspect._C", sources, include_dirs=INCLUDE_DIRS, extra_compile_args={"cxx": cxx}, py_limited_api=True
         )
         return [cpu, emu]
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
-        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
     defines = ["-DAMPI_WITH_CUDA", f'-DAMPI_CUDA_ARCHS="{_built_archs()}"', f"-DAMPI_CUDA_MAJOR={_cuda_major()}"]
     cpu = CppExtension(
         "amp_inspect._C",
@@ -287,6 +296,16 @@ class BuildStableExtension(BuildExtension):
     version-tagged name (_C.cpython-311-x86_64-linux-gnu.so) before the new _C.abi3.so. It builds the test-only
     _C_emu only in place (`build_ext --inplace`, and editable installs, which set editable_mode): a build for a
     wheel (`bdist_wheel`, `pip install .`) leaves it out, so the shipped binaries hold only what users call."""
+
+    def build_extension(self, ext: Extension) -> None:
+        """Each target in a build folder of its own (module docstring): the objects of a source two targets share
+        never overwrite each other, so each is compiled once per target and kept for the next build."""
+        shared = self.build_temp
+        self.build_temp = os.path.join(shared, ext.name.rsplit(".", 1)[-1])
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = shared
 
     def run(self) -> None:
         for stale in (ROOT / "amp_inspect").glob("_C.cpython-*.so"):

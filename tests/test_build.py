@@ -112,8 +112,9 @@ def test_cuda_kernels_off_beside_a_torch_of_another_cuda_major():
     assert lines == ["[]", "True True None"]
 
 
-def _setup_with_fake_cuda_torch(tmp_path: Path, cuda: str) -> subprocess.CompletedProcess:
-    """setup.py --version beside a fake torch of CUDA `cuda`, the system toolkit hidden, downloads forbidden."""
+def _setup_with_fake_cuda_torch(tmp_path: Path, cuda: str, archs: str = "9.0") -> subprocess.CompletedProcess:
+    """setup.py --version beside a fake torch of CUDA `cuda` on a machine without a GPU, the system toolkit hidden,
+    downloads forbidden; ``archs``: TORCH_CUDA_ARCH_LIST ("" leaves it unset)."""
     fake = tmp_path / "torch"
     (fake / "utils").mkdir(parents=True)
     (fake / "__init__.py").write_text(
@@ -133,6 +134,7 @@ def _setup_with_fake_cuda_torch(tmp_path: Path, cuda: str) -> subprocess.Complet
         "PATH": "/usr/bin:/bin",
         "AMP_INSPECT_IGNORE_SYSTEM_CUDA": "1",
         "AMP_INSPECT_FETCH_NVCC": "0",
+        **({"TORCH_CUDA_ARCH_LIST": archs} if archs else {}),
     }
     return subprocess.run(
         [sys.executable, str(REPO / "setup.py"), "--version"],
@@ -157,6 +159,52 @@ def test_no_nvcc_to_be_had_is_said_in_one_line_with_the_fix(tmp_path):
         "installed; fix: `pip install nvidia-cuda-nvcc==13.0.* nvidia-nvvm==13.0.* nvidia-cuda-crt==13.0.* "
         "nvidia-cuda-cccl==13.0.*` and build again with --no-build-isolation."
     ]
+
+
+def test_no_gpu_and_no_arch_list_builds_the_cpu_kernels_and_says_how_to_build_cuda(tmp_path):
+    """No GPU visible and TORCH_CUDA_ARCH_LIST unset (a laptop, a CI runner): the CPU kernels only, at once (no
+    nvcc looked for or downloaded), and one line with the command that builds the CUDA kernels anyway."""
+    (line,) = _loud(_setup_with_fake_cuda_torch(tmp_path, "13.0", archs=""))
+    assert line.startswith(
+        "*** amp_inspect: building WITHOUT the CUDA kernels: no GPU is visible and TORCH_CUDA_ARCH_LIST is not set"
+    )
+    assert "`TORCH_CUDA_ARCH_LIST=9.0 pip install --no-build-isolation -e .`" in line and "8.0;8.6" in line
+
+
+def test_each_target_compiles_in_a_folder_of_its_own(tmp_path):
+    """common/op.cpp goes into _C and _C_emu (and _C_cuda) with different flags: one build folder per target, so no
+    target's object overwrites another's (each source compiled once per target) and rebuilds keep them. Beside a
+    fake CPU-only torch whose builder prints where each extension would compile instead of compiling."""
+    fake = tmp_path / "torch"
+    (fake / "utils").mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "__version__ = '2.11.0+cpu'\nclass version:\n    cuda = None\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n"
+    )
+    (fake / "utils" / "__init__.py").write_text("")
+    (fake / "utils" / "cpp_extension.py").write_text(
+        "from setuptools import Extension\n"
+        "from setuptools.command.build_ext import build_ext\n"
+        "class BuildExtension(build_ext):\n"
+        "    def build_extension(self, ext):\n"
+        "        print('TEMP', ext.name, self.build_temp)\n"
+        "    def copy_extensions_to_source(self):\n"
+        "        pass\n"
+        "def CppExtension(name, sources, **kwargs):\n    return Extension(name, sources)\n"
+        "CUDAExtension = CppExtension\n"
+    )
+    temp = tmp_path / "temp"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "setup.py"), "build_ext", "--inplace", "--build-temp", str(temp)],
+        cwd=REPO,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "AMP_INSPECT_NO_CUDA": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    folders = dict(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("TEMP"))
+    assert folders == {"amp_inspect._C": str(temp / "_C"), "amp_inspect._C_emu": str(temp / "_C_emu")}
 
 
 def test_cuda_12_without_a_toolkit_says_pypi_has_no_nvcc(tmp_path):

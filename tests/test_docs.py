@@ -50,6 +50,21 @@ def test_readme_is_a_front_page() -> None:
     assert len((ROOT / "README.md").read_bytes()) <= 10 * 1024
 
 
+def test_readme_commands_run_from_the_clone_without_an_activated_venv() -> None:
+    """The README's shell lines run as written after `make demo`, in the clone's root: the package's command is
+    spelled .venv/bin/amp-inspect (make demo installs it there; nothing puts it on PATH)."""
+    text = (ROOT / "README.md").read_text()
+    shell = [
+        line.strip()
+        for block in re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL)
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    bare = [line for line in shell if line.split()[0] in ("amp-inspect", "python")]
+    assert not bare, f"README shell lines that need an activated venv: {bare}"
+    assert any(line.startswith(".venv/bin/amp-inspect ") for line in shell)
+
+
 def test_readme_loop_runs_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The front page's loop, with "cuda" read as "cpu" (bf16 autocast there), on a small model."""
     loop = python_blocks(ROOT / "README.md")[0]

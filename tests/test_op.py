@@ -3,7 +3,6 @@ pure-torch fallback when the compiled extension cannot load."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -313,11 +312,6 @@ def test_tensor_stats_object():
 # what was built
 
 
-def _build_had_nvcc() -> bool:
-    nvcc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
-    return torch.version.cuda is not None and nvcc.exists() and os.environ.get("AMP_INSPECT_NO_CUDA") != "1"
-
-
 def test_cpu_kernel_registered():
     assert _ops.extension_loaded(), _ops.LOAD_ERROR
     assert _ops.has_kernel("cpu")
@@ -325,10 +319,12 @@ def test_cpu_kernel_registered():
 
 
 @pytest.mark.skipif(
-    not _build_had_nvcc(), reason="torch has no CUDA, or no nvcc at $CUDA_HOME, or AMP_INSPECT_NO_CUDA=1"
+    _ops.build_info().get("cuda") != "1",
+    reason="built without CUDA kernels (no GPU and no TORCH_CUDA_ARCH_LIST, no nvcc, or AMP_INSPECT_NO_CUDA=1)",
 )
-def test_cuda_kernel_compiled_when_nvcc_available():
-    """Needs no GPU: the CUDA kernel is registered with the dispatcher whenever the build had nvcc."""
+def test_cuda_kernel_registered_when_the_build_holds_them():
+    """Needs no GPU: whenever the build compiled the CUDA kernels (make test-no-toolkit, the wheel), their library
+    loads beside a torch of their CUDA major and registers them with the dispatcher."""
     assert _ops.has_kernel("cuda")
     info = _ops.build_info()
     assert info["cuda"] == "1"

@@ -98,8 +98,9 @@ def cuda_kernels_missing() -> str | None:
     have = torch.version.cuda.split(".")[0]
     if built.get("cuda") != "1":
         return (
-            "the compiled extension was built without CUDA kernels (AMP_INSPECT_NO_CUDA=1 was set, or no nvcc for "
-            f"CUDA {torch.version.cuda} was found when it was built)"
+            "the compiled extension was built without CUDA kernels (no GPU was visible and TORCH_CUDA_ARCH_LIST was "
+            f"not set, AMP_INSPECT_NO_CUDA=1 was set, or no nvcc for CUDA {torch.version.cuda} was found when it was "
+            "built)"
         )
     if built.get("cuda_major", have) != have:
         return f"its CUDA kernels were built for CUDA {built['cuda_major']} and this torch is a CUDA {have} build"
@@ -116,7 +117,11 @@ def cuda_fix() -> str:
             f"install a CUDA {cuda} toolkit (e.g. `conda install -c nvidia cuda-nvcc={cuda} cuda-cudart-dev={cuda}`), "
             f"then `CUDA_HOME=<its prefix> {REBUILD_COMMAND}` in a checkout of amp_inspect"
         )
-    return f"`{REBUILD_COMMAND}` in a checkout of amp_inspect (it fetches NVIDIA's nvcc for CUDA {cuda} if missing)"
+    return (
+        f"`{REBUILD_COMMAND}` in a checkout of amp_inspect, on the machine with the GPU (elsewhere with "
+        f"TORCH_CUDA_ARCH_LIST naming its arch, e.g. `TORCH_CUDA_ARCH_LIST=9.0 {REBUILD_COMMAND}`); it fetches "
+        f"NVIDIA's nvcc for CUDA {cuda} if missing"
+    )
 
 
 def no_kernel_warning(device_type: str, op: str = "tensor_stats") -> str:
