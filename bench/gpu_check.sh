@@ -6,8 +6,12 @@
 # Python (the tests and benchmarks run from the tree); only without a wheel does it compile, for the local GPU
 # only. Then, most important first: info, the CUDA tests, compute-sanitizer (memcheck, racecheck, synccheck)
 # on small calls of every kernel variant, bench_tensor_stats (all sets, every ratio), bench_step, and the
-# distributed CUDA test (gloo carrying CUDA tensors: NCCL needs one GPU per rank). Logs, JSON and
-# OUT_DIR/summary.json (every stage's status, seconds and cap, the ratios, the launches per call).
+# distributed CUDA test (gloo carrying CUDA tensors: NCCL needs one GPU per rank). The sanitizers run with torch's
+# caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): an access past a tensor's end then leaves its own
+# allocation instead of landing, unseen, in a neighbouring cached block.
+# What comes back: OUT_DIR holds two files, summary.json (every stage's status, seconds and cap, the plan, the
+# ratios, the launches per call) and gpu_check-HHMMSS.tar.gz (every log, JSON and table of the run, summary.json
+# too): a device that brings back at most 8 files brings back everything.
 #
 # Every stage gets at most its cap and what is left of BUDGET_S (default 450 s); with a wheel the caps add
 # up to the budget. ONLY="tests bench" runs just those stages (a second run redoing what failed).
@@ -15,9 +19,13 @@
 # Exit status (bench/gpu_summary.py decides it): 0 every stage ran and passed; 1 a stage failed or ran out
 # of its cap; 3 nothing measured (no stage past the install ran); 4 none failed but some did not run.
 set -uo pipefail
-out="${1:?usage: bash bench/gpu_check.sh OUT_DIR}"
+final="${1:?usage: bash bench/gpu_check.sh OUT_DIR}"
+mkdir -p "$final"
+final="$(cd "$final" && pwd)"
+# The stages write into a folder of their own, packed into one tarball at the end (the header says why).
+run_name="gpu_check-$(date +%H%M%S)"
+out="$final/$run_name"
 mkdir -p "$out"
-out="$(cd "$out" && pwd)"
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python3}"
 budget="${BUDGET_S:-450}"
@@ -121,10 +129,22 @@ cuda_tests="tests/test_cuda.py tests/test_inspector_cuda.py tests/test_fallback.
 stage info "$built" "$py" -m amp_inspect.info
 stage tests "${built:-$no_pytest}" bash -c "'$py' -m pytest -q -p no:cacheprovider -m cuda $cuda_tests \
   && '$py' -m pytest -q -p no:cacheprovider tests/test_info.py"
-stage memcheck "${built:-$no_sanitizer}" "$sanitizer" --tool memcheck --error-exitcode 1 "$py" bench/sanitize_small.py
-stage racecheck "${built:-$no_sanitizer}" "$sanitizer" --tool racecheck --error-exitcode 1 "$py" bench/sanitize_small.py
-stage synccheck "${built:-$no_sanitizer}" "$sanitizer" --tool synccheck --error-exitcode 1 "$py" bench/sanitize_small.py
+nocache=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)  # every allocation its own: out-of-bounds accesses are seen
+stage memcheck "${built:-$no_sanitizer}" "${nocache[@]}" "$sanitizer" --tool memcheck --error-exitcode 1 \
+  "$py" bench/sanitize_small.py
+stage racecheck "${built:-$no_sanitizer}" "${nocache[@]}" "$sanitizer" --tool racecheck --error-exitcode 1 \
+  "$py" bench/sanitize_small.py
+stage synccheck "${built:-$no_sanitizer}" "${nocache[@]}" "$sanitizer" --tool synccheck --error-exitcode 1 \
+  "$py" bench/sanitize_small.py
 stage bench "$built" "$py" bench/bench_tensor_stats.py --device cuda --out "$out"
 stage bench_step "$built" "$py" bench/bench_step.py --device cuda --out "$out"
 stage dist "${built:-$no_pytest}" "$py" -m pytest -q -p no:cacheprovider -m cuda tests/test_distributed.py
 "$py" bench/gpu_summary.py "$out"
+status=$?
+# Two files in OUT_DIR: the summary, and everything in one tarball (the stage folder goes once it is packed).
+cp "$out/summary.json" "$final/summary.json"
+if tar -czf "$final/$run_name.tar.gz" -C "$final" "$run_name"; then
+  rm -rf "$out"
+  echo "everything: $final/$run_name.tar.gz; the summary: $final/summary.json"
+fi
+exit "$status"

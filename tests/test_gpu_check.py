@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,13 @@ def test_dry_run_says_why_each_stage_cannot_run_and_that_nothing_was_measured(tm
         assert f"=== {name}: cannot run: no CUDA GPU visible to torch" in result.stdout
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["exit_status"] == 3 and summary["measured"] is False
+    # What comes back from a device that returns at most 8 files: the summary and one tarball with everything.
+    files = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert len(files) == 2 and files[0].startswith("gpu_check-") and files[0].endswith(".tar.gz"), files
+    assert files[1] == "summary.json"
+    with tarfile.open(tmp_path / "out" / files[0]) as packed:
+        names = {Path(n).name for n in packed.getnames()}
+    assert {"summary.json", "stages.tsv", "plan.tsv", "machine.txt"} <= names
     assert list(summary["stages"]) == STAGES
     assert all(s["status"] == "not-run" and "nothing to measure" in s["note"] for s in summary["stages"].values())
     plan = summary["plan"]
@@ -77,6 +85,16 @@ def test_bench_ratios_are_carried_into_the_summary(tmp_path):
     summary = gpu_summary.summarize(tmp_path)
     assert summary["tensor_stats_cuda"]["ratios"] == [measurement]
     assert summary["step_cuda"] == "not written"
+
+
+def test_the_sanitizers_run_without_the_caching_allocator() -> None:
+    """With torch's caching allocator on, an access past a tensor's end lands in a neighbouring cached block and
+    memcheck does not see it: every sanitizer stage runs with PYTORCH_NO_CUDA_MEMORY_CACHING=1."""
+    script = (BENCH / "gpu_check.sh").read_text()
+    assert re.search(r"nocache=\(env PYTORCH_NO_CUDA_MEMORY_CACHING=1\)", script)
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        line = script.split(f"stage {tool} ", 1)[1].split("\n", 1)[0]
+        assert '"${nocache[@]}" "$sanitizer"' in line, line
 
 
 def test_the_tests_stage_names_every_test_file_with_cuda_tests_and_only_files_that_exist() -> None:

@@ -59,3 +59,16 @@ def test_captured_in_a_cuda_graph_and_replayed(rng):
     want = format_readiness_reference([x.cpu()], ALL)
     assert torch.equal(counts.cpu(), want[0]) and torch.equal(amax.cpu(), want[2])
     torch.testing.assert_close(sums.cpu(), want[1], rtol=SUM_RTOL, atol=0.0)
+
+
+def test_a_tensor_amax_list_under_graph_capture_is_refused_in_one_sentence(rng):
+    """A list of amaxes becomes a pageable host-to-device copy, which a CUDA graph cannot capture: refused before
+    anything is launched, saying to pass a CUDA tensor made before the capture."""
+    from amp_inspect import format_readiness
+
+    x = gaussian(rng, (64, 256), torch.float16).cuda()
+    format_readiness([x], "fp8_e4m3_tensor", tensor_amax=[1.0])  # outside a capture a list is fine
+    graph = torch.cuda.CUDAGraph()
+    refused = pytest.raises(ValueError, match="tensor_amax given as a list while a CUDA graph is being captured")
+    with refused, torch.cuda.graph(graph):
+        format_readiness([x], "fp8_e4m3_tensor", tensor_amax=[1.0])

@@ -199,6 +199,12 @@ def _check_tensor_amax(tensor_amax: object, tensors: list[torch.Tensor]) -> torc
         return None
     device = tensors[0].device if tensors else torch.device("cpu")
     if not isinstance(tensor_amax, torch.Tensor):
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A list becomes a host-to-device copy from pageable memory, which a CUDA graph cannot capture.
+            raise ValueError(
+                "tensor_amax given as a list while a CUDA graph is being captured: pass it as a float32 CUDA tensor "
+                "made before the capture (a list is copied to the GPU from pageable memory, which cannot be captured)"
+            )
         try:
             tensor_amax = torch.tensor([float(a) for a in tensor_amax], dtype=torch.float32, device=device)  # type: ignore[attr-defined]
         except (TypeError, ValueError):
