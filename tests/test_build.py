@@ -175,35 +175,15 @@ def test_each_target_compiles_in_a_folder_of_its_own(tmp_path):
     """common/op.cpp goes into _C and _C_emu (and _C_cuda) with different flags: one build folder per target, so no
     target's object overwrites another's (each source compiled once per target) and rebuilds keep them. Beside a
     fake CPU-only torch whose builder prints where each extension would compile instead of compiling."""
-    fake = tmp_path / "torch"
-    (fake / "utils").mkdir(parents=True)
-    (fake / "__init__.py").write_text(
-        "__version__ = '2.11.0+cpu'\nclass version:\n    cuda = None\n"
-        "class cuda:\n    is_available = staticmethod(lambda: False)\n"
-    )
-    (fake / "utils" / "__init__.py").write_text("")
-    (fake / "utils" / "cpp_extension.py").write_text(
-        "from setuptools import Extension\n"
-        "from setuptools.command.build_ext import build_ext\n"
-        "class BuildExtension(build_ext):\n"
+    temp = tmp_path / "temp"
+    builder = (
         "    def build_extension(self, ext):\n"
         "        print('TEMP', ext.name, self.build_temp)\n"
         "    def copy_extensions_to_source(self):\n"
         "        pass\n"
-        "def CppExtension(name, sources, **kwargs):\n    return Extension(name, sources)\n"
-        "CUDAExtension = CppExtension\n"
     )
-    temp = tmp_path / "temp"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "setup.py"), "build_ext", "--inplace", "--build-temp", str(temp)],
-        cwd=REPO,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "AMP_INSPECT_NO_CUDA": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    folders = dict(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("TEMP"))
+    printed = _build_ext_beside_a_fake_torch(tmp_path, builder, "--inplace", "--build-temp", str(temp))
+    folders = dict(line.split()[1:] for line in printed if line.startswith("TEMP"))
     assert folders == {"amp_inspect._C": str(temp / "_C"), "amp_inspect._C_emu": str(temp / "_C_emu")}
 
 
@@ -218,9 +198,9 @@ def test_cuda_12_without_a_toolkit_says_pypi_has_no_nvcc(tmp_path):
     assert "pip install" not in line
 
 
-def _built_extensions(tmp_path: Path, *build_ext_args: str) -> list[str]:
-    """The extensions ``setup.py build_ext ARGS`` would compile, beside a fake CPU-only torch whose
-    BuildExtension prints them instead of compiling."""
+def _build_ext_beside_a_fake_torch(tmp_path: Path, builder: str, *build_ext_args: str) -> list[str]:
+    """The lines ``setup.py build_ext ARGS`` prints beside a fake CPU-only torch whose BuildExtension has the
+    methods of ``builder`` (source text, indented for the class body) and compiles nothing."""
     fake = tmp_path / "torch"
     (fake / "utils").mkdir(parents=True, exist_ok=True)
     (fake / "__init__.py").write_text(
@@ -231,10 +211,7 @@ def _built_extensions(tmp_path: Path, *build_ext_args: str) -> list[str]:
     (fake / "utils" / "cpp_extension.py").write_text(
         "from setuptools import Extension\n"
         "from setuptools.command.build_ext import build_ext\n"
-        "class BuildExtension(build_ext):\n"
-        "    def build_extensions(self):\n"
-        "        print('BUILDS', *sorted(e.name for e in self.extensions))\n"
-        "        raise SystemExit(0)  # nothing compiled, nothing to copy\n"
+        f"class BuildExtension(build_ext):\n{builder}"
         "def CppExtension(name, sources, **kwargs):\n    return Extension(name, sources)\n"
         "CUDAExtension = CppExtension\n"
     )
@@ -248,7 +225,18 @@ def _built_extensions(tmp_path: Path, *build_ext_args: str) -> list[str]:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("BUILDS")]
+    return result.stdout.splitlines()
+
+
+def _built_extensions(tmp_path: Path, *build_ext_args: str) -> list[str]:
+    """The extensions ``setup.py build_ext ARGS`` would compile (a fake builder prints them instead)."""
+    builder = (
+        "    def build_extensions(self):\n"
+        "        print('BUILDS', *sorted(e.name for e in self.extensions))\n"
+        "        raise SystemExit(0)  # nothing compiled, nothing to copy\n"
+    )
+    printed = _build_ext_beside_a_fake_torch(tmp_path, builder, *build_ext_args)
+    (line,) = [line for line in printed if line.startswith("BUILDS")]
     return line.split()[1:]
 
 

@@ -109,6 +109,8 @@ class StepRecord:
             update=report.update,
             weights=report.weights.seen if report.weights is not None else None,
             clip_norm=report.clip_norm,
+            # Every step: a spike's modules are judged against the same recent median with or without a log.
+            module_norms=report.module_norms(),
         )
 
     @classmethod

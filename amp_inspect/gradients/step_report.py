@@ -211,6 +211,7 @@ class StepReport:
         self._total_norm_tensor: torch.Tensor | None = None
         self._summary: dict[str, Any] | None = None
         self._modules: dict[str, Any] | None = None
+        self._module_ids: tuple[list[str], np.ndarray] | None = None  # _rows_by_module's, made on first use
 
     @property
     def total_norm_tensor(self) -> torch.Tensor:
@@ -316,13 +317,19 @@ class StepReport:
         never depends on whether the per-module tables were made (a log open or not)."""
         h = self._snapshot.host()
         scale = self.scale or 1.0
-        names = list(dict.fromkeys(self.module_of_row))
-        index = {name: i for i, name in enumerate(names)}
-        ids = np.array([index[name] for name in self.module_of_row], dtype=np.int64)
+        names, ids = self._rows_by_module()
         sumsq = np.zeros(len(names), dtype=np.float64)
         np.add.at(sumsq, ids, h["sumsq"].astype(np.float64, copy=False))  # in row order, as the module records
         bad = np.bincount(ids, weights=derive("nonfinite", h).astype(np.float64), minlength=len(names))
         return {name: math.nan if bad[i] else math.sqrt(float(sumsq[i])) / scale for i, name in enumerate(names)}
+
+    def _rows_by_module(self) -> tuple[list[str], np.ndarray]:
+        """The modules in the order their first row comes, and each row's index into them (made once)."""
+        if self._module_ids is None:
+            names = list(dict.fromkeys(self.module_of_row))
+            index = {name: i for i, name in enumerate(names)}
+            self._module_ids = (names, np.array([index[name] for name in self.module_of_row], dtype=np.int64))
+        return self._module_ids
 
     def _get_modules(self) -> dict[str, Any]:
         if self._modules is None:
@@ -335,9 +342,7 @@ class StepReport:
         the optimizer sees each tensor), a derived value computed from the judged merged statistics and then
         unscaled (grad_norm: the root of the judged sum of squares, divided by the scale)."""
         unscale = scale if scale else 1.0
-        names = list(dict.fromkeys(self.module_of_row))
-        index = {name: i for i, name in enumerate(names)}
-        module_ids = np.array([index[name] for name in self.module_of_row], dtype=np.int64)
+        names, module_ids = self._rows_by_module()
         merged: dict[str, np.ndarray] = {}
         for statistic in STATISTICS:
             # Counts in int64 (exact); float statistics in float64, as Python floats add and compare.
@@ -539,11 +544,8 @@ class StepReport:
         if self.first_nonfinite:
             producer = f"first non-finite producer: {shown_name(self.first_nonfinite, limit=None)}"
             weights = self.weights.seen if self.weights is not None else None
-            if (
-                weights is not None
-                and weights.into_step == self.step
-                and finding_module(self.first_nonfinite) in (weights.nonfinite)
-            ):
+            producer_module = finding_module(self.first_nonfinite)
+            if weights is not None and weights.into_step == self.step and producer_module in weights.nonfinite:
                 producer += " (its weights were NaN/Inf going into this step)"
             lines.append(producer)
         if self.scale_decision is not None:

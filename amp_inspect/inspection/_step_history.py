@@ -9,7 +9,6 @@ from another thread while the training thread collects is safe: one lock finaliz
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from collections import deque
@@ -65,9 +64,6 @@ class StepHistory:
 
     def _finalize(self, report: StepReport, follow: Follower) -> None:
         record = StepRecord.from_report(report)
-        # Every step keeps its module norms (two sums over the rows): a spike's modules are judged against the same
-        # recent median whether or not a log is written (the log's summary reads them from its records).
-        record = dataclasses.replace(record, module_norms=report.module_norms())
         self._records.append(record)
         follow(report, record)
         for listener in self.listeners:
