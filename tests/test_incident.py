@@ -363,8 +363,8 @@ def test_a_spike_in_a_loop_that_clips_is_not_told_to_clip() -> None:
 
 def test_one_report_names_one_origin() -> None:
     """GPT-2 whose h.1.mlp.c_fc overflows fp16 (weight x1e4) under a GradScaler, the activation hooks on: the printed
-    report's "NaN/Inf started in" names the module of its "first non-finite producer", never another one (it
-    named the module closest to the output in backward order before)."""
+    report's "NaN/Inf started in" names the module of its "first non-finite producer", never another one (here
+    both kinds of evidence agree; the test below has them disagree)."""
     import re
 
     model = _gpt2()
@@ -420,3 +420,26 @@ def test_a_spike_names_the_same_modules_with_or_without_a_log(tmp_path: Path) ->
     assert without == with_log
     from_log = summarize([StepRecord.from_log_record(r) for r in amp_inspect.read_log(log)]).spikes
     assert [(s.step, [m for m, _ in s.rose]) for s in from_log] == without
+
+
+def test_one_origin_when_a_forward_overflow_reaches_every_gradient() -> None:
+    """a -> b -> head, a's fp16 output overflows: the loss is NaN, every module's gradients hold NaN and the module
+    closest to the output (head) is first in backward order. The report names a, the hooks' producer, once; it
+    named head beside the hooks' "a" before."""
+    import re
+
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1))
+    with torch.no_grad():
+        model[0].weight.mul_(1e5)
+    scaler = torch.amp.GradScaler("cpu")
+    insp = amp_inspect.attach(model, scaler, activations="always")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 8)).float().sum()
+    scaler.scale(loss).backward()
+    text = str(insp.check())
+    insp.detach()
+    assert re.search(r"first non-finite producer: 0: forward output", text), text
+    assert re.findall(r"NaN/Inf started in: ([\w. ]+?) \(", text) == ["0"], text
