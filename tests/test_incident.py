@@ -443,3 +443,45 @@ def test_one_origin_when_a_forward_overflow_reaches_every_gradient() -> None:
     insp.detach()
     assert re.search(r"first non-finite producer: 0: forward output", text), text
     assert re.findall(r"NaN/Inf started in: ([\w. ]+?) \(", text) == ["0"], text
+
+
+def _fp16_overflow_run(overflow: bool):
+    """fp16 autocast, no scaler, SGD, activation hooks always armed; with ``overflow``, h.1.mlp.c_fc's weight is
+    scaled up by 2^20 before step PLANTED_AT: its fp16 matmul overflows to Inf from finite inputs, and the step's
+    NaN/Inf gradients are applied."""
+    model = _gpt2()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    insp = amp_inspect.attach(model, activations="always")
+    g = torch.Generator().manual_seed(0)
+    for step in range(PLANTED_AT + 2):
+        if overflow and step == PLANTED_AT:
+            with torch.no_grad():
+                model.transformer.h[1].mlp.c_fc.weight.mul_(2.0**20)
+        x = torch.randint(0, 64, (2, 16), generator=g)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x, labels=x).loss
+        loss.backward()
+        insp.check()
+        opt.step()
+        opt.zero_grad()
+    insp.close()
+    return insp
+
+
+def test_a_forward_overflow_from_finite_inputs_is_called_an_overflow_of_that_module() -> None:
+    insp = _fp16_overflow_run(overflow=True)
+    report = insp.history[PLANTED_AT]
+    assert report.first_nonfinite is not None
+    assert report.first_nonfinite.startswith(f"{SOURCE}: forward output overflowed fp16 to Inf (")
+    poisoning = insp.weights_poisoned()
+    assert poisoning is not None and (poisoning.by_step, poisoning.origin) == (PLANTED_AT, SOURCE)
+    assert poisoning.overflowed == "fp16"
+    codes = {f.code: f for f in insp.doctor().findings}
+    assert "no-grad-scaler" in codes  # fp16 without a scaler: said too
+    finding = codes["weights-poisoned"]
+    assert f"{SOURCE}'s forward output overflowed fp16 at step {PLANTED_AT}" in finding.fix
+    assert "went non-finite" not in finding.fix
+    # Its healthy neighbour: no finding, no overflow.
+    healthy = _fp16_overflow_run(overflow=False)
+    assert healthy.weights_poisoned() is None
+    assert all(r.first_nonfinite is None for r in healthy.history)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from amp_inspect.core.printable import plural, shown_name
-from amp_inspect.evidence.attribution import step_origin
+from amp_inspect.evidence.attribution import finding_overflowed, step_origin
 from amp_inspect.evidence.weights import WeightsSeen
 
 APPLIED_NONFINITE = "applied_nonfinite_gradients"
@@ -57,6 +57,7 @@ class WeightPoisoning:
     by_step: int | None  # the step whose optimizer step made them
     origin: str | None  # APPLIED_NONFINITE: where that step's NaN/Inf started (a module, or the forward pass/loss)
     evidence: str | None  # how that origin was traced (attribution's FROM_* wording)
+    overflowed: str | None  # the dtype the origin's forward output overflowed to Inf ("fp16"), if that is what it did
     first_read: WeightsSeen  # the first read that found them: which modules' weights
     finite_until: int | None  # the last step known to have run on finite weights
     consequences: tuple[int, ...]  # inspected steps whose NaN/Inf follow from the weights
@@ -91,6 +92,14 @@ class WeightPoisoning:
     def action(self) -> str:
         """What to do, for this cause."""
         restore = f"the weights do not recover: restore a checkpoint saved before step {self.since}"
+        if self.cause == APPLIED_NONFINITE and self.overflowed is not None:
+            return (
+                f"{shown_name(self.origin or '?')}'s forward output overflowed {self.overflowed} at step "
+                f"{self.by_step} (its inputs were finite): run it in float32 (torch.autocast(..., enabled=False) "
+                "around it, its inputs cast to float32) or keep its inputs smaller (a normalization before it, a "
+                "smaller init or learning rate); guard the optimizer step: skip it when report.found_inf, or clip "
+                f"with clip_grad_norm_(..., error_if_nonfinite=True); {restore}"
+            )
         if self.cause == APPLIED_NONFINITE:
             return (
                 f"find why {shown_name(self.origin or '?')} went non-finite at step {self.by_step} (attach(..., "
@@ -118,6 +127,7 @@ class WeightPoisoning:
             "by_step": self.by_step,
             "origin": self.origin,
             "origin_evidence": self.evidence,
+            "origin_overflowed": self.overflowed,
             "finite_until": self.finite_until,
             "first_read": self.first_read.to_record(),
             "consequences": list(self.consequences),
@@ -151,13 +161,14 @@ def weight_poisoning(history: Sequence[Step]) -> WeightPoisoning | None:
     consequences = tuple(
         r.step for r in history if r.step >= since and (recovered is None or r.step < recovered) and r.offenders
     )
-    origin = evidence = None
+    origin = evidence = overflowed = None
     if made_by is None:
         cause = UNKNOWN
     elif made_by.offenders:
         cause = APPLIED_NONFINITE
         where = step_origin(made_by.offenders, made_by.first_nonfinite, made_by.nonfinite_origin, made_by.everywhere)
         origin, evidence = where if where is not None else (None, None)
+        overflowed = finding_overflowed(made_by.first_nonfinite)
     else:
         cause = OPTIMIZER_STEP
     return WeightPoisoning(
@@ -167,6 +178,7 @@ def weight_poisoning(history: Sequence[Step]) -> WeightPoisoning | None:
         by_step=None if made_by is None else made_by.step,
         origin=origin,
         evidence=evidence,
+        overflowed=overflowed,
         first_read=first,
         finite_until=finite_until,
         consequences=consequences,

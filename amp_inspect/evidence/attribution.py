@@ -60,6 +60,7 @@ FROM_BACKWARD_ORDER = "closest to the output in backward order"
 FROM_COUNT = "most NaN/Inf values (no backward order recorded)"
 FROM_EVERY_MODULE = "every module's gradients held NaN/Inf, so the gradients cannot place it (the activation hooks can)"
 LOSS_OR_FORWARD = "the forward pass or the loss"  # the origin named for such a step: no module
+OVERFLOW_TO_INF = " to Inf ("  # in a finding: the module's arithmetic overflowed its output dtype (activations)
 NOT_SEARCHED = "not searched"  # the start of the Inspector's note when armed hooks saw no forward pass
 
 
@@ -70,6 +71,17 @@ def finding_module(finding: str | None) -> str | None:
         return None
     module, sep, _ = finding.partition(": ")
     return module if sep else None
+
+
+def finding_overflowed(finding: str | None) -> str | None:
+    """The dtype words of a ``first_nonfinite`` finding whose module's forward output overflowed its own dtype to
+    Inf ("h.0.mlp: forward output overflowed fp16 to Inf (32 Inf), step 3" -> "fp16"), else None."""
+    if not finding or finding_module(finding) is None:
+        return None
+    _, _, problem = finding.partition(": ")
+    head, sep, _ = problem.partition(OVERFLOW_TO_INF)
+    words = head.split()
+    return words[-1] if sep and head.startswith("forward output overflowed ") and words else None
 
 
 def origin_in_order(offenders: Sequence[str], backward_order: Sequence[str]) -> str | None:

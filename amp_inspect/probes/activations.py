@@ -55,8 +55,10 @@ from amp_inspect.model.naming import module_names
 FORWARD_OUTPUT = "forward output"
 OUTPUT_GRADIENT = "output gradient"
 NONFINITE = "non-finite"
+TO_INF = " to Inf"  # the end of the problem of a forward output that overflowed its own dtype (ActivationFinding)
 MAX_RECORDS = 4096  # records held per direction before they are folded into their first finding (one sync)
 LOW_PRECISION = (torch.float16, torch.bfloat16)  # dtypes judged for overflow of the format wherever they appear
+DTYPE_WORDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,10 @@ class ActivationFinding:
 
     module: str
     direction: str  # FORWARD_OUTPUT or OUTPUT_GRADIENT
-    problem: str  # "non-finite" or f"overflowed {fmt}"
+    # "non-finite"; f"overflowed {fmt}" (finite values beyond the judged format); or f"overflowed {dtype} to Inf":
+    # the first forward output of the step that went non-finite held Inf and no NaN, so the module's own
+    # arithmetic in that dtype overflowed (no output before it was non-finite: its inputs came finite).
+    problem: str
     amax: float  # max |v| over the finite values of all the tensors in the record
     nonfinite: int  # NaN + Inf elements
     overflow: int  # finite elements that overflow the judged format
@@ -77,6 +82,8 @@ class ActivationFinding:
     def __str__(self) -> str:
         if self.problem == NONFINITE:
             text = f"{shown_name(self.module)}: {self.direction} went non-finite ({self.nonfinite} NaN/Inf)"
+        elif self.problem.endswith(TO_INF):
+            text = f"{shown_name(self.module)}: {self.direction} {self.problem} ({self.nonfinite} Inf)"
         else:
             text = f"{shown_name(self.module)}: {self.direction} {self.problem}, amax {self.amax:.1e}"
         if self.made_by is not None:
@@ -95,6 +102,7 @@ class ActivationRecord:
     stats: TensorStats
     step: int | None
     judged: tuple[bool, ...] = ()  # per row: whether overflow of the format counts (see "judged"); () = all rows
+    dtypes: tuple[torch.dtype, ...] = ()  # per row: the tensor's dtype (() in records made before it was kept)
 
 
 def _float_tensors(output: object) -> list[torch.Tensor]:
@@ -272,7 +280,10 @@ class ActivationWatcher:
         with torch.no_grad():
             stats = tensor_stats([t.detach() for t in tensors], formats=self.formats)
         judged = tuple(t.dtype in LOW_PRECISION or _autocast_casts(t) for t in tensors)
-        record = ActivationRecord(self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step, judged)
+        dtypes = tuple(t.dtype for t in tensors)
+        record = ActivationRecord(
+            self._next_seq(FORWARD_OUTPUT), name, FORWARD_OUTPUT, stats, self.step, judged, dtypes
+        )
         self._add(self._forward, record)
         epoch = self._epoch
         for t in tensors:
@@ -340,10 +351,19 @@ class ActivationWatcher:
     def _findings_of(self, records: Sequence[ActivationRecord]) -> list[ActivationFinding]:
         summaries = _summarize(records)
         found = []
-        for i, (record, (nonfinite, overflow, amax)) in enumerate(zip(records, summaries, strict=True)):
+        for i, (record, (nonfinite, overflow, amax, inf_dtype)) in enumerate(zip(records, summaries, strict=True)):
             if nonfinite == 0 and overflow == 0:
                 continue
             problem = NONFINITE if nonfinite else f"overflowed {record.stats.formats[0]}"
+            if (
+                inf_dtype is not None
+                and record.direction == FORWARD_OUTPUT
+                and not found
+                and not self._folded.get(FORWARD_OUTPUT)
+            ):
+                # The step's first forward output to go non-finite, with Inf and no NaN: the module's own
+                # arithmetic overflowed its output dtype (inputs non-finite would have shown in an output before).
+                problem = f"overflowed {inf_dtype}{TO_INF}"
             made_by = None
             if record.direction == OUTPUT_GRADIENT and not found and i > 0:
                 made_by = _maker(record.module, records[:i])
@@ -362,9 +382,11 @@ class ActivationWatcher:
         return found[0] if found else None
 
 
-def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, float]]:
-    """(nonfinite, overflow of the record's first format, amax) per record, with one device-to-host copy per device
-    (a record keeps the formats it was made with: an Inspector's formats may follow the autocast dtype later)."""
+def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, float, str | None]]:
+    """(nonfinite, overflow of the record's first format, amax, inf_dtype) per record, with one device-to-host copy
+    per device (a record keeps the formats it was made with: an Inspector's formats may follow the autocast dtype
+    later). ``inf_dtype``: when the record holds Inf and no NaN, the words for the narrowest dtype among its
+    tensors with Inf ("fp16"); else None."""
     if not records:
         return []
     by_device: dict[torch.device, list[int]] = {}
@@ -379,6 +401,7 @@ def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, floa
                 torch.cat([s.nonfinite for s in group]).double(),
                 torch.cat([s.overflow[:, 0] for s in group]).double(),
                 torch.cat([s.amax for s in group]).double(),
+                torch.cat([s.nan for s in group]).double(),
             ],
             dim=1,
         ).tolist()
@@ -390,7 +413,13 @@ def _summarize(records: Sequence[ActivationRecord]) -> list[tuple[int, int, floa
     for record, rs in zip(records, rows, strict=True):
         judged = record.judged or (True,) * len(rs)
         overflow = sum(r[1] for r, j in zip(rs, judged, strict=True) if j)
-        out.append((int(sum(r[0] for r in rs)), int(overflow), max((r[2] for r in rs), default=0.0)))
+        nonfinite, nan = int(sum(r[0] for r in rs)), int(sum(r[3] for r in rs))
+        inf_dtype = None
+        if nonfinite > 0 and nan == 0 and len(record.dtypes) == len(rs):
+            with_inf = [d for r, d in zip(rs, record.dtypes, strict=True) if r[0] > 0]
+            narrowest = min(with_inf, key=lambda d: torch.finfo(d).max)
+            inf_dtype = DTYPE_WORDS.get(narrowest, str(narrowest))
+        out.append((nonfinite, int(overflow), max((r[2] for r in rs), default=0.0), inf_dtype))
     return out
 
 
