@@ -485,3 +485,18 @@ def test_a_forward_overflow_from_finite_inputs_is_called_an_overflow_of_that_mod
     healthy = _fp16_overflow_run(overflow=False)
     assert healthy.weights_poisoned() is None
     assert all(r.first_nonfinite is None for r in healthy.history)
+
+
+def test_a_summary_reads_the_poisoning_once(bf16_runs, monkeypatch) -> None:
+    """One timeline per summary: the blame, the findings, the collapse and skip-run lines judge by the same
+    poisoning (a slice of the run is never judged by a poisoning of its own)."""
+    import amp_inspect.diagnosis.history as history
+    import amp_inspect.diagnosis.incident as incident
+
+    insp, _, _ = bf16_runs[True]
+    calls = []
+    real = incident.weight_poisoning
+    for module in (history, incident):
+        monkeypatch.setattr(module, "weight_poisoning", lambda h: calls.append(len(h)) or real(h))
+    summary = insp.summary()
+    assert summary.weights is not None and calls == [STEPS]  # was 5 per summary

@@ -26,6 +26,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import TYPE_CHECKING
 
 from amp_inspect.core.printable import shown_name
@@ -166,33 +167,45 @@ def finding_kind(finding: str) -> str:
     return re.sub(r", amax [^,]*", "", text)
 
 
-def first_findings(history: list[StepRecord]) -> Counter:
+def first_findings(history: list[StepRecord], poisoning: WeightPoisoning | None | EllipsisType = ...) -> Counter:
     """first_nonfinite findings (finding_kind) -> the steps that had them, most first; the hooks' note that they saw
-    nothing is left out, and so are steps whose NaN/Inf followed from poisoned weights (incident.origin_steps)."""
-    return Counter(finding_kind(r.first_nonfinite) for r in origin_steps(history) if finding_module(r.first_nonfinite))
+    nothing is left out, and so are steps whose NaN/Inf followed from poisoned weights (incident.origin_steps;
+    ``poisoning`` as there)."""
+    steps = origin_steps(history, poisoning)
+    return Counter(finding_kind(r.first_nonfinite) for r in steps if finding_module(r.first_nonfinite))
 
 
-def nonfinite_blame(history: list[StepRecord], poisoned: bool = False) -> Blame:
+def nonfinite_blame(
+    history: list[StepRecord], poisoned: bool = False, poisoning: WeightPoisoning | None | EllipsisType = ...
+) -> Blame:
     """Where the NaN/Inf of the skipped (or the poisoned) steps started: attribution.blame on the history, leaving
-    out the steps whose NaN/Inf followed from poisoned weights (incident.origin_steps)."""
-    steps = [r for r in origin_steps(history) if (r.poisoned if poisoned else r.skipped)]
+    out the steps whose NaN/Inf followed from poisoned weights (incident.origin_steps; ``poisoning`` as there)."""
+    steps = [r for r in origin_steps(history, poisoning) if (r.poisoned if poisoned else r.skipped)]
     return blame((r.offenders, r.first_nonfinite, r.nonfinite_origin, r.everywhere) for r in steps)
 
 
 def top_offender(history: list[StepRecord]) -> str | None:
     """The module the skipped (else the poisoned) steps' NaN/Inf started in most often: what every surface calls
     "the top offender"."""
-    return nonfinite_blame(history).top or nonfinite_blame(history, poisoned=True).top
-
-
-def where_started(history: list[StepRecord], start: int, end: int, default: str) -> str:
-    """Where the NaN/Inf of ``history[start:end + 1]`` started, as a run of steps is told: the weights when they
-    were already NaN/Inf on those steps (incident.weight_poisoning of the whole history), else the top of their
-    blame, else ``default``."""
     poisoning = weight_poisoning(history)
+    return nonfinite_blame(history, poisoning=poisoning).top or nonfinite_blame(history, True, poisoning).top
+
+
+def where_started(
+    history: list[StepRecord],
+    start: int,
+    end: int,
+    default: str,
+    poisoning: WeightPoisoning | None | EllipsisType = ...,
+) -> str:
+    """Where the NaN/Inf of ``history[start:end + 1]`` started, as a run of steps is told: the weights when they
+    were already NaN/Inf on those steps (incident.weight_poisoning of the whole history: ``poisoning`` when the
+    caller has it), else the top of their blame, else ``default``."""
+    if poisoning is ...:
+        poisoning = weight_poisoning(history)
     if poisoning is not None and history[start].step in poisoning.consequences:
         return f"the weights, NaN/Inf since step {poisoning.since} (every gradient follows from them)"
-    return nonfinite_blame(history[start : end + 1]).shown_top(default)
+    return nonfinite_blame(history[start : end + 1], poisoning=poisoning).shown_top(default)
 
 
 def uses_fp16(history: list[StepRecord]) -> bool:
@@ -390,9 +403,12 @@ def followed_the_scale(history: list[StepRecord], run: SkipRun) -> bool:
     return run.after is not None and scale_fall(history, run) > 1
 
 
-def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | None:
+def collapse_warning(
+    history: list[StepRecord], collapse_skips: int, poisoning: WeightPoisoning | None | EllipsisType = ...
+) -> str | None:
     """A message when the latest records show a collapse (the module docstring defines it), or skipped steps in a
-    row at a scale that did not fall (said as such), naming where the NaN/Inf started; else None."""
+    row at a scale that did not fall (said as such), naming where the NaN/Inf started (``poisoning``: as in
+    where_started); else None."""
     if not history:
         return None
     last = history[-1]
@@ -412,7 +428,7 @@ def collapse_warning(history: list[StepRecord], collapse_skips: int) -> str | No
             # that chooses a scale below 1 from the measured gradients has not collapsed.)
             return f"loss scale collapse at step {last.step}: scale {scale} is below 1"
         return None
-    where = where_started(history, trailing.start, trailing.end, "no module (no NaN/Inf in gradients)")
+    where = where_started(history, trailing.start, trailing.end, "no module (no NaN/Inf in gradients)", poisoning)
     fall = scale_fall(history, trailing)
     first = history[trailing.start].scale
     if last.scale is not None and fall >= COLLAPSE_FACTOR:
@@ -450,9 +466,9 @@ def summarize(
     if not history:
         return summary
     summary.weights = weight_poisoning(history)
-    summary.blame = nonfinite_blame(history)
-    summary.poisoned_blame = nonfinite_blame(history, poisoned=True)
-    summary.first_nonfinite = first_findings(history)
+    summary.blame = nonfinite_blame(history, poisoning=summary.weights)
+    summary.poisoned_blame = nonfinite_blame(history, True, summary.weights)
+    summary.first_nonfinite = first_findings(history, summary.weights)
     summary.spikes = spikes_of(history)
     summary.autocast = next((r.autocast for r in reversed(history) if r.autocast), None)
     summary.scaler = has_scaler(history)
@@ -465,7 +481,7 @@ def summarize(
     # The poisoned steps an origin is traced on: not those whose NaN/Inf came from weights already NaN/Inf, and not
     # the one step that made them so (the weights finding tells that one).
     made_them = summary.weights.by_step if summary.weights is not None else None
-    poisoned = [r for r in origin_steps(history) if r.poisoned and r.step != made_them]
+    poisoned = [r for r in origin_steps(history, summary.weights) if r.poisoned and r.step != made_them]
     if poisoned:
         summary.poisoned_offenders = Counter(m for r in poisoned for m in r.offenders)
         named = summary.poisoned_blame.shown_top("no module named")
@@ -484,10 +500,10 @@ def summarize(
         )
         summary.advice.append(summary.poisoned_advice)
 
-    warning = collapse_warning(history, collapse_skips)
+    warning = collapse_warning(history, collapse_skips, summary.weights)
     run, end = longest_skip_run(history)
     if warning is None and run >= collapse_skips:
-        where = where_started(history, end - run + 1, end, "no module named")
+        where = where_started(history, end - run + 1, end, "no module named", summary.weights)
         warning = f"{run} skipped steps in a row earlier in the run, up to step {history[end].step}"
         warning += f" (started in {where})"
     if warning:

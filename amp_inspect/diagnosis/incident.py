@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Protocol
 
 from amp_inspect.core.printable import plural, shown_name
@@ -185,10 +186,12 @@ def weight_poisoning(history: Sequence[Step]) -> WeightPoisoning | None:
     )
 
 
-def origin_steps(history: Sequence[Step]) -> list[Step]:
+def origin_steps(history: Sequence[Step], poisoning: WeightPoisoning | None | EllipsisType = ...) -> list[Step]:
     """``history`` without the steps whose NaN/Inf follow from poisoned weights: the steps an origin may be traced
-    on."""
-    poisoning = weight_poisoning(history)
+    on. ``poisoning``: the run's weight_poisoning when the caller has it (once per summary; also what a part of
+    the run is judged by), else read here from ``history``."""
+    if poisoning is ...:
+        poisoning = weight_poisoning(history)
     if poisoning is None:
         return list(history)
     followed = set(poisoning.consequences)
