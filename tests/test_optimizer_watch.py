@@ -765,3 +765,36 @@ def test_a_learning_rate_of_0_is_read_as_such_whatever_its_number_type(zero) -> 
 
     assert not bool(_asked_to_move({"lr": zero}, torch.device("cpu")))
     assert bool(_asked_to_move({"lr": zero + 1e-3}, torch.device("cpu")))
+
+
+def test_lbfgs_with_check_inside_its_closure_is_measured_for_the_whole_step() -> None:
+    """LBFGS calls the closure several times per step and each check() in it is an inspected step; the update is
+    the whole optimizer step's (before its first closure call to its end), on the step of its first check()."""
+    model = Net()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=6)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    seen: list[dict] = []
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        insp.check()
+        if not seen:
+            seen.append({n: p.detach().clone() for n, p in model.named_parameters()})
+            seen.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        return loss
+
+    opt.step(closure)
+    first = insp.step
+    assert first > 2  # several inner iterations, each an inspected step
+    measured = [r for r in insp.history if r.update is not None]
+    assert [r.step for r in measured] == [0]
+    _check_exact(measured[0].update, _oracle(model, *seen))
+    # A second optimizer step: measured again, whole, on its own first check().
+    seen.clear()
+    opt.step(closure)
+    measured = [r for r in insp.history if r.update is not None]
+    assert [r.step for r in measured] == [0, first]
+    _check_exact(measured[1].update, _oracle(model, *seen))

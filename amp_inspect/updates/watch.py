@@ -5,7 +5,8 @@ On a measured step, and only then, the optimizer's step hooks (``register_step_p
 ``register_step_post_hook``, one pair per optimizer) do this:
 
 - before the step (for a step given a closure, as Lightning's and LBFGS's are: after the closure's first call, which
-  makes the gradients): a snapshot of every parameter of the optimizer that has a gradient (``p.detach().clone()``, in
+  makes the gradients; a check() inside the closure, which LBFGS calls several times per step, is an inspected step
+  within the optimizer step: the update is the whole step's, on the step of its first check()): a snapshot of every parameter of the optimizer that has a gradient (``p.detach().clone()``, in
   the parameter's own dtype; an FSDP2 DTensor by this rank's shard), and a reference to its gradient as the
   optimizer sees it: after GradScaler's unscale, which ``scaler.step`` makes before it calls ``optimizer.step``;
 - after the step: one ``update_stats`` pass per device over (before, after, gradient, and Adam's ``exp_avg_sq``
@@ -181,6 +182,9 @@ class OptimizerWatch:
         self._handles: list[RemovableHandle] = []
         self._warned: set[str] = set()  # why parameters were left out, each said once
         self._measured: int | None = None  # the last step whose optimizer step was measured
+        # Closures of a measured optimizer step running now: a check() inside one (LBFGS calls it several times per
+        # step, each check() an inspected step) is within that optimizer step, which is not over yet.
+        self._in_closure = 0
         for optimizer in self.optimizers:
             self._handles.append(optimizer.register_step_pre_hook(_Hook(self, after=False)))
             self._handles.append(optimizer.register_step_post_hook(_Hook(self, after=True)))
@@ -229,14 +233,18 @@ class OptimizerWatch:
         optimizer steps ran or were skipped): steps before it are over (their statistics complete: an optimizer
         step that never came was skipped), and the report of a measured step holds its UpdateStats, so that its log
         line waits for them (after update(), no longer than that: a step GradScaler skipped is complete there)."""
-        for step in [s for s in self._slots if s < next_step - 1]:
+        # An optimizer step whose closure runs this check() is still going: its snapshot and its step's statistics
+        # stay until its post hook (the whole step measured, on the step of its first check()).
+        running = {snap.step for snap in self._snapshots.values()} if self._in_closure else set()
+        for step in [s for s in self._slots if s < next_step - 1 and s not in running]:
             self._complete(self._slots.pop(step))
         # A step that raised inside optimizer.step() never ran its post hook: its copy of the parameters goes now.
-        for key in [k for k, snap in self._snapshots.items() if snap.step < next_step - 1]:
+        for key in [k for k, snap in self._snapshots.items() if snap.step < next_step - 1 and snap.step not in running]:
             del self._snapshots[key]
         part: dict[str, Any] = {}
         this_step = self.every is not None and report is not None and report.step == next_step - 1
-        if this_step and self._due(report.step):  # type: ignore[union-attr]
+        within = any(report.step > step for step in running) if this_step else False  # type: ignore[union-attr]
+        if this_step and not within and self._due(report.step):  # type: ignore[union-attr]
             part = {"update": self._slot(report.step).stats}  # type: ignore[union-attr]
         if optimizer_done and next_step - 1 in self._slots:
             self._complete(self._slots.pop(next_step - 1))
@@ -258,9 +266,17 @@ class OptimizerWatch:
             self._snapshot(optimizer)
             return None
 
+        first_call = True
+
         def measured_closure() -> Any:
-            loss = closure()
-            if self.every is not None and id(optimizer) not in self._snapshots:  # LBFGS calls it again mid-step
+            nonlocal first_call
+            self._in_closure += 1
+            try:
+                loss = closure()
+            finally:
+                self._in_closure -= 1
+            if first_call and self.every is not None:  # LBFGS calls it again mid-step: the snapshot is the first's
+                first_call = False
                 self._safely(self._snapshot, optimizer)
             return loss
 
