@@ -7,8 +7,9 @@ On a measured step, and only then, the optimizer's step hooks (``register_step_p
 - before the step (for a step given a closure, as Lightning's and LBFGS's are: after the closure's first call, which
   makes the gradients; a check() inside the closure, which LBFGS calls several times per step, is an inspected step
   within the optimizer step: the update is the whole step's, on the step of its first check()): a snapshot of every
-  parameter of the optimizer that has a gradient (``p.detach().clone()``, in the parameter's own dtype; an FSDP2 DTensor by this rank's shard), and a reference to its gradient as the
-  optimizer sees it: after GradScaler's unscale, which ``scaler.step`` makes before it calls ``optimizer.step``;
+  parameter of the optimizer that has a gradient (``p.detach().clone()``, in the parameter's own dtype; an FSDP2
+  DTensor by this rank's shard), and a reference to its gradient as the optimizer sees it: after GradScaler's unscale,
+  which ``scaler.step`` makes before it calls ``optimizer.step``;
 - after the step: one ``update_stats`` pass per device over (before, after, gradient, and Adam's ``exp_avg_sq``
   where the optimizer state holds it: Adam, AdamW, foreach and fused alike), then the snapshot is dropped.
 
