@@ -357,7 +357,7 @@ def test_case8_innocent_nan_advice_points_at_a_finding_only_when_there_is_one() 
     history = [record(i, 65536.0, False, scale_decision=_decision(65536.0, 65536.0)) for i in range(5)]
     history.insert(3, record(3, 65536.0, True, ["fc"], scale_decision=decision))
     history = [StepRecord(**{**r.__dict__, "step": i}) for i, r in enumerate(history)]
-    (advice,) = [a for a in summarize(history).advice if "did not" in a]
+    (advice,) = [a for a in summarize(history).advice if "do not explain" in a]
     assert "first_nonfinite finding" not in advice and "activations='on_skip'" in advice
     assert "one-off" in advice  # a single step, clean after it at the same scale
     found = [
@@ -366,7 +366,7 @@ def test_case8_innocent_nan_advice_points_at_a_finding_only_when_there_is_one() 
         else r
         for r in history
     ]
-    (advice,) = [a for a in summarize(found).advice if "did not" in a]
+    (advice,) = [a for a in summarize(found).advice if "do not explain" in a]
     assert "the activation hooks name it: fc: forward output went non-finite" in advice
 
 

@@ -105,7 +105,7 @@ def test_decisions_that_change_the_scale_or_skip_are_shown_with_reason_and_skip_
     for step, d in enumerate(decisions):
         assert (step in by_step) == (d.skip is not None or d.scale != d.previous or d.unsafe_scale is not None)
     text = str(by_step[NAN_STEPS[0]])
-    assert f"step {NAN_STEPS[0]}: scale 2^" in text and "non-finite not caused by the scale" in text
+    assert f"step {NAN_STEPS[0]}: scale 2^" in text and "non-finite, not explained by the measured gradients" in text
     assert "blocks.1.mlp" in text
 
 
@@ -161,7 +161,7 @@ def test_summary_lists_the_decisions(tmp_path: Path, capsys: pytest.CaptureFixtu
     lines = out.splitlines()
     for step in (0, *NAN_STEPS, SPIKE_STEP):
         row = next(line for line in lines if line.strip("│ ").startswith(f"{step} ") and "2^" in line)
-        reason = {0: "start", SPIKE_STEP: "overflow caused by the scale"}.get(step, "non-finite not caused")
+        reason = {0: "start", SPIKE_STEP: "overflow caused by the scale"}.get(step, "non-finite, not explained")
         assert reason in row, row
     spike = next(line for line in lines if line.strip("│ ").startswith(f"{SPIKE_STEP} "))
     assert "overflow (the scale)" in spike
@@ -189,7 +189,7 @@ def test_html_report_lists_the_decisions(tmp_path: Path) -> None:
     assert "loss-scale policy<b>headroom</b>" in page
     assert "Loss-scale decisions (policy &#x27;headroom&#x27;)" in section
     assert section.count("<tr>") == 1 + len(summarize(_history(records)).decisions)
-    assert "non-finite not caused by the scale" in section and "overflow caused by the scale" in section
+    assert "non-finite, not explained by the measured gradients" in section and "overflow caused by the scale" in section
     assert "&lt;b&gt;head&lt;/b&gt;" in section and "<b>head</b>" not in section
 
 
@@ -201,7 +201,7 @@ def test_loss_scale_figure_marks_the_decisions_by_reason() -> None:
     fig = plots.loss_scale(records)
     ax = fig.axes[0]
     marks = {line.get_label(): line for line in ax.get_lines() if line.get_label().startswith("decision: ")}
-    nonfinite = marks["decision: non-finite not caused by the scale (3)"]
+    nonfinite = marks["decision: non-finite, not explained by the measured gradients (3)"]
     assert list(nonfinite.get_xdata()) == list(NAN_STEPS)
     assert list(nonfinite.get_ydata()) == [records[s + 1]["scale"] for s in NAN_STEPS]  # the scale chosen
     assert list(marks["decision: overflow caused by the scale (1)"].get_xdata()) == [SPIKE_STEP]
@@ -268,7 +268,7 @@ def test_advice_on_gradscaler_settings_only_under_the_torch_policy() -> None:
 
     under_headroom = summarize(_history(records), growth_interval=2000, backoff_factor=0.5)
     assert not [a for a in under_headroom.advice if any(w in a for w in GRADSCALER_WORDS)], under_headroom.advice
-    innocent = [a for a in under_headroom.advice if "the loss scale did not cause" in a]
+    innocent = [a for a in under_headroom.advice if "the measured gradients do not explain" in a]
     assert len(innocent) == 1 and f"first: step {NAN_STEPS[0]}" in innocent[0] and "blocks.1.mlp" in innocent[0]
 
 
@@ -307,7 +307,7 @@ def test_live_summary_follows_the_scalers_policy() -> None:
     headroom = summaries["headroom"]
     assert headroom.policy == POLICY_HEADROOM
     assert not [a for a in headroom.advice if any(w in a for w in GRADSCALER_WORDS)], headroom.advice
-    assert any("the loss scale did not cause" in a for a in headroom.advice)
+    assert any("the measured gradients do not explain" in a for a in headroom.advice)
     assert [c.step for c in headroom.decisions if c.decision.skip] == list(NAN_STEPS)
 
 
@@ -339,3 +339,28 @@ def test_every_log_line_carries_the_decision_also_with_check_before_step(tmp_pat
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all(r["scale_decision"]["scale"] > 0 for r in records)
     assert [r.scale_decision.reason for r in insp.history] == [r["scale_decision"]["reason"] for r in records]
+
+
+def test_a_run_of_nan_steps_the_gradients_do_not_explain_is_told_how_far_the_scale_fell() -> None:
+    """Issue 29: six NaN steps with finite gradients beside them halve the headroom scale each step (as GradScaler's:
+    a hidden intermediate the scale overflowed looks the same); the advice says so instead of 'without collapsing
+    the scale'. A NaN loss (no finite gradient) falls at most one binade, and is told so."""
+    from amp_inspect.evidence.headroom import Headroom
+    from amp_inspect.scaling.policies import HeadroomPolicy, StepStats
+
+    def run(finite_beside: bool) -> list[str]:
+        policy, scale, history = HeadroomPolicy(), 1.0, []
+        for step in range(30):
+            bad = 10 <= step < 16
+            amax = (1e-3 * scale if finite_beside else 0.0) if bad else 1e-2 * scale
+            decision = policy.decide(StepStats(scale, amax, 5 if bad else 0, 0))
+            norm = math.nan if bad else 1.0
+            facts = {"total_norm": norm, "headroom": Headroom(None, None), "recommended_scale": None}
+            history.append(StepRecord(step, scale, bad, ["fc"] if bad else [], **facts, scale_decision=decision))
+            scale = decision.scale
+        return [a for a in summarize(history).advice if "do not explain" in a]
+
+    (halved,) = run(finite_beside=True)
+    assert "the scale fell x64 over such a run of steps" in halved and "without collapsing" not in halved
+    (bounded,) = run(finite_beside=False)
+    assert "without collapsing the scale" in bounded and "fell x" not in bounded

@@ -118,7 +118,7 @@ class ScaleDecision:
             text += f"; the NaN/Inf at scale {self.unsafe_scale:g} vanished at {self.previous:g}: the scale caused it"
         if self.skip == SKIP_NONFINITE:
             shown = ", ".join(map(shown_name, self.offenders[:5])) or "all gradients"
-            text += f"; step skipped: non-finite not caused by the scale ({shown})"
+            text += f"; step skipped: non-finite, not explained by the measured gradients ({shown})"
         elif self.skip == SKIP_OVERFLOW:
             text += "; step skipped: overflow caused by the scale"
         return text
@@ -135,6 +135,19 @@ class RunFacts:
     clean_after: frozenset[int]  # steps followed by a step that was not skipped
     min_down: int | None  # the fewest halvings of headroom below, over the run (None: not measured)
     fp16: bool  # the run's autocast is fp16
+
+
+def _largest_fall(decisions: Sequence[tuple[int, ScaleDecision]]) -> float:
+    """The largest factor the scale fell by over a run of consecutive steps among ``decisions`` ((step, decision),
+    in step order): the scale before the run's first step over the scale after its last."""
+    largest, start = 1.0, 0
+    for i, (step, decision) in enumerate(decisions):
+        if i > 0 and step != decisions[i - 1][0] + 1:
+            start = i
+        first = decisions[start][1].previous
+        if decision.scale > 0:
+            largest = max(largest, first / decision.scale)
+    return largest
 
 
 @runtime_checkable
@@ -222,12 +235,14 @@ class HeadroomPolicy:
         HEADROOM: "headroom: set from the measured room",
         MARGIN: "margin widened: an overflow with measured room left, or NaN/Inf gone at a lower scale",
         OVERFLOW: "overflow caused by the scale",
-        NONFINITE_NOT_FROM_SCALE: "non-finite not caused by the scale",
+        # Not "caused by the scale" nor "not caused": the measured gradients had room, so they do not explain it (a
+        # bad batch, a forward overflow, a loss spike times the scale, a hidden intermediate of backward).
+        NONFINITE_NOT_FROM_SCALE: "non-finite, not explained by the measured gradients",
         NO_DATA: "no data: every gradient zero",
     }
     skip_words: ClassVar[Mapping[str, str]] = {
         SKIP_OVERFLOW: "overflow (the scale)",
-        SKIP_NONFINITE: "non-finite not from the scale",
+        SKIP_NONFINITE: "non-finite, not explained by the measured gradients",
     }
     routine: ClassVar[tuple[str, ...]] = (HEADROOM,)  # plain headroom moves: shown after the rest
 
@@ -493,10 +508,18 @@ class HeadroomPolicy:
                     "gradients"
                 )
             else:
-                what = "the headroom policy skipped them without collapsing the scale; no scaler setting fixes them"
+                fall = _largest_fall(innocent)
+                what = (
+                    "the headroom policy skipped them without collapsing the scale"
+                    if fall <= 2.0
+                    else f"the scale fell x{fall:g} over such a run of steps (halved each step, as GradScaler's, "
+                    "where some gradients stayed finite: a hidden intermediate of backward the scale overflowed "
+                    "looks the same), and came back once steps ran clean"
+                )
+                what += "; no scaler setting fixes them"
             advice.append(
-                f"{len(innocent)} skipped steps (first: step {innocent[0][0]}) held NaN/Inf that the loss scale did "
-                f"not cause, as the policy judged (started in {facts.blame}): {what}. Look for the source "
+                f"{len(innocent)} skipped steps (first: step {innocent[0][0]}) held NaN/Inf that the measured "
+                f"gradients do not explain (started in {facts.blame}): {what}. Look for the source "
                 f"({facts.source_hint})"
             )
         widened = [step for step, d in facts.decisions if d.reason == MARGIN]
