@@ -189,7 +189,8 @@ def test_html_report_lists_the_decisions(tmp_path: Path) -> None:
     assert "loss-scale policy<b>headroom</b>" in page
     assert "Loss-scale decisions (policy &#x27;headroom&#x27;)" in section
     assert section.count("<tr>") == 1 + len(summarize(_history(records)).decisions)
-    assert "non-finite, not explained by the measured gradients" in section and "overflow caused by the scale" in section
+    assert "non-finite, not explained by the measured gradients" in section
+    assert "overflow caused by the scale" in section
     assert "&lt;b&gt;head&lt;/b&gt;" in section and "<b>head</b>" not in section
 
 
