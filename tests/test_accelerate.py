@@ -86,3 +86,40 @@ def test_an_inspecting_gradscaler_given_to_accelerate(fresh_accelerator) -> None
     insp.detach()
     assert [r.found_inf for r in reports] == [False, True, False]
     assert [r.step for r in insp.history] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("poisoned", [True, False])
+def test_save_state_from_nan_weights_warns_and_still_saves(fresh_accelerator, tmp_path, poisoned: bool) -> None:
+    """Issue 29: accelerate has no callback, so guard_checkpoints hooks save_state; NaN/Inf weights (an Inf applied
+    on step 2 with no scaler to skip it) warn, naming the step they became so and the module; finite ones do not."""
+    import warnings
+
+    from amp_inspect.integrations import guard_checkpoints
+    from amp_inspect.integrations._common import PoisonedCheckpointWarning
+
+    accelerator = fresh_accelerator(mixed_precision="bf16", cpu=True)
+    model = _model()
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    insp = amp_inspect.attach(model, accelerator.scaler)
+    handle = guard_checkpoints(accelerator, insp)
+    _run(accelerator, model, optimizer, insp, 4, bad={2} if poisoned else set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator.save_state(str(tmp_path / "ckpt"))
+    said = [str(w.message) for w in caught if issubclass(w.category, PoisonedCheckpointWarning)]
+    assert any((tmp_path / "ckpt").iterdir())  # written either way: the data is the user's
+    if poisoned:
+        (message,) = said
+        assert "accelerator.save_state(" in message and "the weights became NaN/Inf at step 3" in message
+        assert "started in 2 " in message
+    else:
+        assert said == []
+    handle.remove()
+    insp.detach()
+
+
+def test_guard_checkpoints_refuses_what_is_not_an_accelerator() -> None:
+    from amp_inspect.integrations import guard_checkpoints
+
+    with pytest.raises(TypeError, match="has no register_save_state_pre_hook"):
+        guard_checkpoints(object(), amp_inspect.attach(_model()))

@@ -4,6 +4,7 @@
 - ``WandbLogger`` (amp_inspect.integrations.wandb; ``pip install amp_inspect[wandb]``)
 - ``AmpInspectCallback`` for Lightning (amp_inspect.integrations.lightning; ``pip install amp_inspect[lightning]``)
 - ``AmpInspectTrainerCallback`` for transformers' Trainer (amp_inspect.integrations.hf; ``pip install amp_inspect[hf]``)
+- ``guard_checkpoints`` for accelerate's ``save_state`` (amp_inspect.integrations.accelerate; ``[accelerate]``)
 
 Importing this package imports none of those packages: each name is imported on first use, and a missing
 package raises an ImportError that names the extra to install. Usage::
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from amp_inspect._lazy import lazy_names
 
 if TYPE_CHECKING:
+    from amp_inspect.integrations.accelerate import guard_checkpoints
     from amp_inspect.integrations.hf import AmpInspectTrainerCallback
     from amp_inspect.integrations.lightning import AmpInspectCallback
     from amp_inspect.integrations.tensorboard import TensorBoardLogger
@@ -30,9 +32,10 @@ _MODULE_OF = {
     "WandbLogger": "wandb",
     "AmpInspectCallback": "lightning",
     "AmpInspectTrainerCallback": "hf",
+    "guard_checkpoints": "accelerate",
 }
 
-__all__ = ["AmpInspectCallback", "AmpInspectTrainerCallback", "TensorBoardLogger", "WandbLogger"]
+__all__ = ["AmpInspectCallback", "AmpInspectTrainerCallback", "TensorBoardLogger", "WandbLogger", "guard_checkpoints"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _MODULE_OF)
