@@ -36,6 +36,7 @@ TORCH_FREE = (
     "amp_inspect.evidence.headroom",
     "amp_inspect.diagnosis.history",
     "amp_inspect.core.printable",
+    "amp_inspect.core.advice",
     "amp_inspect.readiness.report",
     "amp_inspect.core.recipes",
     "amp_inspect.runlog.log",

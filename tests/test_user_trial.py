@@ -246,10 +246,14 @@ def test_the_doctor_files_poisoned_steps_as_a_warning_and_spikes_apart_from_scal
     assert warning.severity == "warning" and "2 steps (first: step 4) had NaN/Inf gradients" in warning.message
     assert "the weights may be NaN" in warning.fix and not any(f.code == "scaler-advice" for f in poisoned)
     assert not doctor(history=_records(None, poisoned=(4, 5))).ok  # a warning: the weights may be NaN
+    # Typed where it rests on steps and modules (issue 29: filed by the advice's own fields, not its text).
+    assert warning.steps == (4, 5) and warning.modules == ("head",)
+    assert warning.to_json()["steps"] == [4, 5]
 
     spiked = doctor(history=_records(None, spike=10)).findings
     (spike,) = [f for f in spiked if f.code == "gradient-spikes"]
     assert spike.severity == "info" and "1 gradient spike" in spike.message and "step 10" in spike.message
+    assert spike.steps == (10,)
     assert not any(f.code in ("scaler-advice", "poisoned-steps") for f in spiked)
 
     clean = codes_of(doctor(history=_records(None)).findings)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import TYPE_CHECKING
 
+from amp_inspect.core.advice import Advice
 from amp_inspect.core.printable import shown_name
 from amp_inspect.diagnosis.incident import WeightPoisoning, origin_steps, weight_poisoning
 from amp_inspect.evidence.attribution import (
@@ -475,7 +476,9 @@ def summarize(
     summary.policy = policy_of(r.scale_decision for r in history)
     if summary.weights is not None:
         summary.warnings.append(summary.weights.headline())
-        summary.weights_advice = summary.weights.action()
+        summary.weights_advice = Advice(
+            summary.weights.action(), code="weights-poisoned", severity="error", steps=(summary.weights.since,)
+        )
         summary.advice.append(summary.weights_advice)
     summary.poisoned = sum(r.poisoned for r in history)
     # The poisoned steps an origin is traced on: not those whose NaN/Inf came from weights already NaN/Inf, and not
@@ -491,12 +494,17 @@ def summarize(
             "fp16": "fp16 autocast needs a GradScaler (the doctor says how); and find",
         }.get(summary.autocast or "", "Find")
         # The tool sees no GradScaler skip them, but the user's loop may skip such steps itself: it cannot tell.
-        summary.poisoned_advice = (
+        summary.poisoned_advice = Advice(
             f"{len(poisoned)} steps (first: step {poisoned[0].step}) had NaN/Inf gradients (started in {named}) and "
-            "no enabled GradScaler to skip them: unless your loop skips them, the optimizer applied them, so the "
+            "no enabled GradScaler to skip them",
+            "unless your loop skips them, the optimizer applied them, so the "
             f"weights may be NaN from there on. {first_words} the source "
             f"({_source_hint(summary)}), and guard the step: skip it when report.found_inf, or clip with "
-            "clip_grad_norm_(..., error_if_nonfinite=True)"
+            "clip_grad_norm_(..., error_if_nonfinite=True)",
+            code="poisoned-steps",
+            severity="warning",
+            steps=[r.step for r in poisoned],
+            modules=[m for m in (summary.poisoned_blame.top,) if m and m != LOSS_OR_FORWARD],
         )
         summary.advice.append(summary.poisoned_advice)
 
@@ -519,9 +527,13 @@ def summarize(
             else "the optimizer takes the whole step; look at those batches and the learning rate, or clip the "
             "gradient norm"
         )
-        summary.spike_advice = (
+        summary.spike_advice = Advice(
             f"{len(summary.spikes)} gradient spike{'s' if len(summary.spikes) > 1 else ''} over {SPIKE_FACTOR:g}x "
-            f"the recent median (first: step {first.step}): with no loss scaler nothing skips them and {took}"
+            f"the recent median (first: step {first.step})",
+            f"with no loss scaler nothing skips them and {took}",
+            code="gradient-spikes",
+            steps=[s.step for s in summary.spikes],
+            modules=dict.fromkeys(m for s in summary.spikes for m, _ in s.rose),
         )
         summary.advice.append(summary.spike_advice)
 
@@ -530,9 +542,11 @@ def summarize(
     traced = [r for r in skipped if r.ranks_with_inf]
     if summary.ranks_made_them and len(summary.ranks) == 1 and len(traced) >= 2 and len(traced) == len(skipped):
         rank = next(iter(summary.ranks))
-        summary.rank_advice = (
-            f"every skipped step's NaN/Inf came from rank {rank} alone: look at the data that rank reads, or its "
-            "device (a faulty GPU shows up as one rank)"
+        summary.rank_advice = Advice(
+            f"every skipped step's NaN/Inf came from rank {rank} alone",
+            "look at the data that rank reads, or its device (a faulty GPU shows up as one rank)",
+            code="one-rank-nonfinite",
+            steps=[r.step for r in traced],
         )
         summary.advice.append(summary.rank_advice)
 
@@ -578,8 +592,12 @@ def _gradscaler_advice(
     if runs and runs[0].start == 0 and runs[0] in cured and runs[0].length >= 2 and history[0].scale is not None:
         settled = history[runs[0].after].scale
         advice.append(
-            f"the first {runs[0].length} steps were skipped while the scale backed off from {history[0].scale:g} "
-            f"(the run settled at {settled:g}): lower init_scale to about the settled value"
+            Advice(
+                f"the first {runs[0].length} steps were skipped while the scale backed off from "
+                f"{history[0].scale:g} (the run settled at {settled:g})",
+                "lower init_scale to about the settled value",
+                steps=[r.step for r in history[runs[0].start : runs[0].end + 1]],
+            )
         )
 
     # The scale keeps bouncing off the same ceiling: growth is too eager there.
@@ -591,9 +609,12 @@ def _gradscaler_advice(
             advice.append(
                 # Not "a lower init_scale": GradScaler grows back every growth_interval clean steps from wherever
                 # it started, so only a longer interval makes the bounces rarer.
-                f"the scale backed off from {ceiling:g} {hits} times: it keeps growing into the same overflow; "
-                f"raise growth_interval{interval} (each bounce skips a step; a lower init_scale would not help, "
-                "the scale grows back to the same ceiling)"
+                Advice(
+                    f"the scale backed off from {ceiling:g} {hits} times",
+                    f"it keeps growing into the same overflow; raise growth_interval{interval} (each bounce skips a "
+                    "step; a lower init_scale would not help, the scale grows back to the same ceiling)",
+                    steps=[e.step for e in events if e.kind == "backoff" and e.old == ceiling],
+                )
             )
 
     # Skips in bursts that a lower scale ended: each skip only halves, so a larger step down recovers sooner.
@@ -601,17 +622,23 @@ def _gradscaler_advice(
     if longest_cured >= 3:
         factor = f" (now {backoff_factor:g})" if backoff_factor else ""
         advice.append(
-            f"skips came in runs of up to {longest_cured} that ended at a lower scale: a smaller "
-            f"backoff_factor{factor}, e.g. 0.25, recovers in fewer steps"
+            Advice(
+                f"skips came in runs of up to {longest_cured} that ended at a lower scale",
+                f"a smaller backoff_factor{factor}, e.g. 0.25, recovers in fewer steps",
+            )
         )
     # NaN/Inf that the scale did not cause: it fell far and the steps stayed non-finite.
     stuck = [run for run in runs if run.after is None and scale_fall(history, run) >= COLLAPSE_FACTOR]
     if stuck:
         run = stuck[-1]
         advice.append(
-            f"the NaN/Inf did not follow the loss scale: it fell from {history[run.start].scale:g} to "
-            f"{history[run.end].scale:g} and every step stayed non-finite, so no scaler setting fixes them: find "
-            f"the source ({_source_hint(summary)})"
+            Advice(
+                f"the NaN/Inf did not follow the loss scale (it fell from {history[run.start].scale:g} to "
+                f"{history[run.end].scale:g} and every step stayed non-finite, so no scaler setting fixes them)",
+                f"find the source ({_source_hint(summary)})",
+                severity="warning",
+                steps=[r.step for r in history[run.start : run.end + 1]],
+            )
         )
 
     if not uses_fp16(history):
@@ -621,15 +648,20 @@ def _gradscaler_advice(
     downs = [r.headroom.down for r in history if r.headroom.down is not None]
     if not summary.skipped and ups and min(ups) >= 4 and downs and min(downs) < 4:
         advice.append(
-            f"no skips and at least {min(ups)} doublings of headroom on every step, while small gradients sit "
-            f"{min(downs)} halvings from underflow: a higher init_scale or a shorter growth_interval keeps more of them"
+            Advice(
+                f"no skips and at least {min(ups)} doublings of headroom on every step, while small gradients sit "
+                f"{min(downs)} halvings from underflow",
+                "a higher init_scale or a shorter growth_interval keeps more of them",
+            )
         )
     stable = stable_recommended_scale(history)
     if stable is not None:
         median, n = stable
         advice.append(
-            f"recent steps balance overflow and underflow margins at a scale of 2^{round(math.log2(median))} "
-            f"(the median of the last {n} clean steps' recommendations)"
+            Advice(
+                f"recent steps balance overflow and underflow margins at a scale of 2^{round(math.log2(median))} "
+                f"(the median of the last {n} clean steps' recommendations)"
+            )
         )
     return advice
 

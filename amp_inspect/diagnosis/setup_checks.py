@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from amp_inspect.core.advice import Advice
 from amp_inspect.core.printable import plural
 from amp_inspect.core.torch_compat import init_scale
 from amp_inspect.diagnosis.findings import Finding, check, listing
@@ -265,7 +266,8 @@ def _or_bf16(history: Sequence[StepRecord]) -> str:
 
 
 def split_advice(advice: str) -> tuple[str, str]:
-    """(what the run shows, what to do) of an advice line "what the run shows: what to do", split at the first ": "
+    """(what the run shows, what to do) of a plain advice line "what the run shows: what to do" (a loss-scale
+    policy's own advice may be plain strings; the tool's own lines are ``Advice``, typed), split at the first ": "
     outside parentheses (a "(first: step 8)" is part of what the run shows); ("advice", "") without one."""
     depth = 0
     for i, ch in enumerate(advice):
@@ -393,20 +395,15 @@ def scaler_advice(setup: Setup) -> Iterator[Finding]:
     if not history:
         return
     summary = summarize(history, collapse_skips=setup.collapse_skips, **scaler_settings(setup.scaler))
-    filed: dict[str, tuple[str, str] | None] = {
-        summary.weights_advice: None,  # weights_poisoned files it, with its headline
-        summary.poisoned_advice: ("poisoned-steps", "warning"),
-        summary.spike_advice: ("gradient-spikes", "info"),
-        summary.rank_advice: ("one-rank-nonfinite", "info"),
-        **{v.advice: (v.code, v.severity) for v in summary.updates},  # update_every's verdicts (updates/report.py)
-    }
     for advice in summary.advice:
-        where = filed.get(advice, ("scaler-advice", "info"))
-        if where is None:
-            continue
-        code, severity = where
-        seen, action = split_advice(advice)
-        yield Finding(code, severity, seen, action)
+        if not isinstance(advice, Advice):  # a loss-scale policy of one's own may return plain lines
+            seen, action = split_advice(advice)
+            advice = Advice(seen, action)
+        if advice.code == "weights-poisoned":
+            continue  # weights_poisoned files it, with its headline
+        yield Finding(
+            advice.code, advice.severity, advice.seen, advice.action, steps=advice.steps, modules=advice.modules
+        )
 
 
 def _usable_scale(scale: Any) -> bool:

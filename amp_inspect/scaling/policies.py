@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from amp_inspect.core.advice import Advice
 from amp_inspect.core.formats import FORMAT_BOUNDS, float32_from_bits
 from amp_inspect.core.printable import shown_name
 from amp_inspect.evidence.headroom import doublings_below
@@ -494,7 +495,7 @@ class HeadroomPolicy:
         self._set(self.checked_state(state))
 
     @staticmethod
-    def advice(facts: RunFacts) -> list[str]:
+    def advice(facts: RunFacts) -> list[Advice]:
         """What the headroom policy's decisions say about a run (the measured exponents set the scale, so
         GradScaler's init_scale, growth_interval and backoff_factor are not what to change)."""
         advice: list[str] = []
@@ -518,29 +519,41 @@ class HeadroomPolicy:
                 )
                 what += "; no scaler setting fixes them"
             advice.append(
-                f"{len(innocent)} skipped steps (first: step {innocent[0][0]}) held NaN/Inf that the measured "
-                f"gradients do not explain (started in {facts.blame}): {what}. Look for the source "
-                f"({facts.source_hint})"
+                Advice(
+                    f"{len(innocent)} skipped steps (first: step {innocent[0][0]}) held NaN/Inf that the measured "
+                    f"gradients do not explain (started in {facts.blame})",
+                    f"{what}. Look for the source ({facts.source_hint})",
+                    steps=[step for step, _ in innocent],
+                )
             )
         widened = [step for step, d in facts.decisions if d.reason == MARGIN]
         if widened:
             advice.append(
-                f"the policy widened its margin {len(widened)} time(s) (first at step {widened[0]}), to {margin} "
-                "binades under the format's ceiling: a gradient inside backward, larger than the parameter gradients "
-                "it measures, overflowed. It keeps that margin for the run (state_dict); "
-                f"HeadroomPolicy(margin={margin}) starts a new run with it"
+                Advice(
+                    f"the policy widened its margin {len(widened)} time(s) (first at step {widened[0]}), to {margin} "
+                    "binades under the format's ceiling",
+                    "a gradient inside backward, larger than the parameter gradients it measures, overflowed. It "
+                    f"keeps that margin for the run (state_dict); HeadroomPolicy(margin={margin}) starts a new run "
+                    "with it",
+                    steps=widened,
+                )
             )
         overflows = [step for step, d in facts.decisions if d.skip == SKIP_OVERFLOW and d.reason != MARGIN]
         if len(overflows) >= 3:
             advice.append(
-                f"{len(overflows)} steps (first: step {overflows[0]}) overflowed at the scale the policy chose: the "
-                f"gradients grew by more than its margin of {margin} binades from one step to the next; a wider "
-                f"margin (HeadroomPolicy(margin={margin + 1})) trades a little underflow for fewer skips"
+                Advice(
+                    f"{len(overflows)} steps (first: step {overflows[0]}) overflowed at the scale the policy chose",
+                    f"the gradients grew by more than its margin of {margin} binades from one step to the next; a "
+                    f"wider margin (HeadroomPolicy(margin={margin + 1})) trades a little underflow for fewer skips",
+                    steps=overflows,
+                )
             )
         if facts.min_down is not None and facts.min_down < 0 and facts.fp16:
             advice.append(
-                f"small gradients underflow to zero even at the scales the policy chose ({facts.min_down} halvings "
-                f"of headroom below) while it keeps {margin} binades under the ceiling: the gradients span more "
-                "than the format's range; bf16 autocast (no loss scale needed) keeps them"
+                Advice(
+                    f"small gradients underflow to zero even at the scales the policy chose ({facts.min_down} "
+                    f"halvings of headroom below) while it keeps {margin} binades under the ceiling",
+                    "the gradients span more than the format's range; bf16 autocast (no loss scale needed) keeps them",
+                )
             )
         return advice

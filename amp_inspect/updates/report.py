@@ -57,6 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from amp_inspect.core.advice import Advice
 from amp_inspect.core.printable import shown_name
 from amp_inspect.core.statistics import MAX, UPDATE, derive_update
 from amp_inspect.core.table import fixed_width
@@ -300,9 +301,9 @@ class UpdateVerdict:
     severity: str = "warning"
 
     @property
-    def advice(self) -> str:
-        """As the summary's advice lines read: "what the run shows: what to do"."""
-        return f"{self.seen}: {self.fix}"
+    def advice(self) -> Advice:
+        """As the summary's advice lines read: "what the run shows: what to do", filed under its code."""
+        return Advice(self.seen, self.fix, code=self.code, severity=self.severity)
 
 
 def _named(modules: Sequence[str]) -> str:
