@@ -185,3 +185,25 @@ def test_the_readiness_and_update_benchmarks_run_on_the_cpu(tmp_path, script, me
     rows = json.loads(written.read_text())["rows"]
     assert methods <= {r["method"] for r in rows}
     assert all(r["median_ms"] > 0 and r["kernel_ms"] is None for r in rows)
+
+
+def test_the_1b_set_is_asked_for_by_name_drawn_on_the_gpu_and_refused_on_the_cpu(capsys) -> None:
+    """The big stage's arguments give the three 1B sets, drawn on the device; on the CPU the set is refused in one
+    sentence; a full CUDA run times fp16 beside fp32 and bf16 and leaves the 1B set out."""
+    import bench_tensor_stats
+
+    config = bench_tensor_stats.parse_args(
+        ["--device", "cuda", "--set", "1B", "--dtype", "float32", "--dtype", "bfloat16", "--dtype", "float16",
+         "--methods", "fused_fp16,gradscaler_check", "--tag", "1B"]
+    )  # fmt: skip
+    sets = bench_tensor_stats.grad_sets(config)
+    assert [(s.name, s.on_device, s.numel) for s in sets] == [
+        ("1B", True, 10**9), ("1B-bf16", True, 10**9), ("1B-fp16", True, 10**9)
+    ]  # fmt: skip
+    assert config.tag == "1B" and config.partial
+    full = bench_tensor_stats.grad_sets(bench_tensor_stats.parse_args(["--device", "cuda"]))
+    assert {s.name for s in full} >= {"gpt2-style-fp16", "300x75M-fp16", "1000-tiny"}
+    assert not any(s.on_device or s.name.startswith("1B") for s in full)
+    with pytest.raises(SystemExit):
+        bench_tensor_stats.parse_args(["--set", "1B"])
+    assert "--set 1B is drawn and measured on the GPU only: add --device cuda" in capsys.readouterr().err
