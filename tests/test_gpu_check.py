@@ -207,3 +207,46 @@ def test_the_1b_set_is_asked_for_by_name_drawn_on_the_gpu_and_refused_on_the_cpu
     with pytest.raises(SystemExit):
         bench_tensor_stats.parse_args(["--set", "1B"])
     assert "--set 1B is drawn and measured on the GPU only: add --device cuda" in capsys.readouterr().err
+
+
+def test_the_sanitizers_run_without_the_caching_allocator(tmp_path) -> None:
+    """With torch's caching allocator on, an access past a tensor's end lands in a neighbouring cached block and
+    memcheck does not see it: every stage the plan marks "off" (the sanitizers) runs with
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1, taken from the plan, and the other stages without it."""
+    script = (BENCH / "gpu_check.sh").read_text()
+    start = script.index("\nstage() {")
+    stage = script[start : script.index("\n}\n", start)]
+    # The stage function, run on its own with a plan of one "off" and one "on" stage, writing what each saw.
+    runner = tmp_path / "stage.sh"
+    runner.write_text(
+        "set -uo pipefail\nout=$1; budget=100; only=''\n"
+        "declare -A cap_of_stage=([memcheck]=10 [bench]=10) allocator_of_stage=([memcheck]=off [bench]=on)\n"
+        'cap_of() { echo "${cap_of_stage[$1]}"; }\nrecord() { :; }\n'
+        + stage
+        + "\n}\nstage memcheck '' sh -c 'echo cache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-on}'\n"
+        + "stage bench '' sh -c 'echo cache=${PYTORCH_NO_CUDA_MEMORY_CACHING:-on}'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NO_CUDA_MEMORY_CACHING"}
+    subprocess.run(["bash", str(runner), str(tmp_path)], check=True, capture_output=True, env=env, timeout=60)
+    assert (tmp_path / "memcheck.log").read_text() == "cache=1\n"
+    assert (tmp_path / "bench.log").read_text() == "cache=on\n"
+    for tool in SANITIZERS:
+        assert re.search(rf'^  "{tool}\|\d+\|sanitizer\|off\|', script, re.MULTILINE), tool
+        assert f"--tool {tool}" in script.split(f"\nstage {tool} ", 1)[1].split("\n", 1)[0]
+
+
+def test_the_tests_stage_names_every_test_file_with_cuda_tests_and_only_files_that_exist() -> None:
+    """A file renamed or folded away made pytest stop the GPU run before any test ("file or directory not found"),
+    and files whose tests a shared parametrization marks cuda (tests/models.py's DEVICES) were left out."""
+    script = (BENCH / "gpu_check.sh").read_text()
+    named = set(re.search(r'cuda_tests="([^"]*)"', script).group(1).replace("\\\n", " ").split())
+    tests = BENCH.parent / "tests"
+    assert {n for n in named if not (BENCH.parent / n).is_file()} == set()
+    marked = {
+        f"tests/{f.name}"
+        for f in tests.glob("test_*.py")
+        if f.name != Path(__file__).name  # this test's own pattern
+        and re.search(r"mark\.cuda\b(?!_)|\bDEVICES\b", f.read_text())
+    }
+    assert marked - named == {"tests/test_distributed.py"}  # the dist stage runs that one
+    assert "tests/test_distributed.py" in script.split("stage dist", 1)[1].split("\n", 1)[0]
