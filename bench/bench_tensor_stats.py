@@ -5,7 +5,9 @@ Every method is timed per call, in this one process, on the same synthetic gradi
 - ``gpt2-style``: the 76 gradients of a 6-layer GPT (d_model 384, vocab 8192, context 256), ~14M elements.
 - ``300x75M``: 300 gradients, 75M elements in all, sizes spread log-uniformly from a few elements to ~3.5M.
 - ``gpt2-style-bf16`` (CPU), ``300x75M-bf16``: the same gradients stored as bfloat16 (half the bytes, same
-  work per element); ``--dtype float16`` adds ``-fp16`` sets.
+  work per element); ``-fp16``: as float16 (on CUDA by default, on the CPU with ``--dtype float16``).
+- ``1B`` (CUDA only, ``--set 1B``): 100 gradients of 10M elements (4 GB in float32), drawn on the GPU; left out,
+  saying so, where the GPU lacks the memory.
 - ``1000x20M`` (CUDA only): 1000 gradients, used to show the fused op's kernel launches do not grow with T.
 - ``1000-tiny`` (CUDA only): 1000 gradients of 1000 elements: the cost of a call that is mostly overhead.
 
@@ -13,17 +15,21 @@ Methods: the fused op (fp16; all four formats; with scale), torch._foreach_norm 
 proxy), GradScaler's non-finite check, the pure-torch reference, and per-tensor checks with one op and one
 .item() per statistic. Timings are medians over repeats after warmup; on CUDA, CUDA events around each call.
 The fast methods are timed in rounds, one call of each per round, so that load from other processes touches
-them alike and their ratios compare calls made side by side; the slow ones follow.
+them alike and their ratios compare calls made side by side; the slow ones follow. On CUDA the fast methods also
+get a kernel-only time (the profiler's summed kernel durations per call: ``kernel_ms``, ratio
+``x_roofline_kernel``) beside the whole call's.
 
 Run:
     python bench/bench_tensor_stats.py [--device cpu|cuda] [--quick] [--out DIR]
-        [--set gpt2-style|300x75M ...] [--dtype float32|bfloat16|float16 ...] [--methods a,b] [--repeats N]
+        [--set gpt2-style|300x75M|1B ...] [--dtype float32|bfloat16|float16 ...] [--methods a,b] [--repeats N]
+        [--tag NAME]
 
 ``--set``, ``--dtype`` and ``--methods`` measure a part (``foreach_norm`` is always timed: every ratio is
 to it); a partial run writes JSON only with ``--out``, as a quick run does.
 
 Prints a table and PASS/MISS lines for the targets and writes bench/results/tensor_stats_<device>.json
-(a --quick run writes nothing unless --out is given, and then to tensor_stats_<device>_quick.json).
+(a --quick run writes nothing unless --out is given, and then to tensor_stats_<device>_quick.json; ``--tag NAME``
+writes tensor_stats_<device>_NAME[_quick].json).
 """
 
 from __future__ import annotations
@@ -48,8 +54,10 @@ from harness import (  # noqa: E402
     TargetCheck,
     at_least,
     at_most,
+    device_time,
     foreach_norm,
     fused,
+    gpu_memory_shortfall,
     gradscaler_check,
     has_cuda_or_says_why,
     load_average,
@@ -59,7 +67,7 @@ from harness import (  # noqa: E402
     time_calls,
     write_result,
 )
-from models import gpt2_style_shapes  # noqa: E402
+from models import billion_shapes, gpt2_style_shapes  # noqa: E402
 
 import amp_inspect  # noqa: E402
 from amp_inspect.cli.baselines import per_tensor_checks  # noqa: E402
@@ -80,6 +88,10 @@ TINY_SET = "1000-tiny"
 CPU_MAX_X_ROOFLINE_ONE_READ = 1.2
 SUMSQ_RTOL = 2e-6  # what the kernel guarantees (docs/tensor_stats.md): float32 lanes, float64 across them
 BASE_SETS = ("gpt2-style", "300x75M")
+BIG_SET = "1B"  # CUDA only, asked for by name
+# The 1B set needs its gradients plus the largest temporaries of a method (the reference's per-tensor copies, the
+# per-tensor checks' masks): four times the set's bytes, on the safe side.
+BIG_SET_MEMORY_FACTOR = 4
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_SUFFIX = {torch.float32: "", torch.bfloat16: "-bf16", torch.float16: "-fp16"}
 
@@ -99,6 +111,7 @@ class GradSet:
     shapes: tuple[tuple[int, ...], ...]
     timed: bool = True  # False: only used for launch counts
     dtype: torch.dtype = torch.float32
+    on_device: bool = False  # drawn on the device it is measured on (too large to draw on the CPU and copy)
 
     @property
     def numel(self) -> int:
@@ -128,6 +141,7 @@ class BenchConfig:
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     methods: tuple[str, ...] = ()  # empty: every method
     partial: bool = False  # --set, --dtype or --methods: a part of the benchmark
+    tag: str = ""  # appended to the JSON file's stem
 
 
 @dataclass
@@ -143,6 +157,8 @@ class Measurement:
     min_ms: float = 0.0  # next to the median, a sign of interference from other processes
     gb_per_s: float = 0.0
     x_roofline: float | None = None
+    kernel_ms: float | None = None  # CUDA, fast methods: the kernels' summed durations per call (profiler)
+    x_roofline_kernel: float | None = None  # kernel_ms / foreach_norm's kernel_ms
     x_fused: float | None = None  # time / fused_fp16's: what the pure-torch fallback costs against the kernel
     speedup_vs_python: float | None = None
 
@@ -163,12 +179,19 @@ class LaunchCount:
 
 
 @dataclass
+class LeftOut:
+    set_name: str
+    why: str
+
+
+@dataclass
 class BenchResult:
     machine: dict[str, object]
     config: dict[str, object]
     sets: list[dict[str, object]] = field(default_factory=list)
     measurements: list[Measurement] = field(default_factory=list)
     launches: list[LaunchCount] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
     agreement: list[TargetCheck] = field(default_factory=list)
     targets: list[TargetCheck] = field(default_factory=list)
 
@@ -191,9 +214,10 @@ def grad_sets(config: BenchConfig) -> list[GradSet]:
     shapes = {
         "gpt2-style": gpt2_style_shapes(),
         "300x75M": spread_sizes(300, 75_000_000, decades=6.0, seed=SEED + 1),
+        BIG_SET: billion_shapes(),
     }
     sets = [
-        GradSet(name + DTYPE_SUFFIX[dtype], shapes[name], dtype=dtype)
+        GradSet(name + DTYPE_SUFFIX[dtype], shapes[name], dtype=dtype, on_device=name == BIG_SET)
         for dtype in config.dtypes
         for name in config.sets
     ]
@@ -208,15 +232,17 @@ def grad_sets(config: BenchConfig) -> list[GradSet]:
 def make_gradients(grad_set: GradSet, device: str) -> list[torch.Tensor]:
     """float32 "gradients": randn times a per-tensor magnitude 10**U(-6, -2), so the small tensors reach
     fp16's subnormal and underflow ranges, plus ~0.1% exact zeros (dead units, masked positions).
-    Drawn on the CPU from one seed, then moved, so CPU and CUDA runs measure the same values."""
-    g = torch.Generator().manual_seed(SEED)
+    Drawn on the CPU from one seed, then moved, so CPU and CUDA runs measure the same values; a set drawn
+    ``on_device`` is drawn there from the same seed (the same distribution, other values)."""
+    drawn_on = device if grad_set.on_device else "cpu"
+    g = torch.Generator(drawn_on).manual_seed(SEED)
     grads = []
     for shape in grad_set.shapes:
-        magnitude = 10.0 ** (torch.rand((), generator=g).item() * 4.0 - 6.0)
-        t = torch.randn(shape, generator=g) * magnitude
+        magnitude = 10.0 ** (torch.rand((), generator=g, device=drawn_on).item() * 4.0 - 6.0)
+        t = torch.randn(shape, generator=g, device=drawn_on) * magnitude
         flat = t.view(-1)
         zeros = max(1, flat.numel() // 1000)
-        flat[torch.randint(flat.numel(), (zeros,), generator=g)] = 0.0
+        flat[torch.randint(flat.numel(), (zeros,), generator=g, device=drawn_on)] = 0.0
         grads.append(t.to(device=device, dtype=grad_set.dtype))
     return grads
 
@@ -250,16 +276,8 @@ METHODS: tuple[MethodSpec, ...] = (
 
 def count_launches(fn: Callable[[], object]) -> tuple[int, int, int]:
     """(kernels, memcpys, memsets) one call puts on the GPU, from the profiler's device events."""
-    fn()  # untimed first call: lazy initialisation must not be counted
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    memcpy = sum(n.startswith("Memcpy") for n in names)
-    memset = sum(n.startswith("Memset") for n in names)
-    return len(names) - memcpy - memset, memcpy, memset
+    one = device_time(fn, calls=1)
+    return one.kernels, one.memcpy, one.memset
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -323,6 +341,13 @@ def check_targets(device: str, result: BenchResult) -> list[TargetCheck]:
 
 
 def measure_set(grad_set: GradSet, config: BenchConfig, result: BenchResult) -> None:
+    if grad_set.on_device:
+        element_size = torch.empty((), dtype=grad_set.dtype).element_size()
+        why = gpu_memory_shortfall(BIG_SET_MEMORY_FACTOR * grad_set.numel * element_size)
+        if why:
+            print(f"# {grad_set.name}: left out, {why}", flush=True)
+            result.left_out.append(LeftOut(grad_set.name, why))
+            return
     grads = make_gradients(grad_set, config.device)
     bytes_read = sum(g.numel() * g.element_size() for g in grads)
     result.sets.append({"name": grad_set.name, "tensors": len(grads), "numel": grad_set.numel, "bytes": bytes_read})
@@ -355,18 +380,26 @@ def measure_set(grad_set: GradSet, config: BenchConfig, result: BenchResult) -> 
         rows.append(
             Measurement(grad_set.name, spec.name, len(grads), grad_set.numel, bytes_read, config.slow_warmup, t)
         )
+    if config.device == "cuda":  # kernel-only, apart from the timing above (the profiler slows the host)
+        for m, call in zip(rows[: len(fast)], calls, strict=True):
+            m.kernel_ms = device_time(call, config.repeats).kernel_ms
     by_name = {m.method: m for m in rows}
     for m in rows:
         m.x_roofline = m.median_ms / by_name[ROOFLINE].median_ms
+        if m.kernel_ms is not None:
+            m.x_roofline_kernel = m.kernel_ms / by_name[ROOFLINE].kernel_ms
         m.x_fused = m.median_ms / by_name[FUSED].median_ms if FUSED in by_name else None
         m.speedup_vs_python = by_name[PURE_PYTHON].median_ms / m.median_ms if PURE_PYTHON in by_name else None
     result.measurements += rows
 
 
 def print_results(result: BenchResult) -> None:
-    headers = ["set", "method", "ms (median)", "ms (min)", "GB/s", "x roofline", "x fused", "speedup vs py"]
+    headers = ["set", "method", "ms (median)", "ms (min)", "GB/s", "x roofline", "kernel ms", "x roofline kernel"]
+    headers += ["x fused", "speedup vs py"]
     rows = [
         [m.set_name, m.method, f"{m.median_ms:.3f}", f"{m.min_ms:.3f}", f"{m.gb_per_s:.2f}", f"{m.x_roofline:.2f}"]
+        + ["-" if m.kernel_ms is None else f"{m.kernel_ms:.3f}"]
+        + ["-" if m.x_roofline_kernel is None else f"{m.x_roofline_kernel:.2f}"]
         + ["-" if m.x_fused is None else f"{m.x_fused:.2f}"]
         + ["-" if m.speedup_vs_python is None else f"{m.speedup_vs_python:.1f}"]
         for m in result.measurements
@@ -376,6 +409,8 @@ def print_results(result: BenchResult) -> None:
         print()
         rows = [[c.set_name, c.method, c.tensors, c.kernels, c.memcpy, c.memset] for c in result.launches]
         print_table(["set", "method", "tensors", "kernels", "memcpy", "memset"], rows)
+    for left in result.left_out:
+        print(f"left out: {left.set_name}: {left.why}")
 
 
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
@@ -383,12 +418,15 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quick", action="store_true", help="smoke test: gpt2-style set only, few repeats")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
-    parser.add_argument("--set", action="append", choices=BASE_SETS, help="only this gradient set (repeatable)")
+    parser.add_argument("--set", action="append", choices=(*BASE_SETS, BIG_SET), help="only this set (repeatable)")
     parser.add_argument("--dtype", action="append", choices=tuple(DTYPES), help="only this dtype (repeatable)")
     parser.add_argument("--methods", default="", help="comma-separated methods to time (foreach_norm always is)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, here 2)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 20; quick: 5)")
+    parser.add_argument("--tag", default="", help="appended to the JSON file's stem: tensor_stats_<device>_TAG")
     args = parser.parse_args(argv)
+    if args.set and BIG_SET in args.set and args.device != "cuda":
+        parser.error(f"--set {BIG_SET} is drawn and measured on the GPU only: add --device cuda")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     methods = tuple(m for m in args.methods.split(",") if m)
@@ -401,6 +439,8 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         dtypes = tuple(DTYPES[d] for d in args.dtype)
     elif args.quick:
         dtypes = (torch.float32,)
+    elif args.device == "cuda":  # the targets' dtypes, fp32 and bf16, and fp16 beside them
+        dtypes = (torch.float32, torch.bfloat16, torch.float16)
     else:  # fp32 and bf16, the targets' dtypes
         dtypes = (torch.float32, torch.bfloat16)
     out_dir = args.out if args.out is not None or args.quick or partial else RESULTS_DIR
@@ -412,7 +452,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     if args.repeats is not None:
         timing["repeats"] = args.repeats
     return BenchConfig(
-        args.device, quick, out_dir, **timing, sets=sets, dtypes=dtypes, methods=methods, partial=partial
+        args.device, quick, out_dir, **timing, sets=sets, dtypes=dtypes, methods=methods, partial=partial, tag=args.tag
     )
 
 
@@ -434,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print_checks(result.agreement + result.targets)
     if config.out_dir is not None:
-        write_result(result, config.out_dir, f"tensor_stats_{config.device}", config.quick)
+        stem = f"tensor_stats_{config.device}" + (f"_{config.tag}" if config.tag else "")
+        write_result(result, config.out_dir, stem, config.quick)
     return 0
 
 

@@ -3,7 +3,10 @@ the JSON file of results. The scripts say what they measure; this module says ho
 and written down.
 
 - ``time_calls``: milliseconds of each call after untimed warm-up calls (CUDA events on CUDA);
-  ``PhaseClock``: marks inside one training step.
+  ``time_rounds``: whole-call milliseconds of several calls taken in rotating rounds (the host clock, the GPU
+  synchronized before and after each call); ``device_time``: the kernel-only time of a call and the kernels,
+  copies and memsets it puts on the GPU, from the profiler's device events; ``PhaseClock``: marks inside one
+  training step.
 - ``interleave``: runs several configurations' steps in rounds, the order rotating each round, so that drift
   in machine load touches all of them alike; ``StepMeasurement``: one configuration's step times, medians,
   quartiles and the per-round ratio to a baseline, with ``median_ci``, a distribution-free confidence
@@ -70,6 +73,81 @@ def time_calls(fn: Callable[[], object], device: str, warmup: int, repeats: int)
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def whole_call_ms(fn: Callable[[], object], device: str) -> float:
+    """Milliseconds of one call by the host clock; on CUDA the GPU is synchronized before and after, so the time
+    covers the host's work, the launches, the kernels and any host sync the call makes."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def time_rounds(calls: dict[str, Callable[[], object]], device: str, rounds: int) -> dict[str, list[float]]:
+    """Whole-call milliseconds (``whole_call_ms``) of each call, after one untimed call of each: ``rounds`` rounds
+    of one call of each, the first of a round rotating, so that load from other processes touches them alike and
+    per-round ratios compare calls made side by side."""
+    for fn in calls.values():
+        fn()
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(whole_call_ms(calls[name], device))
+    return times
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """What ``calls`` profiled calls put on the GPU, in all: kernels, copies and memsets, and the kernels' summed
+    durations (kernel-only time: the host's launch overhead and the gaps between kernels left out)."""
+
+    calls: int
+    kernels: int
+    memcpy: int
+    memset: int
+    kernel_us: float
+
+    @property
+    def kernel_ms(self) -> float:
+        """Kernel-only milliseconds per call."""
+        return self.kernel_us / self.calls / 1e3
+
+
+def device_events(events: Sequence[tuple[str, float]], calls: int) -> DeviceTime:
+    """``DeviceTime`` from the profiler's device events as (name, microseconds): the copies' and memsets' names
+    begin with Memcpy / Memset, every other device event is a kernel."""
+    memcpy = sum(name.startswith("Memcpy") for name, _ in events)
+    memset = sum(name.startswith("Memset") for name, _ in events)
+    kernel_us = sum(us for name, us in events if not name.startswith(("Memcpy", "Memset")))
+    return DeviceTime(calls, len(events) - memcpy - memset, memcpy, memset, kernel_us)
+
+
+def device_time(fn: Callable[[], object], calls: int) -> DeviceTime:
+    """Profiles ``calls`` calls of ``fn`` on the GPU (after one untimed call: lazy initialisation is not counted).
+    Costs the profiler's overhead on the host, which the kernel-only time does not include."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    on_device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return device_events([(e.name, e.time_range.elapsed_us()) for e in on_device], calls)
+
+
+def gpu_memory_shortfall(needed_bytes: int) -> str:
+    """Why ``needed_bytes`` of GPU memory cannot be had now (free memory from ``torch.cuda.mem_get_info``), or
+    empty when they can: a set too large for this GPU is left out, saying so, instead of failing the run."""
+    free, total = torch.cuda.mem_get_info()
+    if needed_bytes <= free:
+        return ""
+    return f"needs {needed_bytes / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
 
 
 def training_step(

@@ -4,6 +4,7 @@
   small GPT (amp_inspect/cli/tiny_gpt.py: pre-LayerNorm blocks, fused qkv, torch's SDPA, GELU MLP) with tied
   embeddings and GPT-2's initialisation. At the default spec its parameters are exactly bench_tensor_stats.py's
   ``gpt2-style`` gradient set at context 128 (``gpt2_style_shapes``).
+- ``billion_shapes()``: the GPU benchmarks' 1B-element set, drawn on the GPU.
 - ``small_model(kind)``: the three small models of bench_scaler.py: the demo's TinyGPT, a transformers GPT-2
   built from a config, and a small CNN.
 """
@@ -48,6 +49,16 @@ def gpt2_style_shapes(
         shapes += [(d, hidden), (d,)]  # mlp.fc2
     shapes += [(d,), (d,)]  # ln_f weight, bias
     return tuple(shapes)
+
+
+BILLION = 10**9
+
+
+def billion_shapes(tensors: int = 100) -> tuple[tuple[int, ...], ...]:
+    """The GPU benchmarks' 1B-element set: ``tensors`` tensors of equal size (100 of 10M: 4 GB in float32), the
+    size where a one-read pass runs at the GPU's full bandwidth. Too large to draw on the CPU and copy in a short
+    run: the benchmarks draw it on the GPU."""
+    return ((BILLION // tensors,),) * tensors
 
 
 def make_gpt(spec: ModelSpec, device: str, seed: int) -> TinyGPT:

@@ -4,6 +4,9 @@ marked ``cuda`` and skips (in conftest.py, when it is about to run) without a vi
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import pytest
 import torch
 
@@ -185,6 +188,56 @@ def test_inspecting_scaler_unscale_under_graph_capture(rng):
     for g, e in zip(grads, expected, strict=True):
         assert torch.equal(g.cpu(), e)
     oracles.assert_outputs_equal(outputs, op(source, None, None, ["fp16"]), what="captured unscale: ")
+
+
+def test_a_call_on_the_legacy_stream_while_another_thread_captures_is_refused_in_one_sentence():
+    """A call of more than 16 tensors asks whether its stream is being captured. On the legacy default stream, while
+    another thread captures a blocking stream of the device in global mode, CUDA answers that query with
+    cudaErrorStreamCaptureImplicit (the legacy stream is unusable until that capture ends): the call is refused in one
+    sentence naming the cause, the other capture is left intact (its replay runs), and the next call, after the
+    capture, runs (the query's error does not linger)."""
+    cudart = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")  # the one torch has loaded
+    handle = ctypes.c_void_p()
+    assert cudart.cudaStreamCreate(ctypes.byref(handle)) == 0  # blocking: the legacy stream synchronises with it
+    blocking = torch.cuda.ExternalStream(handle.value)
+    grads = [torch.randn(100, device=CUDA) for _ in range(17)]
+    expected = op(grads, None, None)
+    op(grads, None, None)  # its outputs, freed, are what the refused call allocates: no cudaMalloc in the capture
+    x = torch.ones(8, device=CUDA)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    capturing, refused = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def capture() -> None:  # capture_begin itself: torch.cuda.graph would empty the cache first
+        try:
+            with torch.cuda.stream(blocking):
+                graph.capture_begin(capture_error_mode="global")
+                try:
+                    x.mul_(2)
+                    capturing.set()
+                    refused.wait(60)
+                finally:
+                    graph.capture_end()
+        except BaseException as error:  # seen by the test below, not lost in the thread
+            errors.append(error)
+            capturing.set()
+
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        assert capturing.wait(60) and not errors, errors
+        with pytest.raises(RuntimeError, match=r"legacy default stream while another stream of cuda:\d+ is being ca"):
+            op(grads, None, None)
+    finally:
+        refused.set()
+        thread.join(60)
+    assert errors == []
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.full((8,), 2.0))
+    oracles.assert_outputs_equal(op(grads, None, None), expected, what="after the capture: ")
+    cudart.cudaStreamDestroy(handle)
 
 
 def test_non_default_stream(rng):

@@ -6,7 +6,8 @@
 //
 // Stable ABI only: the current stream comes from the C shim's aoti_torch_get_current_cuda_stream
 // (torch::stable::accelerator's stream handle gives no cudaStream_t before torch 2.13), the capture state from
-// cudaStreamIsCapturing, the device guard is torch::stable::accelerator::DeviceGuard.
+// cudaStreamIsCapturing (refusing the legacy default stream while another stream captures), the device guard is
+// torch::stable::accelerator::DeviceGuard.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,9 +40,19 @@ class CudaOpScope {
 
   // Whether `stream` is being captured into a CUDA graph: a replay repeats the launches with their parameters as
   // captured, so a call then passes nothing to its kernels through memory it reuses (tensor_stats' device table).
+  // The legacy default stream synchronises with every blocking stream of its device, so while one of those is being
+  // captured (by another thread, say, in global mode) CUDA answers the query on it with
+  // cudaErrorStreamCaptureImplicit and leaves that capture intact; the legacy stream is unusable until the capture
+  // ends. The call is refused in one sentence, naming the cause, rather than raising the query's bare error.
   bool capturing(void* stream) const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     const cudaError_t error = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+    if (error == cudaErrorStreamCaptureImplicit) {
+      static_cast<void>(cudaGetLastError());  // not sticky; cleared so torch's next check does not report it as its own
+      fail(op_, "the current stream is CUDA's legacy default stream while another stream of cuda:", device_.index(),
+           " is being captured into a CUDA graph; run the call on a side stream (torch.cuda.stream) or outside the "
+           "capture");
+    }
     AMPI_CHECK(error == cudaSuccess, op_, "cudaStreamIsCapturing failed: ", cudaGetErrorString(error));
     return status != cudaStreamCaptureStatusNone;
   }
