@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -500,3 +501,76 @@ def test_a_summary_reads_the_poisoning_once(bf16_runs, monkeypatch) -> None:
         monkeypatch.setattr(module, "weight_poisoning", lambda h: calls.append(len(h)) or real(h))
     summary = insp.summary()
     assert summary.weights is not None and calls == [STEPS]  # was 5 per summary
+
+
+def _scenario_model(kind: str):
+    """A tiny third-party model (no download), the module to plant the NaN in, and the name the tool gives it."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if kind == "t5":
+        config = transformers.T5Config(
+            vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2, decoder_start_token_id=0
+        )
+        model = transformers.T5ForConditionalGeneration(config)
+        return model, model.encoder.block[0].layer[1].DenseReluDense.wi, "encoder.block.0.layer.1.DenseReluDense.wi"
+    model = _gpt2()
+    if kind == "lora":
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True))
+        lora_a = model.base_model.model.transformer.h[0].attn.c_attn.lora_A["default"]
+        return model, lora_a, "transformer.h.0.attn.c_attn.lora_A.default"
+    return model, model.transformer.h[1].mlp.c_fc, SOURCE
+
+
+@pytest.mark.parametrize("kind", ["t5", "lora", "compile"])
+def test_the_poisoned_run_is_one_story_on_every_surface_of_third_party_models(kind: str, tmp_path: Path) -> None:
+    """bf16, no scaler, AdamW, one NaN in a module's weight gradient on step 5 (T5, a peft LoRA adapter, GPT-2 under
+    torch.compile): every surface names that module and steps 5 and 6, and no other origin; the healthy neighbour
+    gets no NaN finding on any surface."""
+    planted_at, steps = 5, 8
+
+    def run(plant: bool):
+        model, module, name = _scenario_model(kind)
+        wrapped = torch.compile(model, backend="aot_eager") if kind == "compile" else model
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        log = tmp_path / f"{kind}-{plant}.jsonl"
+        insp = amp_inspect.attach(wrapped, log=log)
+        g = torch.Generator().manual_seed(0)
+        for step in range(steps):
+            x = torch.randint(0, 64, (2, 16), generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = wrapped(input_ids=x, labels=x).loss
+            loss.backward()
+            if plant and step == planted_at:
+                module.weight.grad.view(-1)[0] = math.nan
+            insp.check()
+            opt.step()
+            opt.zero_grad()
+        insp.close()
+        return insp, log, name
+
+    insp, log, name = run(plant=True)
+    poisoning = insp.weights_poisoned()
+    assert poisoning is not None
+    assert (poisoning.by_step, poisoning.since, poisoning.origin) == (planted_at, planted_at + 1, name)
+    story = f"the weights became NaN/Inf at step {planted_at + 1}: the optimizer applied step {planted_at}'s"
+    surfaces = {
+        "summary": str(insp.summary()),
+        "doctor": str(insp.doctor()),
+        "doctor --log": cli_output("doctor", "--log", str(log)),
+        "summary CLI": cli_output("summary", str(log)),
+    }
+    for surface, text in surfaces.items():
+        flat = " ".join(text.split())  # the doctor wraps its lines
+        assert story in flat and name in flat, surface
+        started = {m for m in re.findall(r"started in ([\w.]+)", flat)}
+        assert started == {name}, (surface, started)
+        assert "the forward pass or the loss" not in flat, surface
+    assert insp.doctor().findings[0].code == "weights-poisoned"
+
+    healthy, healthy_log, _ = run(plant=False)
+    assert healthy.weights_poisoned() is None
+    codes = {f.code for f in healthy.doctor().findings}
+    assert not codes & {"weights-poisoned", "poisoned-steps", "first-nonfinite"}
+    assert "NaN/Inf" not in cli_output("summary", str(healthy_log))

@@ -25,7 +25,7 @@ from types import EllipsisType
 from typing import Protocol
 
 from amp_inspect.core.printable import plural, shown_name
-from amp_inspect.evidence.attribution import finding_overflowed, step_origin
+from amp_inspect.evidence.attribution import FROM_ACTIVATIONS, LOSS_OR_FORWARD, finding_overflowed, step_origin
 from amp_inspect.evidence.weights import WeightsSeen
 
 APPLIED_NONFINITE = "applied_nonfinite_gradients"
@@ -102,8 +102,13 @@ class WeightPoisoning:
                 f"with clip_grad_norm_(..., error_if_nonfinite=True); {restore}"
             )
         if self.cause == APPLIED_NONFINITE:
+            # Traced by the gradients alone, the origin is where the gradients first held NaN/Inf; by the hooks (or
+            # to the forward pass / the loss), what went non-finite.
+            origin = shown_name(self.origin or "?")
+            by_gradients = self.evidence != FROM_ACTIVATIONS and self.origin != LOSS_OR_FORWARD
+            what = f"{origin}'s gradients held NaN/Inf" if by_gradients else f"{origin} went non-finite"
             return (
-                f"find why {shown_name(self.origin or '?')} went non-finite at step {self.by_step} (attach(..., "
+                f"find why {what} at step {self.by_step} (attach(..., "
                 "activations='always') names the first module whose output did), and guard the optimizer step: "
                 "skip it when report.found_inf, or clip with clip_grad_norm_(..., error_if_nonfinite=True); "
                 f"{restore}"
