@@ -574,3 +574,59 @@ def test_the_poisoned_run_is_one_story_on_every_surface_of_third_party_models(ki
     codes = {f.code for f in healthy.doctor().findings}
     assert not codes & {"weights-poisoned", "poisoned-steps", "first-nonfinite"}
     assert "NaN/Inf" not in cli_output("summary", str(healthy_log))
+
+
+@pytest.mark.parametrize("plant", [True, False])
+def test_lightning_with_a_nan_on_one_step_is_told_as_poisoned_weights(plant: bool) -> None:
+    """Lightning's "16-mixed" on a CPU runs bf16 without a scaler; a NaN in one module's output on step 5 only: the
+    optimizer applies it and the doctor says so (it said "no problems found" before, the summary "the forward pass
+    or the loss" alone). Its neighbour without the NaN: no NaN finding."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from torch import nn
+
+    from amp_inspect.integrations import AmpInspectCallback
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+            self.calls = 0
+
+        def training_step(self, batch, _):
+            x, y = batch
+            h = self.b(torch.relu(self.a(x)))
+            if plant and self.calls == 5:
+                h = h * math.nan
+            self.calls += 1
+            return (self.c(torch.relu(h)).float() - y).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(128, 16, generator=g), torch.randn(128, 8, generator=g))
+    callback = AmpInspectCallback()
+    trainer = pl.Trainer(
+        precision="16-mixed",
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Net(), torch.utils.data.DataLoader(data, batch_size=16))
+    insp = callback.inspector
+    codes = [f.code for f in insp.doctor().findings]
+    if plant:
+        poisoning = insp.weights_poisoned()
+        assert poisoning is not None and (poisoning.by_step, poisoning.since) == (5, 6)
+        assert codes[0] == "weights-poisoned" and insp.doctor().ok is False
+        assert "the weights became NaN/Inf at step 6" in str(insp.summary())
+    else:
+        assert insp.weights_poisoned() is None
+        assert not {"weights-poisoned", "poisoned-steps", "first-nonfinite"} & set(codes)
