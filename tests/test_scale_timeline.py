@@ -365,3 +365,44 @@ def test_a_run_of_nan_steps_the_gradients_do_not_explain_is_told_how_far_the_sca
     assert "the scale fell x64 over such a run of steps" in halved and "without collapsing" not in halved
     (bounded,) = run(finite_beside=False)
     assert "without collapsing the scale" in bounded and "fell x" not in bounded
+
+
+def test_a_one_off_loss_spike_under_the_headroom_policy_is_not_told_as_a_hidden_overflow_kept_for_the_run() -> None:
+    """GPT-2, fp16 autocast, InspectingGradScaler(policy="headroom"), the loss x1e5 on step 10 only: every gradient
+    is non-finite there, the next step runs clean one binade lower and the policy takes a first lesson. The advice
+    says the lesson is temporary and that a spike looks the same; it does not say a hidden gradient overflowed and
+    the margin is kept for the run (it said so before), nor that the steps after ran at the same scale."""
+    import warnings
+
+    import torch
+
+    import amp_inspect
+
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    scaler = amp_inspect.InspectingGradScaler("cpu", policy="headroom")
+    insp = amp_inspect.attach(model, scaler)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for step in range(16):
+            x = torch.randint(0, 64, (2, 16), generator=g)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(input_ids=x, labels=x).loss
+            scaler.scale(loss * 1e5 if step == 10 else loss).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    insp.detach()
+    advice = insp.summary().advice
+    assert [r.step for r in insp.history if r.skipped] == [10]
+    (lesson,) = [a for a in advice if "widened its margin" in a]
+    assert "for a while" in lesson and "growth interval" in lesson and "spike" in lesson
+    assert "keeps that margin for the run" not in lesson and "inside backward" not in lesson
+    (one_off,) = [a for a in advice if "do not explain" in a]
+    assert "a one-off" in one_off and "at the same scale" not in one_off

@@ -116,7 +116,10 @@ class ScaleDecision:
         if self.room is not None:
             text += f", {self.room:+d} binades of measured room ({self.room_from}), margin {self.margin}"
         if self.unsafe_scale is not None:
-            text += f"; the NaN/Inf at scale {self.unsafe_scale:g} vanished at {self.previous:g}: the scale caused it"
+            text += (
+                f"; the NaN/Inf at scale {self.unsafe_scale:g} vanished at {self.previous:g}: taken as the scale's "
+                "doing (a one-off spike looks the same)"
+            )
         if self.skip == SKIP_NONFINITE:
             shown = ", ".join(map(shown_name, self.offenders[:5])) or "all gradients"
             text += f"; step skipped: non-finite, not explained by the measured gradients ({shown})"
@@ -504,9 +507,8 @@ class HeadroomPolicy:
         if innocent:
             if all(step in facts.clean_after for step, _ in innocent):
                 what = (
-                    "each one step alone, with clean steps after it at the same scale: a one-off (a spike in the "
-                    "loss, a bad batch); whether the scale times that spike overflowed cannot be told from NaN "
-                    "gradients"
+                    "each one step alone, a clean step after it: a one-off (a spike in the loss, a bad batch); "
+                    "whether the scale times that spike overflowed cannot be told from NaN gradients"
                 )
             else:
                 fall = _largest_fall(innocent)
@@ -526,8 +528,13 @@ class HeadroomPolicy:
                     steps=[step for step, _ in innocent],
                 )
             )
-        widened = [step for step, d in facts.decisions if d.reason == MARGIN]
-        if widened:
+        # Widened after an overflow with measured room (a hidden gradient overflowed: kept for the run), or after
+        # NaN/Inf that vanished at a lower scale (a lesson: the first lasts growth_interval clean steps, the second
+        # the run; a one-off spike followed by a clean step at the lower scale teaches the first one too).
+        overflowed = [step for step, d in facts.decisions if d.reason == MARGIN and d.unsafe_scale is None]
+        learned = [step for step, d in facts.decisions if d.reason == MARGIN and d.unsafe_scale is not None]
+        if overflowed or len(learned) >= 2:
+            widened = sorted(overflowed + learned)
             advice.append(
                 Advice(
                     f"the policy widened its margin {len(widened)} time(s) (first at step {widened[0]}), to {margin} "
@@ -536,6 +543,17 @@ class HeadroomPolicy:
                     f"keeps that margin for the run (state_dict); HeadroomPolicy(margin={margin}) starts a new run "
                     "with it",
                     steps=widened,
+                )
+            )
+        elif learned:
+            advice.append(
+                Advice(
+                    f"at step {learned[0]} the policy widened its margin for a while: the NaN/Inf of the steps "
+                    "before it vanished at a lower scale",
+                    "it keeps the wider margin for as many clean steps as the scaler's growth interval, and for the "
+                    "run only if it happens again. A one-off loss spike or bad batch looks the same; nothing to "
+                    "change unless it recurs",
+                    steps=learned,
                 )
             )
         overflows = [step for step, d in facts.decisions if d.skip == SKIP_OVERFLOW and d.reason != MARGIN]
