@@ -4,6 +4,9 @@ runs, and the architecture page names every module there is (and none that is go
 from __future__ import annotations
 
 import ast
+import contextlib
+import importlib.util
+import io
 import re
 from pathlib import Path
 
@@ -11,10 +14,25 @@ import pytest
 import torch
 from torch import nn
 
+from amp_inspect.cli.argtypes import DEMO_STEPS, DEMO_TROUBLE_FROM
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
 CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def _load_figures_script():
+    """docs/regenerate_demo_figures.py, which is a script (docs/ is no package)."""
+    spec = importlib.util.spec_from_file_location(
+        "regenerate_demo_figures", ROOT / "docs" / "regenerate_demo_figures.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FIGURES = _load_figures_script()
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -97,3 +115,34 @@ def test_architecture_names_every_module() -> None:
     assert not modules - named, f"docs/architecture.md does not name {sorted(modules - named)}"
     gone = sorted(name for name in named if not (ROOT / name).is_file())
     assert not gone, f"docs/architecture.md names files that do not exist: {gone}"
+
+
+@pytest.fixture(scope="module")
+def demo_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of the demo as `make demo` runs it on a CPU (seconds), for the figures the docs quote."""
+    from amp_inspect.cli.demo import run
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return run(out_dir=tmp_path_factory.mktemp("demo") / "amp_inspect_demo", device="cpu")
+
+
+def test_demo_figures_in_the_docs_are_the_demo_s(demo_log: Path) -> None:
+    for page, (now, measured) in FIGURES.rewritten_pages(demo_log).items():
+        assert now == measured, (
+            f"{page} quotes stale demo figures: run .venv/bin/python docs/regenerate_demo_figures.py"
+        )
+
+
+def test_figures_are_written_between_their_markers_only() -> None:
+    text = "before\n<!-- demo:x -->\nold\n<!-- /demo:x -->\nafter <!-- demo:y -->9 of 12<!-- /demo:y --> end"
+    assert FIGURES.rewrite(text, {"x": "new", "y": "3 of 4"}) == (
+        "before\n<!-- demo:x -->\nnew\n<!-- /demo:x -->\nafter <!-- demo:y -->3 of 4<!-- /demo:y --> end"
+    )
+    with pytest.raises(ValueError, match="must hold the markers <!-- demo:z -->"):
+        FIGURES.rewrite(text, {"z": "anything"}, "docs/usage.md")
+
+
+def test_pages_tell_the_demo_s_length() -> None:
+    for page in ("README.md", "docs/reports.md"):
+        assert f"for {DEMO_STEPS} steps" in (ROOT / page).read_text(), page
+    assert f"from step {DEMO_TROUBLE_FROM}" in (ROOT / "docs" / "reports.md").read_text()

@@ -29,13 +29,22 @@ def count(low: int) -> Callable[[str], int]:
     return parse
 
 
+DEMO_STEPS = 120  # the demo's length (amp_inspect/cli/demo.py), here so that --help needs no torch
+DEMO_TROUBLE_FROM = 50
+
+
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The demo's options, for ``amp-inspect demo`` and ``python -m amp_inspect.cli.demo`` alike."""
-    parser.add_argument("--steps", type=count(1), default=200, help="training steps (default 200)")
+    parser.add_argument("--steps", type=count(1), default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
     parser.add_argument(
         "--out",
         type=Path,
         default=Path("amp_inspect_demo"),
         help="output folder (one that holds files is kept: then <out>-2, <out>-3, ... is used)",
     )
-    parser.add_argument("--trouble-from", type=count(0), default=80, help="first step that may spike (default 80)")
+    parser.add_argument(
+        "--trouble-from",
+        type=count(0),
+        default=DEMO_TROUBLE_FROM,
+        help=f"first step that may spike (default {DEMO_TROUBLE_FROM})",
+    )

@@ -1,10 +1,13 @@
-"""``amp-inspect demo`` (``make demo``): a small GPT trains for 200 steps under mixed precision and meets
-the two classic kinds of trouble, on purpose, while amp_inspect watches.
+"""``amp-inspect demo`` (``make demo``): a small GPT trains under fp16 autocast with a GradScaler and meets the
+classic kinds of trouble, on purpose, while amp_inspect watches. It runs the same on a GPU and on a CPU (torch
+runs fp16 autocast on both), in seconds on a CPU.
 
-- From step 80 on, one attention block's logits sometimes exceed fp16's 65504 (a batch with a rare token
-  makes them spike). The softmax turns the Inf into NaN, GradScaler skips the step and halves the loss
+- The loss scale grows every few clean steps (``growth_interval`` is short on purpose) into fp16's ceiling: scaled
+  gradients past 65504 overflow, GradScaler skips the step and halves the scale, and grows back into it.
+- From step ``trouble_from`` on, one attention block's logits sometimes exceed fp16's 65504 (a batch with a rare
+  token makes them spike). The softmax turns the Inf into NaN, GradScaler skips the step and halves the loss
   scale; amp_inspect names the offending module, and its activation hooks, armed after the skip, find the
-  module whose forward output overflowed first.
+  module whose forward output went non-finite first.
 - Another block's MLP branch is damped more and more over the run: its gradients drift into fp16's
   subnormal range and then to zero.
 - On a CPU, one more block's output projection (``blocks.2.mlp.fc2``) is fine-tuned as many recipes do it: its
@@ -12,32 +15,36 @@ the two classic kinds of trouble, on purpose, while amp_inspect watches.
   optimizer's steps measured every 10 steps) says so. (On a GPU it stays fp32: torch's GradScaler cannot unscale
   bf16 gradients on CUDA.)
 
-On a GPU it runs fp16 autocast. On a CPU it runs bf16 autocast and judges everything against fp16; to meet
-fp16's trouble there, the spiking logits are stored in fp16 and the gradients are rounded through fp16
-after backward, as fp16 autocast would have them pass through it (so the loss scale also meets its ceiling:
-scaled gradients past 65504 overflow, GradScaler skips and backs off). It prints a live summary and writes
-./amp_inspect_demo/ (run.jsonl, report.html and the PNG plots). A folder that already holds files (an earlier
-run) is left alone: the demo writes into the next free ``<folder>-2``, ``<folder>-3``, ... and says so.
+It prints a live summary and writes ./amp_inspect_demo/ (run.jsonl, report.html and the PNG plots). A folder that
+already holds files (an earlier run) is left alone: the demo writes into the next free ``<folder>-2``,
+``<folder>-3``, ... and says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from amp_inspect.cli.argtypes import add_demo_arguments
+from amp_inspect.cli.argtypes import DEMO_STEPS, DEMO_TROUBLE_FROM, add_demo_arguments
 from amp_inspect.cli.baselines import compare
 from amp_inspect.cli.tiny_gpt import TinyGPT
 from amp_inspect.inspection.inspector import attach
 from amp_inspect.render.console import print_summary
 from amp_inspect.runlog.log import read_log
 
-VOCAB = 512  # TinyGPT's defaults: the demo's model
-CONTEXT = 64
+# The model and batch are as small as the story allows: fp16 matmuls on a CPU without fp16 arithmetic are emulated
+# (several times slower than float32), and the demo has to run in seconds there.
+VOCAB = 256
+CONTEXT = 32
+WIDTH = 64
+BATCH = 4
+GROWTH_INTERVAL = 5  # GradScaler doubles the scale after this many clean steps: fp16's ceiling within ~30 steps
 SPIKE_TOKEN = 7  # batches holding this token (in the overflowing block's input) make its logits spike
 SPIKE_GAIN = 1e5
 SPIKE_PROBABILITY = 0.08
@@ -45,10 +52,17 @@ LOSSY_LR = 1e-5  # blocks.2.mlp.fc2's learning rate: below half a bf16 ulp of mo
 UPDATE_EVERY = 10  # what the optimizer did, measured every 10 steps
 
 
-def _round_through_fp16(param: torch.Tensor) -> None:
-    """CPU emulation of fp16 gradients: past 65504 they become Inf, below 2^-25 zero."""
-    with torch.no_grad():
-        param.grad.copy_(param.grad.to(torch.float16))
+@contextmanager
+def _one_cpu_thread(device: str) -> Iterator[None]:
+    """One intra-op thread on a CPU while the demo trains: its matrices are tiny, and on a busy two-core machine
+    every parallel region waits for a core (many times slower than one thread). The caller's setting comes back."""
+    before = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _progress(total: int):
@@ -111,27 +125,34 @@ def fresh_folder(out_dir: Path) -> Path:
     return candidate
 
 
-def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from: int = 80, seed: int = 0) -> Path:
-    """Trains the demo model and returns the path of its run log (in ``fresh_folder(out_dir)``)."""
+def run(
+    steps: int = DEMO_STEPS,
+    out_dir: Path = Path("amp_inspect_demo"),
+    trouble_from: int = DEMO_TROUBLE_FROM,
+    seed: int = 0,
+    device: str | None = None,
+) -> Path:
+    """Trains the demo model and returns the path of its run log (in ``fresh_folder(out_dir)``). ``device``:
+    ``"cuda"`` or ``"cpu"``; None picks CUDA when it is available (the figures the docs quote are the CPU's)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if isinstance(trouble_from, bool) or not isinstance(trouble_from, int) or trouble_from < 0:
         raise ValueError(f"trouble_from must be an int >= 0, got {trouble_from!r}")
+    if device not in (None, "cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda', 'cpu' or None, got {device!r}")
     out_dir = Path(out_dir)
     chosen = fresh_folder(out_dir)
     if chosen != out_dir:
         print(f"{out_dir} holds an earlier run (kept as it is); writing to {chosen}")
         out_dir = chosen
     torch.manual_seed(seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    amp_dtype = torch.float16
     # The attention logits are a module of their own (attn.scores), so they can spike and the hooks can name them.
-    model = TinyGPT(VOCAB, CONTEXT, explicit_scores=True, fp16_logits=device == "cpu").to(device)
+    model = TinyGPT(VOCAB, CONTEXT, WIDTH, explicit_scores=True).to(device)
     spiking = model.blocks[3].attn.scores
     damped = model.blocks[1]
-    if device == "cpu":
-        for p in model.parameters():
-            p.register_post_accumulate_grad_hook(_round_through_fp16)
     lossy = model.blocks[2].mlp.fc2  # bf16 weights, no master copy, a fine-tuning learning rate: updates lost
     if device == "cpu":
         lossy.to(torch.bfloat16)
@@ -141,19 +162,19 @@ def run(steps: int = 200, out_dir: Path = Path("amp_inspect_demo"), trouble_from
         {"params": list(lossy.parameters()), "lr": LOSSY_LR},
     ]
     opt = torch.optim.AdamW(groups, lr=3e-4)
-    scaler = torch.amp.GradScaler(device, growth_interval=10)
+    scaler = torch.amp.GradScaler(device, growth_interval=GROWTH_INTERVAL)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "run.jsonl"  # out_dir is new or empty: nothing to overwrite
     insp = attach(model, scaler, log=log_path, hist_every=5, optimizer=opt, update_every=UPDATE_EVERY)
 
     numel = sum(p.numel() for p in model.parameters())
     print(f"amp_inspect demo: TinyGPT with {numel:,} parameters, {steps} steps on {device}, {amp_dtype} autocast")
-    print("gradients and activations judged against fp16; trouble planted from step", trouble_from)
+    print("logit spikes planted from step", trouble_from)
     g = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    with _progress(steps) as bar:
+    with _one_cpu_thread(device), _progress(steps) as bar:
         for step in range(steps):
-            idx = torch.randint(8, VOCAB, (8, CONTEXT), generator=g)
+            idx = torch.randint(8, VOCAB, (BATCH, CONTEXT), generator=g)
             spike = step >= trouble_from and torch.rand((), generator=g).item() < SPIKE_PROBABILITY
             if spike:
                 idx[0, torch.randint(0, CONTEXT, (4,), generator=g)] = SPIKE_TOKEN

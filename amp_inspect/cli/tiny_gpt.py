@@ -12,7 +12,7 @@ configuration. What differs between the users is an option, not a copy:
   ``attn.scores`` (``AttentionScores``), whose ``gain`` can make them spike and whose output the activation hooks
   can name (the demo plants its overflow there); else torch's scaled_dot_product_attention computes them unseen.
 - ``fp16_logits`` (with ``explicit_scores``): the logits are stored through fp16, as fp16 autocast stores them,
-  for a CPU run under bf16 autocast that must meet fp16's overflow.
+  for a run under bf16 autocast that must meet fp16's overflow (bench/models.py; the demo runs fp16 autocast).
 - ``gpt2_init``: GPT-2's initialisation (normal 0.02, residual projections 0.02 / sqrt(2 * layers), zero biases)
   instead of torch's defaults.
 
@@ -102,7 +102,7 @@ class Block(nn.Module):
 
 class TinyGPT(nn.Module):
     """A GPT of ``layers`` blocks of width ``dim`` over ``vocab`` tokens and ``context`` positions; the options are
-    the module docstring's. The defaults are the demo's model on a GPU."""
+    the module docstring's. The demo picks smaller sizes of its own (amp_inspect/cli/demo.py)."""
 
     def __init__(
         self,
