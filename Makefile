@@ -32,8 +32,8 @@ demo: setup
 	$(BIN)/amp-inspect demo
 
 lint: setup
-	$(BIN)/ruff check amp_inspect tests bench examples setup.py
-	$(BIN)/ruff format --check amp_inspect tests bench examples setup.py
+	$(BIN)/ruff check amp_inspect tests bench examples docs/regenerate_demo_figures.py setup.py
+	$(BIN)/ruff format --check amp_inspect tests bench examples docs/regenerate_demo_figures.py setup.py
 
 test: setup lint
 	$(BIN)/python -m pytest -q
