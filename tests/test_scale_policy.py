@@ -174,7 +174,7 @@ def _round_through_fp16(param: torch.Tensor) -> None:
 def make(policy: str, seed: int = 0, **kwargs):
     model = models.gpt(seed)
     for p in model.parameters():
-        p.register_post_accumulate_grad_hook(_round_through_fp16)  # fp16 gradients, as in amp_inspect/cli/demo.py
+        p.register_post_accumulate_grad_hook(_round_through_fp16)  # fp16 gradients, rounded as the old CPU demo did
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     if policy == "gradscaler":
         scaler = torch.amp.GradScaler("cpu", growth_interval=10, **kwargs)

@@ -154,7 +154,7 @@ def _round_through_fp16(param: torch.Tensor) -> None:
 
 def test_all_zero_steps_grow_at_gradscalers_pace_and_real_gradients_then_cost_no_skips() -> None:
     model = models.gpt(0)
-    for p in model.parameters():  # fp16 gradients, as in amp_inspect/cli/demo.py: a scale of 2^32 overflows them
+    for p in model.parameters():  # fp16 gradients (as the old CPU demo rounded them): a scale of 2^32 overflows them
         p.register_post_accumulate_grad_hook(_round_through_fp16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = amp_inspect.InspectingGradScaler("cpu", policy="headroom", growth_interval=10)
