@@ -370,6 +370,28 @@ def test_our_torn_log_and_empty_files_are_still_appended_to(tmp_path: Path) -> N
     assert [r["step"] for r in read_log(empty)] == [0]
 
 
+def test_a_file_blank_for_its_first_64_mib_is_refused_untouched(tmp_path: Path) -> None:
+    # Before: judged a blank log after a quadratic scan (96 s), its last line cut and records appended.
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b" \n" * (runlog._MAX_FIRST_LINE // 2) + b"notes\nthe last line has no newline")
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="exists and is not an amp_inspect run log"):
+        RunLog(path)
+    assert path.read_bytes() == before
+
+
+def test_blank_lines_before_a_log_or_in_a_blank_file_are_still_appended_after(tmp_path: Path) -> None:
+    padded = write_log(tmp_path / "run.jsonl", [log_record(0)])
+    padded.write_bytes(b"\n \t\n" * (1 << 18) + padded.read_bytes())  # 1 MiB of blank lines first
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b" \n" * (1 << 18))
+    for path in (padded, blank):
+        with RunLog(path) as log:
+            log.write(log_record(1))
+    assert [r["step"] for r in read_log(padded)] == [0, 1]
+    assert [r["step"] for r in read_log(blank)] == [1]
+
+
 class _DiskFull:
     """A file whose next write stores half the line, then fails as a full disk does."""
 
