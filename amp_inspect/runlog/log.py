@@ -110,6 +110,8 @@ SCHEMA_VERSION = 1
 # "previous" is the scale a step ran at, inside "scale_decision" (a broken scale is non-finite there too).
 # The statistics' own float fields come from the schema of statistics (amp_inspect/core/statistics.py).
 FLOAT_FIELDS = frozenset({"scale", "previous", "total_norm"}) | statistics.FLOAT_FIELDS
+# The fields whose integers are read as floats (JSON tools such as jq write 32768.0 as 32768).
+_FLOAT_KEYS = FLOAT_FIELDS | {"recommended_scale", "clip_norm", "time", "sq_change", "sq_weight", "weight_amax"}
 _MODULES_KEY = "modules"
 _STR_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last newline of an existing log
@@ -179,7 +181,8 @@ def _dumps(record: Mapping[str, Any]) -> bytes:
 def _parse_line(raw: bytes) -> dict[str, Any]:
     """One record from one line; ValueError (json's or ours) when it is not a JSON object."""
     try:
-        record = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError too
+        # UnicodeDecodeError is a ValueError too; so are Infinity, NaN and 1e400, which the writer never writes
+        record = json.loads(raw.decode("utf-8"), parse_constant=_no_float, parse_float=_finite_float)
     except RecursionError:  # deeply nested arrays or objects: not a record of ours, and no crash
         raise ValueError("nested too deeply") from None
     if not isinstance(record, dict):
@@ -302,9 +305,36 @@ def _check_record(record: Mapping[str, Any]) -> None:
                 raise ValueError(f"module {name[:60]!r}: {key!r} must be a number, got {value!r:.40}")
 
 
+def _no_float(token: str) -> float:
+    raise ValueError(f"{token} is not a number of a run log (it writes non-finite floats as strings)")
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if math.isinf(value):  # 1e400: beyond float range, which the writer never writes
+        raise ValueError(f"the number {token[:40]} is beyond float range")
+    return value
+
+
+def _fitting(value: Any, where: str) -> Any:
+    """``value`` with every integer checked to fit a float (ValueError naming the field), and the integers of the
+    float fields as floats: a log passed through ``jq`` holds 32768 where the writer wrote 32768.0."""
+    if isinstance(value, dict):
+        return {k: _fitting(v, k if k in FLOAT_FIELDS or not where else f"{where}.{k}"[-80:]) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fitting(v, where) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            as_float = float(value)
+        except OverflowError:
+            raise ValueError(f'"{where}" holds an integer beyond float range') from None
+        return as_float if where.rsplit(".", 1)[-1] in _FLOAT_KEYS else value
+    return value
+
+
 def _read_record(raw: bytes) -> dict[str, Any]:
     """The decoded, checked record of one line; ValueError saying what is wrong with it."""
-    record = _decode(_parse_line(raw))
+    record = _fitting(_decode(_parse_line(raw)), "")
     _check_record(record)
     return record
 
