@@ -370,6 +370,28 @@ def test_our_torn_log_and_empty_files_are_still_appended_to(tmp_path: Path) -> N
     assert [r["step"] for r in read_log(empty)] == [0]
 
 
+def test_a_file_blank_for_its_first_64_mib_is_refused_untouched(tmp_path: Path) -> None:
+    # Before: judged a blank log after a quadratic scan (96 s), its last line cut and records appended.
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b" \n" * (runlog._MAX_FIRST_LINE // 2) + b"notes\nthe last line has no newline")
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="exists and is not an amp_inspect run log"):
+        RunLog(path)
+    assert path.read_bytes() == before
+
+
+def test_blank_lines_before_a_log_or_in_a_blank_file_are_still_appended_after(tmp_path: Path) -> None:
+    padded = write_log(tmp_path / "run.jsonl", [log_record(0)])
+    padded.write_bytes(b"\n \t\n" * (1 << 18) + padded.read_bytes())  # 1 MiB of blank lines first
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b" \n" * (1 << 18))
+    for path in (padded, blank):
+        with RunLog(path) as log:
+            log.write(log_record(1))
+    assert [r["step"] for r in read_log(padded)] == [0, 1]
+    assert [r["step"] for r in read_log(blank)] == [1]
+
+
 class _DiskFull:
     """A file whose next write stores half the line, then fails as a full disk does."""
 
@@ -416,3 +438,21 @@ def test_glued_record_after_a_torn_one_is_recovered(tmp_path: Path) -> None:
         f.write(b'{"schema":1,"time":1.0,"step":1,"sca' + line + b"\n")
     with pytest.warns(RuntimeWarning, match=r"line 2 \(torn, followed by a whole record\)"):
         assert [r["step"] for r in read_log(path)] == [0, 2]
+
+
+def test_integers_of_float_fields_are_floats_and_numbers_beyond_float_range_skip_the_record(tmp_path: Path) -> None:
+    """Before: jq's 32768 for 32768.0 crashed summary (AttributeError: 'int' object has no attribute 'is_integer');
+    10**400, Infinity and 1e400 crashed summary, doctor, updates, readiness and report with OverflowError."""
+    path = write_log(tmp_path / "run.jsonl", [log_record(0), log_record(1)])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    jq = lines[0].replace('"scale":1024.0', '"scale":1024')
+    bad = [
+        lines[1].replace('"total_norm":1.0', f'"total_norm":{token}')
+        for token in ("1" + "0" * 400, "Infinity", "1e400")
+    ]
+    path.write_text("\n".join([jq, *bad, lines[1]]) + "\n", encoding="utf-8")
+    with pytest.warns(RuntimeWarning, match=r"skipped 3 invalid lines of 5.*total_norm.*beyond float range"):
+        records = read_log(path)
+    assert [r["step"] for r in records] == [0, 1]
+    assert type(records[0]["scale"]) is float and records[0]["scale"] == 1024.0
+    assert records[0]["modules"]["layer"]["numel"] == 10 and type(records[0]["modules"]["layer"]["numel"]) is int

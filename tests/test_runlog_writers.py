@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import textwrap
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -260,3 +262,71 @@ def test_reading_a_fifo_as_a_log_is_refused_without_blocking(tmp_path: Path) -> 
     records = tmp_path / "run.jsonl"  # a regular file still reads
     records.write_text("", encoding="utf-8")
     assert runlog.read_log(records) == []
+
+
+@needs_posix
+def test_without_file_locks_a_second_runlog_in_this_process_is_still_refused(tmp_path: Path, monkeypatch) -> None:
+    """Before, with flock failing (ENOLCK: NFS without locks) the second RunLog was accepted and both wrote."""
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(runlog.fcntl, "flock", no_locks)
+    path = tmp_path / "run.jsonl"
+    with pytest.warns(RuntimeWarning, match="no file locks"):
+        first = RunLog(path)
+    first.write({"step": 0})
+    with pytest.raises(LogInUseError, match="another RunLog in this process"):
+        RunLog(tmp_path / "." / "run.jsonl")
+    first.close()
+    with pytest.warns(RuntimeWarning, match="no file locks"), RunLog(path) as again:  # free once closed
+        again.write({"step": 1})
+    assert [r["step"] for r in read_log(path)] == [0, 1]
+
+
+def _forked(child: Callable[[], str]) -> tuple[int, int]:
+    """A forked child (as a DataLoader worker is) that sends what ``child()`` says, then sleeps until killed:
+    (its pid, the read end of its pipe)."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()": as DataLoader does
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write_end, child().encode())
+        finally:
+            os.close(write_end)
+            time.sleep(120)
+            os._exit(0)
+    os.close(write_end)
+    return pid, read_end
+
+
+@needs_posix
+def test_a_forked_worker_does_not_keep_the_log_locked_after_close(tmp_path: Path) -> None:
+    """Before, the worker's copy of the file description kept the lock: after close() (detach), opening the log again
+    (the re-run docs/usage.md prescribes) was refused as "another process" while the worker lived."""
+    path = tmp_path / "run.jsonl"
+    log = RunLog(path)
+    log.write({"step": 0})
+
+    def in_worker() -> str:
+        try:
+            RunLog(path)
+        except LogInUseError as err:  # the parent's lock holds while the parent has the log open
+            return f"closed={log.closed}; {err}"
+        return f"closed={log.closed}; opened"
+
+    pid, said = _forked(in_worker)
+    try:
+        answer = os.read(said, 4096).decode()  # the worker is running
+        log.close()
+        with RunLog(path) as again:
+            again.write({"step": 1})
+        assert [r["step"] for r in read_log(path)] == [0, 1]
+        # The worker closed its copy and opens nothing of the parent's, whose lock held while it was open.
+        assert answer.startswith("closed=True; ") and "being written by another process" in answer, answer
+    finally:
+        os.close(said)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

@@ -3,8 +3,10 @@ steps inspection/_hist_schedule.py picks and the hardware note once, on the firs
 
 A line that cannot be written (disk full, a network file system gone) costs that line, never the training run,
 the history or the listeners: one warning per kind of error, and the next step tries again (RunLog starts it on
-a fresh line, and read_log skips the torn one). A run that ends without close() still closes its log at exit
-(no ResourceWarning, no lost buffered lines of the steps already written).
+a fresh line, and read_log skips the torn one). A run that ends without close() still closes its log at exit or
+when its inspector is dropped (no ResourceWarning), and first writes the steps still pending: a step update_every
+measures waits for its optimizer step's statistics until the next step's end, which a script's last step never
+reaches.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,18 +23,29 @@ from amp_inspect.diagnosis.history import StepRecord
 from amp_inspect.distributed.combine import log_path_of_rank
 from amp_inspect.gradients.step_report import StepReport
 from amp_inspect.inspection._hist_schedule import HistogramSchedule
+from amp_inspect.inspection._step_history import StepHistory
 from amp_inspect.model.view import ModelView
 from amp_inspect.runlog import hardware
 from amp_inspect.runlog.log import RunLog
 
 
 class RunLogSink:
-    """One inspector's run log at ``path``; ``owner`` is the inspector, whose end (garbage) closes the file."""
+    """One inspector's run log at ``path``; ``owner`` is the inspector, whose end (garbage, or the interpreter's
+    exit) writes the steps of ``steps`` still pending, then closes the file. ``device`` says the device of the
+    model's first parameter (for the hardware note of the first line); neither may hold the owner."""
 
-    def __init__(self, path: str | os.PathLike[str], hist_every: int, owner: object) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        hist_every: int,
+        owner: object,
+        steps: StepHistory | None = None,
+        device: Callable[[], torch.device | None] = lambda: None,
+    ) -> None:
         self.log = RunLog(path, hist_every=hist_every)
         self._hists = HistogramSchedule(hist_every)  # regular steps, and those of an incident
-        self._closer = weakref.finalize(owner, self.log.close)  # holds the log, not the owner
+        self._steps, self._device = steps, device
+        self._closer = weakref.finalize(owner, self._end)  # holds the sink, not the owner
         self._hardware_note_written = False
         self._error: str | None = None  # the last failed write, warned about once per error kind
 
@@ -43,11 +57,13 @@ class RunLogSink:
         group: Any,
         hist_every: int,
         owner: object,
+        steps: StepHistory | None = None,
+        device: Callable[[], torch.device | None] = lambda: None,
     ) -> RunLogSink | None:
         """This rank's sink for the ``log=`` option (distributed.log_path_of_rank: in a distributed run the first
         rank of ``group`` writes, or every rank its own file with ``all_ranks``); None where this rank writes none."""
         path = log_path_of_rank(log, all_ranks, group) if log is not None else None
-        return cls(path, hist_every, owner) if path is not None else None
+        return cls(path, hist_every, owner, steps, device) if path is not None else None
 
     def hardware_samples(self, view: ModelView) -> HardwareSamples:
         """The link (a Probe) that gives each report the memory of its step, for its line written later."""
@@ -87,6 +103,14 @@ class RunLogSink:
         """Closes the file (idempotent); nothing is written after."""
         self.log.close()
         self._closer.detach()
+
+    def _end(self) -> None:
+        """The owner's end without close(): its pending steps written (as close() would), then the file closed."""
+        try:
+            if self._steps is not None and not self.log.closed:
+                self._steps.collect(True, lambda report, record: self.write(report, record, self._device()))
+        finally:
+            self.log.close()
 
 
 class HardwareSamples:

@@ -90,8 +90,10 @@ class Inspector:
         self.last_report: StepReport | None = None
         self._pass = gradient_pass.ParameterPass()
         report_group = ddp.process_group if (ddp := view.ddp) is not None else opts.group
-        self._sink = RunLogSink.of_rank(opts.log, opts.log_all_ranks, report_group, opts.hist_every, self)
         self._steps = StepHistory(opts.collapse_skips)
+        params = self._params  # the sink's end needs the device, and must not hold the inspector
+        sink_args = (opts.hist_every, self, self._steps, lambda: params.device)
+        self._sink = RunLogSink.of_rank(opts.log, opts.log_all_ranks, report_group, *sink_args)
         self._arming = ActivationArming(view, opts.activations, opts.arm_steps, self.formats, self, self.step)
         self._readiness = ReadinessHooks.of_options(view, opts, self, self.step, report_group)  # readiness_every
         self._updates = OptimizerWatch.of_options(opts, self)  # update_every: what optimizer.step() did

@@ -57,14 +57,18 @@ with one warning naming the line numbers, and returns every valid record.
 
 One writer per file: a ``RunLog`` holds an exclusive advisory lock (``fcntl.flock``) on its file from open to
 close, and a second ``RunLog`` on the same file (this process or another, through any path) is refused with
-``LogInUseError`` before it writes or cuts anything. The torn-tail repair runs only under that lock, so it
-never cuts another writer's line in progress. In a distributed run the Inspector logs on rank 0 only (every
-rank holds the same report), or to one file per rank with ``log_all_ranks=True``. A log deleted or replaced
-while it is written is said once (RuntimeWarning).
+``LogInUseError`` before it writes or cuts anything. This process's own RunLogs are known by the file's device
+and inode, so a second one here is refused also where the file system has no locks (NFS without them: then
+only other processes go unseen, which a warning says). A forked child (a DataLoader worker) closes its copies
+of the open logs at the fork, so the lock goes with the parent's close() and not with the child's end. The
+torn-tail repair runs only under that lock, so it never cuts another writer's line in progress. In a
+distributed run the Inspector logs on rank 0 only (every rank holds the same report), or to one file per rank
+with ``log_all_ranks=True``. A log deleted or replaced while it is written is said once (RuntimeWarning).
 
 Other people's files: a ``RunLog`` only appends to a file that is empty or recognisably a run log: its first
 line names this writer and schema (every line starts ``{"schema":1,"log":"amp_inspect",``, also when torn),
-or is a whole valid record of schema 1 (logs written before lines carried the name). Anything else (a
+or is a whole valid record of schema 1 (logs written before lines carried the name); a file whose first
+64 MiB end no line (blank or not) is no run log. Anything else (a
 checkpoint, a text file, another tool's JSONL with a "schema" field, a directory, a FIFO) is refused with a
 ValueError before anything is written or cut, so ``log=`` pointed at the wrong path never modifies that
 file. ``read_log`` drops the ``"log"`` marker from the records it returns.
@@ -106,6 +110,8 @@ SCHEMA_VERSION = 1
 # "previous" is the scale a step ran at, inside "scale_decision" (a broken scale is non-finite there too).
 # The statistics' own float fields come from the schema of statistics (amp_inspect/core/statistics.py).
 FLOAT_FIELDS = frozenset({"scale", "previous", "total_norm"}) | statistics.FLOAT_FIELDS
+# The fields whose integers are read as floats (JSON tools such as jq write 32768.0 as 32768).
+_FLOAT_KEYS = FLOAT_FIELDS | {"recommended_scale", "clip_norm", "time", "sq_change", "sq_weight", "weight_amax"}
 _MODULES_KEY = "modules"
 _STR_TO_FLOAT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _TAIL_SCAN_CHUNK = 1 << 16  # bytes read per step when looking back for the last newline of an existing log
@@ -175,7 +181,8 @@ def _dumps(record: Mapping[str, Any]) -> bytes:
 def _parse_line(raw: bytes) -> dict[str, Any]:
     """One record from one line; ValueError (json's or ours) when it is not a JSON object."""
     try:
-        record = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError too
+        # UnicodeDecodeError is a ValueError too; so are Infinity, NaN and 1e400, which the writer never writes
+        record = json.loads(raw.decode("utf-8"), parse_constant=_no_float, parse_float=_finite_float)
     except RecursionError:  # deeply nested arrays or objects: not a record of ours, and no crash
         raise ValueError("nested too deeply") from None
     if not isinstance(record, dict):
@@ -298,9 +305,36 @@ def _check_record(record: Mapping[str, Any]) -> None:
                 raise ValueError(f"module {name[:60]!r}: {key!r} must be a number, got {value!r:.40}")
 
 
+def _no_float(token: str) -> float:
+    raise ValueError(f"{token} is not a number of a run log (it writes non-finite floats as strings)")
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if math.isinf(value):  # 1e400: beyond float range, which the writer never writes
+        raise ValueError(f"the number {token[:40]} is beyond float range")
+    return value
+
+
+def _fitting(value: Any, where: str) -> Any:
+    """``value`` with every integer checked to fit a float (ValueError naming the field), and the integers of the
+    float fields as floats: a log passed through ``jq`` holds 32768 where the writer wrote 32768.0."""
+    if isinstance(value, dict):
+        return {k: _fitting(v, k if k in FLOAT_FIELDS or not where else f"{where}.{k}"[-80:]) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fitting(v, where) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            as_float = float(value)
+        except OverflowError:
+            raise ValueError(f'"{where}" holds an integer beyond float range') from None
+        return as_float if where.rsplit(".", 1)[-1] in _FLOAT_KEYS else value
+    return value
+
+
 def _read_record(raw: bytes) -> dict[str, Any]:
     """The decoded, checked record of one line; ValueError saying what is wrong with it."""
-    record = _decode(_parse_line(raw))
+    record = _fitting(_decode(_parse_line(raw)), "")
     _check_record(record)
     return record
 
@@ -317,25 +351,31 @@ def _recover_glued(raw: bytes) -> dict[str, Any] | None:
         return None
 
 
-def _first_line(path: Path) -> tuple[bytes, bool]:
-    """The first non-blank line of ``path`` (without its newline) and whether it is whole (a newline follows).
+def _first_line(path: Path) -> tuple[bytes, bool] | None:
+    """The first non-blank line of ``path`` (without its newline) and whether it is whole (a newline follows); None
+    when the first ``_MAX_FIRST_LINE`` bytes end no such line and more follows (blank or not, no run log of ours
+    starts so: a record is far smaller).
 
-    Past the first chunk, reading goes on only while the line could be a schema-1 record written before lines
-    named the writer (that one is judged whole), and stops at ``_MAX_FIRST_LINE`` bytes: a checkpoint with
-    no newline costs one chunk.
+    Reading goes on past the first chunk only while all is blank or the line could be a schema-1 record written
+    before lines named the writer (that one is judged whole): a checkpoint with no newline costs one chunk. Each
+    byte is looked at once (blanks are dropped chunk by chunk, a newline is looked for in the new chunk only).
     """
-    head = bytearray()
+    head = bytearray()  # the first non-blank line so far (appended to in place: linear)
+    read = 0
     with open(path, "rb") as f:
-        while len(head) < _MAX_FIRST_LINE:
-            chunk = f.read(_TAIL_SCAN_CHUNK)
-            if not chunk:
-                break
-            head += chunk
-            stripped = head.lstrip()
-            if b"\n" in stripped or (stripped and not stripped.startswith(_LEGACY_START[: len(stripped)])):
-                break
-    line, newline, _ = bytes(head.lstrip()).partition(b"\n")
-    return line, bool(newline)
+        while chunk := f.read(_TAIL_SCAN_CHUNK):
+            if read >= _MAX_FIRST_LINE:
+                return None
+            read += len(chunk)
+            if not head:
+                chunk = chunk.lstrip()
+            line, newline, _ = chunk.partition(b"\n")
+            head += line
+            if newline and head:
+                return bytes(head), True
+            if head and not head.startswith(_LEGACY_START[: len(head)]):
+                break  # not one of our lines: the start is enough to judge it
+    return bytes(head), False
 
 
 def _named_version(line: bytes) -> int | None:
@@ -360,7 +400,10 @@ def _is_legacy_record(line: bytes) -> bool:
 
 def _recognise(path: Path) -> str:
     """ "ours", "blank", "newer" (our name, a newer schema) or "foreign", from the first non-blank line."""
-    line, whole = _first_line(path)
+    first = _first_line(path)
+    if first is None:
+        return "foreign"
+    line, whole = first
     if not line.strip():
         return "blank"
     version = _named_version(line)
@@ -471,32 +514,52 @@ class LogInUseError(RuntimeError):
     """Another RunLog (in this process or another) is writing the file: one writer per file."""
 
 
-# The RunLogs of this process that hold their file's lock, by (device, inode): names the writer in the refusal.
+# The open RunLogs of this process, by (device, inode) of their file: consulted before the file's lock, so a second
+# RunLog on the same file is refused also where the file system has no locks (NFS without them).
 _OPEN_HERE: dict[tuple[int, int], weakref.ref[RunLog]] = {}
+
+
+def _in_use(path: Path, who: str) -> LogInUseError:
+    return LogInUseError(
+        f"log={str(path)!r} is being written by {who}; one writer per file: give each run its own log= path"
+    )
 
 
 def _lock(fd: int, path: Path, key: tuple[int, int]) -> bool:
     """Take the file's exclusive advisory lock without waiting: True when held, False where the file system
-    has no locks (then nothing is cut); LogInUseError when another writer holds it."""
+    has no locks (then nothing is cut); LogInUseError when another writer holds it (this process's own RunLogs
+    are known without the lock)."""
+    here = _OPEN_HERE.get(key)
+    if here is not None and here() is not None:
+        raise _in_use(
+            path, "another RunLog in this process (an inspector attached with the same log= and not detached?)"
+        )
     if fcntl is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        here = _OPEN_HERE.get(key)
-        who = (
-            "another RunLog in this process (an inspector attached with the same log= and not detached?)"
-            if here is not None and here() is not None
-            else "another process (a second job started with the same log=?)"
-        )
-        raise LogInUseError(
-            f"log={str(path)!r} is being written by {who}; one writer per file: give each run its own log= path"
-        ) from None
+        raise _in_use(path, "another process (a second job started with the same log=?)") from None
     except OSError as err:
         if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             return False
         raise
     return True
+
+
+def _close_in_forked_child() -> None:
+    """A forked child (a DataLoader worker) shares each open log's file description, and with it the lock, which
+    would outlive the parent's close() while the child lives: the child closes its copies (which leaves the
+    parent's lock held, as closing a shared description's duplicate does) and writes no log of the parent's."""
+    for ref in list(_OPEN_HERE.values()):
+        log = ref()
+        if log is not None:
+            log._file.close()
+    _OPEN_HERE.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_close_in_forked_child)
 
 
 class RunLog:
@@ -544,9 +607,8 @@ class RunLog:
         except BaseException:
             self._file.close()
             raise
-        if self.locked:
-            _OPEN_HERE[self._key] = weakref.ref(self)
-        else:
+        _OPEN_HERE[self._key] = weakref.ref(self)
+        if not self.locked:
             warnings.warn(
                 f"{self.path}: this file system has no file locks; make sure no other run writes this log",
                 RuntimeWarning,
