@@ -454,3 +454,22 @@ def test_the_op_refuses_mixed_and_meta_devices_instead_of_running_the_fake_kerne
         tensor_stats_op(cpu, torch.ones((), device="meta"), None, ["fp16"])
     outputs = unscale_stats_op(cpu, torch.full((), 0.5), found, ["fp16"])
     assert torch.equal(cpu[0], torch.full((4,), 4.0)) and int(outputs[0][0, 0]) == 4
+
+
+def test_scaled_statistics_ignore_the_cpus_flush_to_zero_mode() -> None:
+    # float32(x) * scale as the GPU's multiply rounds it (never flushed): with set_flush_denormal(True) the CPU's
+    # float multiply gave zero 3, subnormal 0, amin 0.5 here. The amin's bits are read as int32 (reading the
+    # float under denormals-are-zero would itself say 0).
+    x = torch.tensor([1e-39, 2e-38, 1.0, 0.0]).bfloat16()
+    seen = []
+    for flush in (False, True):
+        torch.set_flush_denormal(flush)
+        try:
+            stats = amp_inspect.tensor_stats([x], scale=0.5, formats=("bf16",))
+            seen.append((stats.zero.tolist(), stats.subnormal.tolist(), stats.amin_nonzero.view(torch.int32).item()))
+        finally:
+            torch.set_flush_denormal(False)
+    expected_amin = (torch.tensor(1e-39).bfloat16().float() * 0.5).view(torch.int32).item()
+    assert seen[0] == seen[1] == ([1], [[2]], expected_amin)
+    unscaled = amp_inspect.tensor_stats([x], formats=("bf16",))  # the unscaled path, as before: 2e-38 is normal
+    assert unscaled.zero.tolist() == [1] and unscaled.subnormal.tolist() == [[1]]

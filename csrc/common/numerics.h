@@ -105,6 +105,68 @@ AMPI_HD uint32_t fp16_to_f32_bits(uint16_t h) {
   return sign | (exponent == 0 ? subnormal : normal);
 }
 
+// ---- float32 rounding without the FPU's flush-to-zero ----
+// The CPU may run with flush-to-zero / denormals-are-zero on (torch.set_flush_denormal(True)); the GPU's
+// __fmul_rn and __double2float_rn never flush. These give the GPU's results on the host in any mode.
+
+// float64 bits rounded to the nearest float32 (ties to even), as bits, subnormal results included.
+AMPI_HD uint32_t float64_bits_to_float32_bits(uint64_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits >> 63) << 31;
+  const uint64_t magnitude = bits & kAbsMask64;
+  if (magnitude >= kInfBits64) {  // Inf, or NaN kept quiet with the top of its payload
+    const uint64_t payload = magnitude & kMantissaMask64;
+    return sign | kInfBits32 | (payload != 0 ? 0x00400000u | static_cast<uint32_t>(payload >> 29) : 0u);
+  }
+  const int exponent = static_cast<int>(magnitude >> kMantissaBits64);
+  if (exponent == 0) return sign;  // zero, or a float64 subnormal: far below half the smallest float32
+  // The float32 biased exponent; at or below 0 the result is a float32 subnormal (more bits shifted out).
+  const int biased32 = exponent - kExponentBias64 + kExponentBias32;
+  if (biased32 >= static_cast<int>(kExponentMask32)) return sign | kInfBits32;
+  const uint64_t significand = (magnitude & kMantissaMask64) | (1ull << kMantissaBits64);  // 53 bits
+  const int shift = (kMantissaBits64 - kMantissaBits32) + (biased32 <= 0 ? 1 - biased32 : 0);
+  if (shift > kMantissaBits64 + 1) return sign;  // below half the smallest subnormal: rounds to zero
+  uint64_t kept = significand >> shift;
+  const uint64_t rest = significand & ((1ull << shift) - 1), half = 1ull << (shift - 1);
+  if (rest > half || (rest == half && (kept & 1u))) ++kept;  // a carry moves into the exponent field, as it should
+  if (biased32 <= 0) return sign | static_cast<uint32_t>(kept);
+  return sign | ((static_cast<uint32_t>(biased32 - 1) << kExponentShift32) + static_cast<uint32_t>(kept));
+}
+
+// float32 bits as a float64, exactly, in integer arithmetic (a conversion instruction reads a subnormal as zero
+// under denormals-are-zero).
+AMPI_HD double float32_bits_as_float64(uint32_t bits) {
+  const uint64_t sign = static_cast<uint64_t>(bits & kSignMask32) << 32;
+  const uint32_t magnitude = bits & kAbsMask32;
+  if (magnitude == 0) return bits_as_float64(sign);
+  if (magnitude >= kInfBits32) {  // Inf and NaN: the exponent field all ones, the payload moved up
+    return bits_as_float64(sign | kInfBits64 | (static_cast<uint64_t>(magnitude & kMantissaMask32) << 29));
+  }
+  int exponent = static_cast<int>(magnitude >> kExponentShift32);
+  uint64_t mantissa = magnitude & kMantissaMask32;
+  if (exponent == 0) {  // subnormal: normalise (every float32 is a normal float64)
+    exponent = 1;
+    while ((mantissa & kImplicitBit32) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    mantissa &= kMantissaMask32;
+  }
+  const uint64_t biased64 = static_cast<uint64_t>(exponent - kExponentBias32 + kExponentBias64);
+  return bits_as_float64(sign | (biased64 << kMantissaBits64) | (mantissa << 29));
+}
+
+// float32(bits) * scale rounded as one float32 multiply (__fmul_rn), in any flush-to-zero mode. The hardware
+// product is kept when neither it nor the input can be subnormal (the common case); otherwise the product is
+// taken exactly in float64 (24 + 24 bits, far inside its normal range) and rounded once to float32.
+AMPI_HD uint32_t scaled_float32_bits(uint32_t bits, float scale) {
+  const uint32_t product = float32_as_bits(bits_as_float32(bits) * scale);
+  const uint32_t product_exponent = (product & kAbsMask32) >> kExponentShift32;
+  const uint32_t scale_exponent = (float32_as_bits(scale) & kAbsMask32) >> kExponentShift32;
+  if (product_exponent > 1 && (bits & kAbsMask32) >= kImplicitBit32 && scale_exponent != 0) return product;
+  const double exact = float32_bits_as_float64(bits) * float32_bits_as_float64(float32_as_bits(scale));
+  return float64_bits_to_float32_bits(float64_as_bits(exact));
+}
+
 // ---- per-element tests on |bits| ----
 
 AMPI_HD bool is_finite32(uint32_t abs_bits) { return abs_bits < kInfBits32; }

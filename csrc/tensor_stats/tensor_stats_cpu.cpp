@@ -731,13 +731,13 @@ void count_chunk64(const TensorView& view, int64_t start, int64_t count, const S
           sumsq += v * v;
         }
         // The histogram is over float32(v): a double beyond float32's range lands in bin 255.
-        acc.hist[hist_bin(float32_as_bits(static_cast<float>(bits_as_float64(b))))] += 1;
+        acc.hist[hist_bin(float64_bits_to_float32_bits(b))] += 1;
       });
   // Rounding to float32 is monotonic, so the rounded extreme is the extreme of the rounded values.
-  acc.max_abs = std::max(acc.max_abs, float32_as_bits(static_cast<float>(bits_as_float64(max_abs))));
+  acc.max_abs = std::max(acc.max_abs, float64_bits_to_float32_bits(max_abs));
   if (min_abs != kInfBits64) {
     acc.min_abs_nonzero =
-        std::min(acc.min_abs_nonzero, float32_as_bits(static_cast<float>(bits_as_float64(min_abs))));
+        std::min(acc.min_abs_nonzero, float64_bits_to_float32_bits(min_abs));
   }
   acc.sumsq += sumsq;
 }
@@ -774,11 +774,11 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
     if (widen != nullptr && is_contiguous_view(view)) {
       widen(reader.base + start + done, n, buffer);
       if (call.has_scale) {
-        for (int64_t i = 0; i < n; ++i) buffer[i] = float32_as_bits(bits_as_float32(buffer[i]) * scale);
+        for (int64_t i = 0; i < n; ++i) buffer[i] = scaled_float32_bits(buffer[i], scale);
       }
     } else if (call.has_scale) {
       reader.for_each(start + done, n, [&](int64_t i, T x) {
-        buffer[i] = float32_as_bits(bits_as_float32(to_bits(x)) * scale);  // one float32 multiply
+        buffer[i] = scaled_float32_bits(to_bits(x), scale);  // one float32 multiply, never flushed
       });
     } else {
       reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
@@ -810,9 +810,8 @@ void count_chunk(const TensorView& view, int64_t start, int64_t count, const Sta
       break;
     case kFloat64:
       if (call.has_scale) {  // v = float32(x) * scale: the float32 path after one rounding
-        count_chunk32<uint64_t>(view, start, count, call, acc, [](uint64_t x) {
-          return float32_as_bits(static_cast<float>(bits_as_float64(x)));
-        });
+        count_chunk32<uint64_t>(view, start, count, call, acc,
+                                [](uint64_t x) { return float64_bits_to_float32_bits(x); });
       } else {
         count_chunk64(view, start, count, call, acc);
       }
