@@ -46,7 +46,7 @@ def _skipped_step(step: int, names: list[str]) -> dict:
         "step": step,
         "scale": 1024.0,
         "skipped": True,
-        "total_norm": math.nan,
+        "total_norm": "nan",  # as the writer stores a non-finite float (a NaN literal is no JSON: not a log line)
         "offenders": names,
         "headroom": {"up": 0, "down": 3},
         "modules": {n: module_record(nan=1) for n in names},

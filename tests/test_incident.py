@@ -547,7 +547,7 @@ def test_the_poisoned_run_is_one_story_on_every_surface_of_third_party_models(ki
             insp.check()
             opt.step()
             opt.zero_grad()
-        insp.close()
+        insp.detach()  # the hooks armed on the NaN step leave the compiled model (and dynamo's stance) with it
         return insp, log, name
 
     insp, log, name = run(plant=True)
