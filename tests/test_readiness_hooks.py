@@ -258,3 +258,30 @@ def test_with_an_inspecting_grad_scaler_and_no_check_the_step_ends_at_update() -
     assert scaler.last_report.step == 2 and scaler.last_report.readiness is insp.readiness()
     assert list(insp.readiness().modules["2"]) == ["X", "W", "dY", "dW"]
     insp.detach()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64])
+def test_a_model_with_no_measurable_operand_gets_one_warning_not_a_traceback(dtype: torch.dtype) -> None:
+    """Issue 31, item 10: readiness_every on a float64 or complex model raised "stack expects a non-empty
+    TensorList" from check(); now the step has no readiness table and one warning says why. A float32 model, its
+    neighbour, still gets its table."""
+    import warnings
+
+    import amp_inspect
+
+    def run(model_dtype: torch.dtype):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)).to(model_dtype)
+        insp = amp_inspect.attach(model, readiness_every=1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                model(torch.randn(4, 8).to(model_dtype)).abs().sum().backward()
+                report = insp.check()
+        insp.detach()
+        return report, [str(w.message) for w in caught if "no operand they can measure" in str(w.message)]
+
+    report, said = run(dtype)
+    assert report.readiness is None and len(said) == 1
+    report, said = run(torch.float32)
+    assert report.readiness is not None and said == []

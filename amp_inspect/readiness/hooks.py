@@ -71,6 +71,12 @@ def weight_operand(module: nn.Module) -> torch.Tensor | None:
     return weight if isinstance(module, nn.Linear) else weight.t().contiguous()
 
 
+NO_OPERAND = (
+    "amp_inspect: the readiness hooks saw the forward pass on step {step} but no operand they can measure (float32, "
+    "bf16 or fp16 GEMM inputs and weights: a float64 or complex model has none); that step has no readiness table"
+)
+
+
 def _measurable(t: object) -> bool:
     return (
         isinstance(t, torch.Tensor)
@@ -243,6 +249,11 @@ class ReadinessHooks:
                 warnings.warn(NOTHING_MEASURED.format(step=step), RuntimeWarning, stacklevel=5)
             return None
         keys = list(self._rows)
+        if not keys:  # every operand of another dtype (float64, complex): nothing to stack, said once
+            if not self._warned:
+                self._warned = True
+                warnings.warn(NO_OPERAND.format(step=step), RuntimeWarning, stacklevel=5)
+            return None
         rows = [self._rows[k] for k in keys]
         self._rows = {}
         counts = torch.stack([r.counts for r in rows])
