@@ -93,13 +93,16 @@ class WeightPoisoning:
     def action(self) -> str:
         """What to do, for this cause."""
         restore = f"the weights do not recover: restore a checkpoint saved before step {self.since}"
+        guard = (
+            "guard the optimizer step: skip it when report.found_inf, or clip with clip_grad_norm_(..., "
+            f"error_if_nonfinite=True); {restore}"
+        )
         if self.cause == APPLIED_NONFINITE and self.overflowed is not None:
             return (
                 f"{shown_name(self.origin or '?')}'s forward output overflowed {self.overflowed} at step "
                 f"{self.by_step} (its inputs were finite): run it in float32 (torch.autocast(..., enabled=False) "
                 "around it, its inputs cast to float32) or keep its inputs smaller (a normalization before it, a "
-                "smaller init or learning rate); guard the optimizer step: skip it when report.found_inf, or clip "
-                f"with clip_grad_norm_(..., error_if_nonfinite=True); {restore}"
+                f"smaller init or learning rate); {guard}"
             )
         if self.cause == APPLIED_NONFINITE:
             # Traced by the gradients alone, the origin is where the gradients first held NaN/Inf; by the hooks (or
@@ -109,9 +112,7 @@ class WeightPoisoning:
             what = f"{origin}'s gradients held NaN/Inf" if by_gradients else f"{origin} went non-finite"
             return (
                 f"find why {what} at step {self.by_step} (attach(..., "
-                "activations='always') names the first module whose output did), and guard the optimizer step: "
-                "skip it when report.found_inf, or clip with clip_grad_norm_(..., error_if_nonfinite=True); "
-                f"{restore}"
+                f"activations='always') names the first module whose output did), and {guard}"
             )
         if self.cause == OPTIMIZER_STEP:
             return (
