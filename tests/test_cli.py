@@ -125,7 +125,7 @@ def test_report_never_overwrites_the_log_and_needs_force_for_the_rest(
     assert cli.main(["report", str(log)]) == 0
     html = tmp_path / "report.html"
     html.write_text("mine")
-    png = tmp_path / "loss_scale.png"
+    png = tmp_path / "report_loss_scale.png"
     png_bytes = png.read_bytes()
     assert cli.main(["report", str(log)]) == 2
     err = capsys.readouterr().err
@@ -135,6 +135,83 @@ def test_report_never_overwrites_the_log_and_needs_force_for_the_rest(
     assert html.read_text() != "mine"
     assert cli.main(["report", str(log), "-o", str(tmp_path / "new" / "r.html")]) == 0  # a new name is fine
     assert log.read_bytes() == before
+
+
+def _update_entry(sq_change: float, sq_weight: float) -> dict:
+    """A run log's "update" of one module "layer" (updates/report.py: the fields)."""
+    record = {"numel": 10, "numel_with_grad": 10, "lost": 1, "changed": 9, "weight_nonfinite": 0}
+    record |= {"weight_subnormal": 0, "state_underflow": 0, "weight_amax": 1.0, "dtype": "bf16", "state_dtype": "bf16"}
+    return {"modules": {"layer": record | {"sq_change": sq_change, "sq_weight": sq_weight}}}
+
+
+def _readiness_entry(sq_error: float) -> dict:
+    """A run log's "readiness" of one module "layer", operand X (readiness/report.py: the fields)."""
+    from amp_inspect.core.recipes import RECIPE_NAMES
+
+    n = len(RECIPE_NAMES)
+    operand = {"numel": 10, "nonzero": 10, "nonfinite": 0, "flushed": [0] * n, "saturated": [0] * n}
+    operand |= {"blocks": [1] * n, "scale_flushed": [0] * n, "sq_signal": 1.0, "sq_error": [sq_error] * n, "amax": 1.0}
+    return {"recipes": list(RECIPE_NAMES), "modules": {"layer": {"X": operand}}}
+
+
+@needs_mpl
+def test_report_names_a_sum_of_squares_out_of_its_domain_and_writes_nothing_it_cannot_finish(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31, item 9: before, "math domain error" after writing the PNGs (a negative sq_weight, an infinite
+    sq_error), and the retry refused because they "already exist". Now the record is refused where the log is
+    read, naming the field, like any invalid record; the valid records still make a report."""
+    records = [log_record(s) for s in range(4)]
+    for r in records:
+        r["update"], r["readiness"] = _update_entry(1e-6, 1.0), _readiness_entry(0.5)  # the neighbours: valid
+    records[1]["update"] = _update_entry(1e-6, -1.0)
+    records[2]["readiness"] = _readiness_entry(math.inf)
+    log = write_log(tmp_path / "run.jsonl", records)
+    assert cli.main(["report", str(log)]) == 0
+    err = capsys.readouterr().err
+    assert "math domain error" not in err
+    assert '"sq_weight" of module \'layer\' in "update" must be a finite sum of squares' in err
+    assert "\"sq_error\" of module 'layer' operand 'X' in \"readiness\"" in err and "line 2 " in err
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "2 inspected steps" in page and 'id="readiness"' in page and 'id="updates"' in page
+    for command in ("summary", "updates", "readiness"):
+        assert cli.main([command, str(log)]) == 0, command
+        assert '"sq_weight"' in capsys.readouterr().err
+
+    # A log with no record left: one line naming the field, and nothing written beside it (no PNG to block a retry).
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    only = write_log(bad / "run.jsonl", [{**log_record(0), "update": _update_entry(-2.0, 1.0)}])
+    assert cli.main(["report", str(only)]) == 2
+    err = capsys.readouterr().err
+    assert "math domain error" not in err and len(err.strip().splitlines()) == 1
+    assert 'line 1: "sq_change" of module \'layer\' in "update" must be a finite sum of squares (0 or more)' in err
+    assert sorted(p.name for p in bad.iterdir()) == ["run.jsonl"]
+
+
+@needs_mpl
+def test_a_second_report_with_a_new_name_beside_the_first_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31, item 9: before, a second report with a new -o was refused because the first one's PNGs existed
+    beside the log. Figures are named after their report; a re-run of a report replaces only its own (--force)."""
+    from amp_inspect.render.plots import FIGURES
+
+    log = write_log(tmp_path / "run.jsonl", [log_record(s, skipped=s == 2) for s in range(5)])
+    assert cli.main(["report", str(log)]) == 0
+    first = {name: (tmp_path / f"report_{name}.png").read_bytes() for name in FIGURES}
+    assert cli.main(["report", str(log), "-o", str(tmp_path / "second.html")]) == 0
+    assert (tmp_path / "second.html").exists()
+    assert all((tmp_path / f"second_{name}.png").read_bytes()[:4] == b"\x89PNG" for name in FIGURES)
+    capsys.readouterr()
+    # The same report again: still refused without --force (the page exists), and its advice names a free name.
+    assert cli.main(["report", str(log), "-o", str(tmp_path / "second.html")]) == 2
+    err = capsys.readouterr().err
+    assert "already exist" in err and "--force" in err and f"-o {tmp_path / 'second-2.html'}" in err
+    (tmp_path / "second_memory.png").write_bytes(b"stale")
+    assert cli.main(["report", str(log), "-o", str(tmp_path / "second.html"), "--force"]) == 0
+    assert (tmp_path / "second_memory.png").read_bytes()[:4] == b"\x89PNG"  # its own figure, replaced
+    assert {name: (tmp_path / f"report_{name}.png").read_bytes() for name in FIGURES} == first  # the other's kept
 
 
 def test_demo_keeps_an_earlier_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -185,8 +185,8 @@ def test_synthetic_log_has_the_story(report: tuple[Path, list[dict], Path]) -> N
 def test_report_writes_html_and_pngs(report: tuple[Path, list[dict], Path]) -> None:
     out, _, folder = report
     assert out.exists() and out.name == "report.html"
-    pngs = {p.stem: p for p in folder.glob("*.png")}
-    assert set(pngs) == set(plots.FIGURES)
+    pngs = {p.stem.removeprefix("report_"): p for p in folder.glob("*.png")}
+    assert set(pngs) == set(plots.FIGURES)  # named after their page: report_loss_scale.png, ...
     for name, path in pngs.items():
         data = path.read_bytes()
         width, height = _png_size(data)
@@ -264,7 +264,7 @@ def test_edge_logs_render(tmp_path: Path, kind: str) -> None:
     out = write_report(log, tmp_path / "report.html", png_dir=tmp_path / "png")
     text = out.read_text(encoding="utf-8")
     assert text.count("data:image/png;base64,") == len(plots.FIGURES)
-    assert {p.stem for p in (tmp_path / "png").glob("*.png")} == set(plots.FIGURES)
+    assert {p.stem for p in (tmp_path / "png").glob("*.png")} == {f"report_{name}" for name in plots.FIGURES}
     if kind == "no_hardware":
         assert "not available" in text and "no NVML &lt;b&gt;" in text
     if kind == "no_hist":

@@ -27,7 +27,8 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
 @pytest.mark.skipif(not HAVE_MPL, reason="the report needs matplotlib")
 def test_report_of_a_missing_log_says_no_such_file_even_beside_old_outputs(tmp_path: Path, capsys, monkeypatch):
-    """Case 10: before, "loss_scale.png ... already exist" and the advice "-o NEW.html", which cannot help."""
+    """Case 10: before, "loss_scale.png ... already exist" and the advice "-o NEW.html", which could not help then.
+    Since issue 31, item 9, a report's figures are named after it (x_loss_scale.png): other PNGs are no outputs."""
     from amp_inspect.render.plots import FIGURES
 
     monkeypatch.chdir(tmp_path)
@@ -40,10 +41,12 @@ def test_report_of_a_missing_log_says_no_such_file_even_beside_old_outputs(tmp_p
     log = tmp_path / "run.jsonl"
     with RunLog(log) as writer:
         writer.write({"step": 0, "scale": 1.0, "skipped": False, "total_norm": 1.0, "offenders": []})
-    assert cli.main(["report", str(log), "-o", "x.html"]) == 2
+    assert cli.main(["report", str(log), "-o", "x.html"]) == 0
+    assert all((tmp_path / f"x_{name}.png").exists() for name in FIGURES)
+    assert cli.main(["report", str(log), "-o", "x.html"]) == 2  # its own outputs: --force, or another name
     err = capsys.readouterr().err
-    assert "already exist" in err and "-o OTHER_FOLDER/x.html" in err and "NEW.html" not in err
-    assert cli.main(["report", str(log), "-o", str(tmp_path / "other" / "x.html")]) == 0  # the advice works
+    assert "already exist" in err and "-o x-2.html" in err
+    assert cli.main(["report", str(log), "-o", "x-2.html"]) == 0  # the advice works
     assert all((tmp_path / f"{name}.png").read_bytes() == b"old" for name in FIGURES)
 
 

@@ -1,9 +1,10 @@
 """One self-contained HTML page for a run log: the headline numbers, the figures, offenders, advice.
 
 ``write_report("run.jsonl", "report.html")`` writes the page and, next to it (or in ``png_dir``), the PNG
-of every figure of amp_inspect/render/plots.py; the page embeds the same PNGs as base64 data URIs, so it can be
-mailed or attached on its own. It loads nothing from elsewhere (no CDN, no script) and every text that comes
-from the log (module names, findings, notes) is HTML-escaped.
+of every figure of amp_inspect/render/plots.py, named after the page (``report_loss_scale.png``, ...); the page
+embeds the same PNGs as base64 data URIs, so it can be mailed or attached on its own. The page and its figures
+are all made (in memory) before any file is written. It loads nothing from elsewhere (no CDN, no script) and
+every text that comes from the log (module names, findings, notes) is HTML-escaped.
 
 The page reads the same analysis objects as the rest of the package: ``series.RunSeries`` for the series and
 ``history.summarize`` for the skip rate, scale events, warnings and advice. Cost: reading the log plus
@@ -27,7 +28,7 @@ import numpy as np
 from amp_inspect._version import __version__
 from amp_inspect.diagnosis.history import StepRecord, Summary, summarize
 from amp_inspect.readiness.plot import html_section as readiness_section
-from amp_inspect.render.plots import FIGURES, save_all, unavailable
+from amp_inspect.render.plots import FIGURES, render_all, unavailable
 from amp_inspect.render.series import RunSeries
 from amp_inspect.runlog.log import is_run_log, read_log
 from amp_inspect.scaling.timeline import POLICY_TORCH, scale_text, shown_changes
@@ -357,11 +358,17 @@ def render_html(
     return "\n".join(out) + "\n"
 
 
-def output_paths(out_html: str | os.PathLike[str], png_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Every file ``write_report`` writes: the page, then one PNG per figure."""
+def figure_path(out_html: str | os.PathLike[str], name: str, png_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where ``write_report`` writes figure ``name`` of the page ``out_html``: named after the page
+    (``report.html`` -> ``report_loss_scale.png``), so the figures of two reports in one folder never meet."""
     out_html = Path(out_html)
     folder = Path(png_dir) if png_dir is not None else out_html.parent
-    return [out_html, *(folder / f"{name}.png" for name in FIGURES)]
+    return folder / f"{out_html.stem}_{name}.png"
+
+
+def output_paths(out_html: str | os.PathLike[str], png_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Every file ``write_report`` writes: the page, then one PNG per figure (``figure_path``)."""
+    return [Path(out_html), *(figure_path(out_html, name, png_dir) for name in FIGURES)]
 
 
 def check_outputs(log_path: str | os.PathLike[str], targets: Sequence[Path], *, force: bool = False) -> None:
@@ -377,9 +384,11 @@ def check_outputs(log_path: str | os.PathLike[str], targets: Sequence[Path], *, 
     if existing and not force:
         names = ", ".join(str(t) for t in existing[:3])
         names += f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        page = targets[0]
         raise FileExistsError(
             f"{names} already exist{'s' if len(existing) == 1 else ''}; overwrite with --force (force=True), "
-            f"or write into another folder with -o OTHER_FOLDER/{targets[0].name} (the figures go beside the page)"
+            f"or give the report another name, e.g. -o {page.with_name(page.stem + '-2' + page.suffix)} (its figures "
+            "are named after it)"
         )
 
 
@@ -390,20 +399,21 @@ def write_report(
     png_dir: str | os.PathLike[str] | None = None,
     force: bool = False,
 ) -> Path:
-    """Reads the run log, writes the figures as PNG into ``png_dir`` (default: the HTML's folder) and the
-    self-contained page to ``out_html``; returns the page's path.
+    """Reads the run log, writes the figures as PNG into ``png_dir`` (default: the HTML's folder), each named after
+    the page (``figure_path``: ``report.html`` -> ``report_loss_scale.png``), and the self-contained page to
+    ``out_html``; returns the page's path.
 
-    Existing outputs are overwritten only with ``force=True`` (FileExistsError otherwise); a run log is never
-    overwritten (ValueError), so ``-o run.jsonl`` cannot destroy the run. Both are checked before writing."""
+    Existing outputs are overwritten only with ``force=True`` (FileExistsError otherwise), and only the page and
+    its own figures; a run log is never overwritten (ValueError), so ``-o run.jsonl`` cannot destroy the run. Both
+    are checked before writing. Everything the page needs is made before anything is written: a log the report
+    cannot be made of leaves no file behind."""
     log_path, out_html = Path(log_path), Path(out_html)
     targets = output_paths(out_html, png_dir)
     records = read_log(log_path)  # first: a missing or unreadable log is the error to report, not the outputs
     check_outputs(log_path, targets, force=force)
     series = RunSeries.from_records(records)
     summary, error = _summary(records)
-    out_html.parent.mkdir(parents=True, exist_ok=True)
-    paths = save_all(series, targets[1].parent)
-    pngs = {name: path.read_bytes() for name, path in paths.items()}
+    pngs = render_all(series)
     page = render_html(
         series,
         summary,
@@ -413,5 +423,9 @@ def write_report(
         readiness=readiness_section(records),
         updates=updates_section(records),
     )
+    for path in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    for name, path in zip(FIGURES, targets[1:], strict=True):
+        path.write_bytes(pngs[name])
     out_html.write_text(page, encoding="utf-8")
     return out_html

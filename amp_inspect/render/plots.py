@@ -2,8 +2,8 @@
 
 This module only draws. Every figure reads one analysis object, ``RunSeries.from_records(amp_inspect.read_log(
 path))`` (amp_inspect/render/series.py, which also defines the terms: unscaled log2 magnitude, bands), and is returned
-as a ``matplotlib.figure.Figure`` made directly (Agg canvas, no pyplot state). ``save_all`` writes them all as
-PNG. Plotting needs matplotlib, which the core package does not depend on.
+as a ``matplotlib.figure.Figure`` made directly (Agg canvas, no pyplot state). ``render_all`` draws them all as
+PNG bytes, ``save_all`` writes those. Plotting needs matplotlib, which the core package does not depend on.
 
 Cost: each figure renders in well under a second for logs of thousands of records and tens of modules.
 
@@ -13,6 +13,7 @@ helpers here; the analysis they read is in render/series.py, and splitting the f
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import textwrap
@@ -48,7 +49,7 @@ from amp_inspect.scaling.timeline import POLICY_TORCH
 # importable from here as they always were.
 __all__ = ["FIGURES", "PLOTTERS", "Bands", "RunSeries", "fractions", "heatmap_latest", "heatmap_over_time"]
 __all__ += ["loss_scale", "memory", "mpl_text", "save_all", "series_of", "short_name", "short_names", "total_norm"]
-__all__ += ["unavailable"]
+__all__ += ["render_all", "unavailable"]
 
 NAME_WIDTH = 34  # characters of a module name in an axis label
 MAX_HEATMAP_MODULES = 40
@@ -663,20 +664,30 @@ PLOTTERS: dict[str, Callable[[RunSeries], Figure]] = {
 }
 
 
-def save_all(
-    records: Sequence[Mapping[str, Any]] | RunSeries, out_dir: str | Path, *, dpi: int = DPI
-) -> dict[str, Path]:
-    """Writes every figure as ``out_dir/<name>.png`` (names in ``FIGURES``); returns name -> path."""
+def render_all(records: Sequence[Mapping[str, Any]] | RunSeries, *, dpi: int = DPI) -> dict[str, bytes]:
+    """Every figure (names in ``FIGURES``) as PNG bytes, in memory: nothing is written."""
     s = series_of(records)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
+    pngs = {}
     # NaN marks what a log lacks and the figures draw around it: numpy's notes about it are noise here.
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="All-NaN slice", category=RuntimeWarning)
         for name, plot in PLOTTERS.items():
-            fig = plot(s)
-            path = out / f"{name}.png"
-            fig.savefig(path, dpi=dpi, facecolor="white")
-            paths[name] = path
+            buffer = io.BytesIO()
+            plot(s).savefig(buffer, format="png", dpi=dpi, facecolor="white")
+            pngs[name] = buffer.getvalue()
+    return pngs
+
+
+def save_all(
+    records: Sequence[Mapping[str, Any]] | RunSeries, out_dir: str | Path, *, dpi: int = DPI
+) -> dict[str, Path]:
+    """Writes every figure as ``out_dir/<name>.png`` (names in ``FIGURES``), once all are drawn; returns name ->
+    path."""
+    pngs = render_all(records, dpi=dpi)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, data in pngs.items():
+        paths[name] = out / f"{name}.png"
+        paths[name].write_bytes(data)
     return paths

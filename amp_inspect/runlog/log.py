@@ -131,6 +131,10 @@ _UP_DOWN = ("up", "down")  # the keys of "headroom"
 _COUNT_FIELDS = statistics.MODULE_COUNT_FIELDS  # checked under their own keys only (not "overflow/bf16")
 _GLUED = "torn, followed by a whole record"  # read_log: a line whose torn start was skipped, its record read
 _LISTED_BAD_LINES = 5  # invalid lines named one by one in read_log's warning
+# Sums of squares over finite elements (the readiness op's sq_signal and sq_error, the update op's sq_change and
+# sq_weight): float64 sums of squares of 16- and 32-bit values, so finite and 0 or more in every log the inspector
+# writes. Anything else was written by hand, and would reach the readers' square roots and logarithms.
+_SQUARE_SUMS = tuple(s.name for s in (*statistics.READINESS, *statistics.UPDATE) if s.output == "sums")
 
 
 def _nonfinite_str(x: float) -> str:
@@ -236,6 +240,31 @@ def _is_decision(value: Any) -> bool:
     )
 
 
+def _check_square_sums(values: Mapping[str, Any], where: str) -> None:
+    """ValueError naming the first of ``values``' sums of squares (``_SQUARE_SUMS``, a number or a list of them)
+    that is not a finite number of 0 or more; ``where`` says whose they are."""
+    for key in _SQUARE_SUMS:
+        if key not in values:
+            continue  # a missing field is the section's reader's to name
+        value = values[key]
+        for item in value if isinstance(value, list) else [value]:
+            if not (_is_number(item) and 0 <= item < math.inf):
+                raise ValueError(f'"{key}" of {where} must be a finite sum of squares (0 or more), got {item!r:.20}')
+
+
+def _check_sections(record: Mapping[str, Any]) -> None:
+    """The sums of squares of the "update" and "readiness" sections (their readers check the rest)."""
+    update = record.get("update")
+    for name, m in update["modules"].items() if isinstance(update, dict) else ():
+        if isinstance(m, dict):
+            _check_square_sums(m, f'module {name[:40]!r} in "update"')
+    readiness = record.get("readiness")
+    for name, operands in readiness["modules"].items() if isinstance(readiness, dict) else ():
+        for operand, stats in operands.items() if isinstance(operands, dict) else ():
+            if isinstance(stats, dict):
+                _check_square_sums(stats, f'module {name[:40]!r} operand {str(operand)[:4]!r} in "readiness"')
+
+
 def _check_record(record: Mapping[str, Any]) -> None:
     """ValueError naming the first field whose type is not the schema's (see the module docstring).
 
@@ -243,6 +272,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
     schema with fields of their own pass. A module record may lack fields: its readers take a missing count
     as 0 and a missing float as NaN (attribution.count, as render/series.py does). Float fields hold numbers after
     ``_decode`` (non-finite allowed: a NaN gradient has a NaN norm); counts and steps are ints in int64's range.
+    The sums of squares of "update" and "readiness" are finite and 0 or more (``_SQUARE_SUMS``).
     """
     if not _is_int(record.get("step"), -_MAX_STEP) or record["step"] >= _MAX_STEP:
         raise ValueError(f'"step" must be an integer below 2^53 in size, got {record.get("step")!r:.40}')
@@ -290,6 +320,7 @@ def _check_record(record: Mapping[str, Any]) -> None:
     for key, ok in checks.items():
         if key in record and not ok(record[key]):
             raise ValueError(f'"{key}" has the wrong type or value ({record[key]!r:.60})')
+    _check_sections(record)
     modules = record.get(_MODULES_KEY)
     if modules is None:
         return
