@@ -21,6 +21,7 @@ from torch import nn
 import amp_inspect
 from amp_inspect.cli import commands as cli
 from amp_inspect.core.printable import MAX_SHOWN, shown_name
+from amp_inspect.core.recipes import RECIPE_NAMES
 from amp_inspect.runlog.log import RunLog
 from tests.run_logs import module_record
 
@@ -157,3 +158,111 @@ def test_a_module_record_lacking_a_count_is_summarised(tmp_path: Path, capsys) -
         fc_row = next(line for line in table.splitlines() if " fc " in line)
         assert ("unknown" in fc_row) == (missing == "amax")  # a missing value is unknown, not 0
         assert " other " in table  # fc without a NaN count is still in trouble (subnormal, underflow)
+
+
+# ---- every string read from a log, not only names (issue 31, item 17) ----
+
+TITLE = "\x1b]0;title\x07"  # OSC: retitles the terminal
+RED_ON = "\x1b[31m"  # turns the text red
+ISOLATE = "blocks.\u20661\u2069.fc"  # bidi isolates (U+2066, U+2069): a figure drew them raw
+LOG_TEXT_BITS = ["\x1b", "\x07", "\u2066", "\u2069"]
+MATHTEXT = "head$\\frac$"  # an unfinished TeX fraction: drawn as mathtext, it stopped the report (ParseSyntaxException)
+
+
+def _hostile_strings_log(path: Path) -> Path:
+    """A log whose every string field carries terminal escapes, and whose module name carries bidi isolates."""
+    text = f"{TITLE}{RED_ON}x"
+    update = {**module_record(), "numel_with_grad": 10, "lost": 5, "changed": 5, "weight_nonfinite": 0}
+    update |= {"weight_subnormal": 0, "state_underflow": 2, "sq_change": 1e-6, "sq_weight": 1.0, "weight_amax": 1.0}
+    update |= {"dtype": text + "dtype", "state_dtype": text + "state"}
+    n = len(RECIPE_NAMES)
+    x = {"numel": 10, "nonzero": 10, "nonfinite": 0, "flushed": [1] * n, "saturated": [0] * n, "blocks": [1] * n}
+    operands = {"X": x | {"scale_flushed": [0] * n, "sq_signal": 1.0, "sq_error": [0.01] * n, "amax": 1.0}}
+    records = []
+    for step in range(4):
+        skipped = step in (1, 2)
+        record = _skipped_step(step, [ISOLATE])
+        record["first_nonfinite"] = f"{text}finding {ISOLATE}" if skipped else None
+        if not skipped:
+            record |= {"skipped": False, "total_norm": 1.0, "offenders": [], "modules": {ISOLATE: module_record()}}
+        record["hist"] = {ISOLATE: {"120": 9}}
+        record["scale_decision"] = {
+            "scale": 512.0 if skipped else 1024.0,
+            "previous": 1024.0,
+            "reason": text + "reason",
+            "skip": text + "skip" if skipped else None,
+            "margin": 1,
+            "room": 2,
+            "room_from": text + "room",
+            "offenders": [ISOLATE] if skipped else [],
+            "policy": text + "policy",
+        }
+        record |= {"hardware_note": text + "note", "hardware": {"rss_bytes": 1e9}, "formats": [text + "fmt"]}
+        record |= {"autocast": text + "autocast", "update": {"modules": {ISOLATE: update, MATHTEXT: update}}}
+        record["readiness"] = {"recipes": list(RECIPE_NAMES), "modules": {ISOLATE: operands, MATHTEXT: operands}}
+        if step == 2:
+            record["weights"] = {"into_step": 2, "nonfinite": {ISOLATE: 3}, "partial": text + "partial"}
+        records.append(record)
+    return _write(path, records)
+
+
+def _clean(text: str) -> bool:
+    return not any(bit in text for bit in LOG_TEXT_BITS)
+
+
+def test_every_string_of_a_log_prints_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31, item 17: before, an update's dtype (`updates --step`), a scale decision's reason (`summary`) and a
+    hardware note (`doctor --log`) printed raw: the terminal's title changed and the text turned red."""
+    log = _hostile_strings_log(tmp_path / "run.jsonl")
+    outputs = {}
+    for argv in (["summary"], ["updates"], ["updates", "--step", "3"], ["readiness"], ["doctor", "--log"]):
+        assert cli.main([*argv, str(log)]) in (0, 1), argv  # the doctor says 1: it finds errors
+        captured = capsys.readouterr()
+        outputs[" ".join(argv)] = captured.out + captured.err
+    for argv, out in outputs.items():
+        assert _clean(out), (argv, [line for line in out.splitlines() if not _clean(line)][:3])
+    escaped = "\\x1b]0;title\\x07\\x1b[31mx"
+    assert f"{escaped}dtype" in outputs["updates --step 3"]
+    assert f"2 {escaped}reason" in outputs["summary"] and f"autocast {escaped}autocast" in outputs["summary"]
+    assert f"in the run: {escaped}note" in outputs["doctor --log"]
+    assert "blocks.\\u20661\\u2069.fc" in outputs["summary"]
+    # The neighbour: plain words of a log print as they are.
+    plain = _write(tmp_path / "plain.jsonl", [{**_skipped_step(0, ["fc"]), "hardware_note": "no NVML here"}])
+    assert cli.main(["doctor", "--log", str(plain)]) in (0, 1)
+    assert "INFO [hardware-note] in the run: no NVML here" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="needs matplotlib")
+def test_every_text_a_figure_draws_from_a_log_is_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31, item 17: before, the figures drew U+2066 and U+2069 of a module name raw (the over-time heatmap's
+    title, the loss-scale figure's notes), and a decision's reason and a hardware note with their escapes."""
+    from matplotlib.text import Text
+
+    from amp_inspect.readiness.plot import readiness_heatmap
+    from amp_inspect.readiness.report import from_log as readiness_from_log
+    from amp_inspect.render.plots import PLOTTERS, mpl_text
+    from amp_inspect.render.series import RunSeries
+    from amp_inspect.runlog.log import read_log
+    from amp_inspect.updates.plot import update_ratio_figure
+    from amp_inspect.updates.report import from_log
+
+    log = _hostile_strings_log(tmp_path / "run.jsonl")
+    assert cli.main(["report", str(log)]) == 0
+    err = capsys.readouterr().err
+    assert "Glyph" not in err and _clean(err)  # before: "Glyph 27 (\x1b) missing from font(s)" for each escape
+    records = read_log(log)
+    series = RunSeries.from_records(records)
+    figures = {name: plot(series) for name, plot in PLOTTERS.items()}
+    figures["update_ratio"] = update_ratio_figure(from_log(records))
+    figures["readiness"] = readiness_heatmap(readiness_from_log(records)[-1])
+    drawn = []
+    for name, fig in figures.items():
+        fig.canvas.draw()  # tick labels and legends exist once drawn
+        texts = [t.get_text() for t in fig.findobj(Text)]
+        bad = [t for t in texts if not all(c.isprintable() or c == "\n" for c in t)]
+        assert not bad, (name, bad[:3])
+        drawn += texts
+    assert any("blocks.\\u20661\\u2069.fc" in t for t in drawn)  # the name is there, escaped
+    assert sum("head\\$\\frac\\$" in t for t in drawn) >= 2  # the update-ratio legend, the readiness rows
+    assert any("reason" in t and "\\x1b" in t for t in drawn) and any("note" in t and "\\x07" in t for t in drawn)
+    assert mpl_text("blocks.3.fc $x$") == r"blocks.3.fc \$x\$"  # the neighbour: plain text kept, mathtext off

@@ -251,7 +251,8 @@ def _doctor(args: argparse.Namespace) -> int:
         try:
             log_header, log_findings = _doctor_log(args.log, args.collapse_skips)
         except (OSError, ValueError) as error:
-            print(f"amp-inspect doctor: cannot read {args.log}: {error}", file=sys.stderr)
+            text = shown_name(_error_text(error, Path(args.log)), limit=None)
+            print(f"amp-inspect doctor: cannot read {text}", file=sys.stderr)
             return 2
         header += log_header
         findings += log_findings
@@ -305,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("log", type=Path, help="a run log written with attach(..., log=PATH)")
     report.add_argument("-o", "--output", type=Path, help="HTML file (default: report.html beside the log)")
     report.add_argument(
-        "--force", action="store_true", help="overwrite an existing report and PNGs (a run log never is)"
+        "--force", action="store_true", help="overwrite an existing report and its PNGs (a run log never is)"
     )
     report.set_defaults(func=_report)
 

@@ -8,7 +8,10 @@ unassigned and private-use code points, spaces other than U+0020) as a Python-st
 ``\\u202e``), and shortens a name longer than ``MAX_SHOWN`` characters in its middle, saying how many characters
 it left out, so a hostile 30-million-character name costs one slice, not a 30-million-character table cell.
 
-HTML output escapes with ``html.escape`` on its own; this is for terminals, plain text and PNG labels.
+Every string read from a log (a dtype, a scale decision's reason, a hardware note), not only names, is printed
+through it; ``mpl_text`` is the same for figures. HTML output escapes with ``html.escape`` on its own; this is for
+terminals, plain text and PNG labels.
+
 Torch-free, so the log readers and the console use it without loading torch.
 """
 
@@ -45,6 +48,14 @@ def shown_name(name: object, limit: int | None = MAX_SHOWN) -> str:
         return _escaped(text)
     left_out = len(text) - _HEAD - _TAIL
     return f"{_escaped(text[:_HEAD])}…[{left_out} characters]…{_escaped(text[-_TAIL:])}"
+
+
+def mpl_text(text: object) -> str:
+    """``text`` safe for a matplotlib label (every figure's text from a log goes through it): ``shown_name``'s
+    escapes, uncut (control and format characters: terminal escapes, newlines, bidi controls such as U+2066 and
+    U+202E), and ``$`` escaped, which would otherwise start mathtext (an unfinished ``$\\frac$`` stops the drawing).
+    A label's own line breaks go in after this."""
+    return shown_name(text, limit=None).replace("$", r"\$")
 
 
 def plural(n: int, word: str) -> str:

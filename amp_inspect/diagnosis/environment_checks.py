@@ -18,6 +18,7 @@ import torch
 
 from amp_inspect.core import ops as _ops
 from amp_inspect.core.ops import built_images, covers
+from amp_inspect.core.printable import shown_name
 from amp_inspect.diagnosis import findings
 from amp_inspect.diagnosis.findings import Finding, environment_check
 from amp_inspect.runlog import hardware
@@ -171,7 +172,7 @@ def log_hardware_findings(records: Sequence[dict[str, Any]]) -> list[Finding]:
     # A note the environment check gives for this machine too (the run ran here) is said once, by that check.
     here = hardware.note()
     out = [
-        Finding("hardware-note", "info", f"in the run: {note}")
+        Finding("hardware-note", "info", f"in the run: {shown_name(note, limit=None)}")
         for note in dict.fromkeys(str(r["hardware_note"]) for r in records if r.get("hardware_note"))
         if note != here
     ]

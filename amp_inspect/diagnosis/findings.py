@@ -57,8 +57,10 @@ class Finding:
             raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
 
     def __str__(self) -> str:
+        # A message quotes what a log or a model says (a hardware note, a dtype, a module name): printed, every
+        # character of it that is no text is escaped, whatever the check that wrote the message escaped itself.
         head = textwrap.fill(
-            f"{self.severity.upper()} [{self.code}] {self.message}",
+            f"{self.severity.upper()} [{self.code}] {shown_name(self.message, limit=None)}",
             _WRAP_WIDTH,
             subsequent_indent="    ",
             break_long_words=False,
@@ -67,7 +69,7 @@ class Finding:
         if not self.fix:
             return head
         fix = textwrap.fill(
-            f"fix: {self.fix}",
+            f"fix: {shown_name(self.fix, limit=None)}",
             _WRAP_WIDTH,
             initial_indent="    ",
             subsequent_indent="         ",

@@ -293,8 +293,8 @@ class Summary:
         lines = [f"{self.steps} inspected steps, {self.skipped} skipped ({self.skip_rate:.1%})"]
         if self.poisoned:
             lines[0] += f", {self.poisoned} poisoned (NaN/Inf applied by the optimizer: no enabled GradScaler)"
-        facts = [f"autocast {self.autocast}" if self.autocast else "autocast dtype not seen"]
-        facts.append(f"loss scaler: {'policy ' + repr(self.policy) if self.scaler else 'none'}")
+        facts = [f"autocast {shown_name(self.autocast)}" if self.autocast else "autocast dtype not seen"]
+        facts.append(f"loss scaler: policy '{shown_name(self.policy)}'" if self.scaler else "loss scaler: none")
         lines[0] += f" ({', '.join(facts)})"
         # The weights' story leads: every later NaN/Inf follows from it.
         first = self.weights.headline() if self.weights is not None else None
@@ -312,8 +312,10 @@ class Summary:
             backoff = len(self.events) - growth
             lines.append(f"loss scale: {growth} growth and {backoff} backoff events")
             if self.policy != POLICY_TORCH:
-                counts = ", ".join(f"{n} {reason}" for reason, n in reason_counts(self.decisions).most_common())
-                lines[-1] += f"; policy {self.policy!r}: {len(self.decisions)} decisions changed the scale or skipped"
+                reasons = reason_counts(self.decisions).most_common()
+                counts = ", ".join(f"{n} {shown_name(reason)}" for reason, n in reasons)
+                policy = shown_name(self.policy)
+                lines[-1] += f"; policy '{policy}': {len(self.decisions)} decisions changed the scale or skipped"
                 lines[-1] += f" ({counts})" if counts else ""
         if self.blame.origins:
             lines.append(self.blame.describe("skipped steps"))
@@ -331,7 +333,9 @@ class Summary:
         if len(self.spikes) > 5:
             lines.append(f"... and {len(self.spikes) - 5} more gradient spikes")
         lines += [f"advice: {a}" for a in self.advice]
-        return "\n".join(lines)
+        # Each line a line: a string of the log that escaped the escaping above cannot start another (or retitle
+        # the terminal).
+        return "\n".join(shown_name(line, limit=None) for line in lines)
 
 
 def scale_events(history: list[StepRecord]) -> list[ScaleEvent]:

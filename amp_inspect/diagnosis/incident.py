@@ -141,7 +141,8 @@ class WeightPoisoning:
         }
 
     def _partial(self) -> str:
-        return f" (this rank's shards only: {self.first_read.partial})" if self.first_read.partial else ""
+        partial = self.first_read.partial
+        return f" (this rank's shards only: {shown_name(partial, limit=None)})" if partial else ""
 
 
 def weight_poisoning(history: Sequence[Step]) -> WeightPoisoning | None:

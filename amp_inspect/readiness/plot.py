@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from amp_inspect.core.printable import shown_name
+from amp_inspect.core.printable import mpl_text, shown_name
 from amp_inspect.readiness.report import (
     BORDERLINE,
     JUDGED_OPERANDS,
@@ -79,7 +79,7 @@ def readiness_heatmap(report: ReadinessReport) -> Figure:
         ax.text(r, i, text, ha="center", va="center", fontsize=6.5, color=colour)
         ax.add_patch(_edge(r, i, VERDICT_EDGES[level]))
     ax.set_xticks(range(len(recipes)), recipes, rotation=20, ha="right", fontsize=8)
-    ax.set_yticks(range(len(modules)), [shown_name(m, limit=40) for m in modules], fontsize=8)
+    ax.set_yticks(range(len(modules)), [mpl_text(shown_name(m, limit=40)) for m in modules], fontsize=8)
     when = f" (step {report.step})" if report.step is not None else ""
     ax.set_title(f"Format readiness{when}: SQNR of the worst judged operand", fontsize=10)
     fig.colorbar(image, ax=ax, label="SQNR (dB)", fraction=0.03)

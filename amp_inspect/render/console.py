@@ -117,8 +117,8 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
         shown = shown_changes(summary.decisions)
         more = len(summary.decisions) - len(shown)
         print_table(
-            f"loss-scale decisions (policy {summary.policy!r}): steps where the scale changed or the step was skipped"
-            + (f"; {len(shown)} of {len(summary.decisions)} shown" if more else ""),
+            f"loss-scale decisions (policy '{shown_name(summary.policy)}'): steps where the scale changed or the step "
+            "was skipped" + (f"; {len(shown)} of {len(summary.decisions)} shown" if more else ""),
             ["step", "scale", "next scale", "why", "skipped"],
             [
                 [
@@ -144,7 +144,7 @@ def print_summary(summary: Summary, last_record: dict[str, Any] | None = None) -
         ranks = [[r, n] for r, n in summary.ranks.most_common()]
         print_table(summary.ranks_heading, ["rank", "skipped steps"], ranks)
     if last_record and last_record.get("modules"):
-        fmt = (last_record.get("formats") or ["fp16"])[0]
+        fmt = shown_name((last_record.get("formats") or ["fp16"])[0])
         rows = module_rows(last_record["modules"])
         if rows:
             print_table(

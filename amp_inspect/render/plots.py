@@ -31,7 +31,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from amp_inspect.core.formats import EXPONENT_BIAS, HIST_BINS, NONFINITE_BIN, ZERO_BIN
-from amp_inspect.core.printable import shown_name
+from amp_inspect.core.printable import mpl_text, shown_name
 from amp_inspect.render.series import MEMORY_KEYS, Bands, RunSeries, scale_shift, series_of, usable_scale
 from amp_inspect.scaling.policies import (
     HEADROOM,
@@ -92,11 +92,6 @@ FIGURES = ("loss_scale", "heatmap_latest", "heatmap_over_time", "fractions", "to
 
 
 # ---------------------------------------------------------------- text helpers
-
-
-def mpl_text(text: str) -> str:
-    """``text`` safe for a matplotlib label: a ``$`` would otherwise start mathtext."""
-    return text.replace("$", r"\$")
 
 
 def short_name(name: str, width: int = NAME_WIDTH) -> str:
@@ -166,8 +161,8 @@ def _message_figure(title: str, message: str) -> Figure:
     ax = fig.add_subplot()
     ax.set_axis_off()
     ax.set_title(mpl_text(title), loc="left", fontsize=12)
-    wrapped = "\n".join(textwrap.wrap(message, 110))
-    ax.text(0.5, 0.45, mpl_text(wrapped), ha="center", va="center", fontsize=12, color="#555555")
+    wrapped = "\n".join(textwrap.wrap(mpl_text(message), 110))
+    ax.text(0.5, 0.45, wrapped, ha="center", va="center", fontsize=12, color="#555555")
     return fig
 
 
@@ -266,7 +261,7 @@ def loss_scale(records: Sequence[Mapping[str, Any]] | RunSeries) -> Figure:
     title += f": {skipped.size} of {len(s)} inspected steps skipped ({rate:.1%})"
     if poisoned.size:
         title += f", {poisoned.size} poisoned"
-    ax.set_title(title, loc="left", fontsize=12)
+    ax.set_title(mpl_text(title), loc="left", fontsize=12)
     ax.grid(True, alpha=0.3)
     handles = ax.get_legend_handles_labels()[0]
     if handles:
@@ -553,7 +548,7 @@ def fractions(records: Sequence[Mapping[str, Any]] | RunSeries, modules: Sequenc
             where = "these modules" if modules else "any module"
             ax.text(0.5, 0.5, f"no {kind} in {where}", transform=ax.transAxes, ha="center", color="#555555")
         ax.set_ylabel(f"{kind}\nfraction", fontsize=9)
-        ax.set_title(f"{kind.capitalize()} ({what})", loc="left", fontsize=10)
+        ax.set_title(mpl_text(f"{kind.capitalize()} ({what})"), loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("step (faint red lines: skipped steps)")
     _step_axis(axes[-1], s)

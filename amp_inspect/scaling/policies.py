@@ -112,9 +112,11 @@ class ScaleDecision:
 
     def __str__(self) -> str:
         change = self.scale / self.previous if self.previous > 0 else math.nan
-        text = f"next loss scale {self.scale:g} (x{change:g}): {self.reason}"
+        # A decision read from a log carries the log's strings: escaped as names are (printable.shown_name).
+        text = f"next loss scale {self.scale:g} (x{change:g}): {shown_name(self.reason)}"
         if self.room is not None:
-            text += f", {self.room:+d} binades of measured room ({self.room_from}), margin {self.margin}"
+            room_from = shown_name(str(self.room_from))
+            text += f", {self.room:+d} binades of measured room ({room_from}), margin {self.margin}"
         if self.unsafe_scale is not None:
             text += (
                 f"; the NaN/Inf at scale {self.unsafe_scale:g} vanished at {self.previous:g}: taken as the scale's "

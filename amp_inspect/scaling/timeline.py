@@ -69,14 +69,15 @@ class ScaleChange:
     step: int
     decision: ScaleDecision
 
+    # The words of a reason a policy knows, else the log's own string: escaped (printable.shown_name) either way.
     @property
     def reason_text(self) -> str:
-        return reason_words(self.decision.policy, self.decision.reason)
+        return shown_name(reason_words(self.decision.policy, self.decision.reason))
 
     @property
     def skip_text(self) -> str:
         skip = self.decision.skip
-        return "" if skip is None else skip_words(self.decision.policy, skip)
+        return "" if skip is None else shown_name(skip_words(self.decision.policy, skip))
 
     def __str__(self) -> str:
         d = self.decision

@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from amp_inspect.core.printable import shown_name
+from amp_inspect.core.printable import mpl_text, shown_name
 from amp_inspect.updates.report import RATIO_HEALTHY, RATIO_HIGH, ROW_HEADERS, UpdateStats, from_log, overview
 
 MAX_LINES = 12  # modules drawn at most: those whose lost fraction is highest, then the rest in order
@@ -52,7 +52,9 @@ def update_ratio_figure(updates: list[UpdateStats]) -> Figure:
             if r is not None and not math.isnan(r["update_ratio"]):
                 steps.append(u.step)
                 ratios.append(max(r["update_ratio"], floor))
-        ax.plot(steps, ratios, marker="o", markersize=3, label=f"{shown_name(m, limit=40)} ({share[m]:.0%} lost)")
+        ax.plot(
+            steps, ratios, marker="o", markersize=3, label=mpl_text(f"{shown_name(m, limit=40)} ({share[m]:.0%} lost)")
+        )
     ax.axhline(RATIO_HEALTHY, color="#1a9850", linestyle="--", linewidth=1)
     ax.axhline(RATIO_HIGH, color="#d73027", linestyle="--", linewidth=1)
     ax.set_yscale("log")

@@ -266,7 +266,7 @@ class UpdateStats:
                 _ratio(m["update_ratio"]),
                 str(m["state_underflow"]),
                 f"{m['weight_amax']:.3g}",
-                str(m.get("dtype")),
+                shown_name(str(m.get("dtype"))),
             ]
             for name, m in self.by_module.items()
         ]
@@ -312,7 +312,7 @@ def _named(modules: Sequence[str]) -> str:
 
 
 def _dtypes(records: Iterable[Mapping[str, Any]], key: str) -> str:
-    names = sorted({str(r.get(key)) for r in records if r.get(key) not in (None, "mixed")})
+    names = sorted({shown_name(str(r.get(key))) for r in records if r.get(key) not in (None, "mixed")})
     return "/".join(names) or "low-precision"
 
 
@@ -393,7 +393,7 @@ class UpdateOverview:
                 _ratio(median.get(name, math.nan)),
                 f"{modules[name]['state_underflow']:,}",
                 f"{modules[name]['weight_amax']:.3g}",
-                str(modules[name].get("dtype")),
+                shown_name(str(modules[name].get("dtype"))),
             ]
             for name in names
         ]
