@@ -426,3 +426,33 @@ def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poi
     for a, b in zip(mine.parameters(), theirs.parameters(), strict=True):
         assert torch.equal(a, b) or (poison and torch.equal(a.isnan(), b.isnan()))
     assert scalers[0].get_scale() == scalers[1].get_scale()
+
+
+def test_an_interrupt_at_the_end_of_check_does_not_record_the_step_twice() -> None:
+    # Ctrl-C after check() handed its report to the history, before it marked the step as its own: the
+    # scaler's update() handed the same step over again (old code: history [0, 1, 2, 2, 3, 4]).
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler)
+    receive = insp.receive
+    interrupts = [2]  # the step whose check() Ctrl-C interrupts, once
+
+    def interrupted(report) -> None:
+        receive(report)
+        if interrupts and report.step == interrupts[0]:
+            interrupts.pop()
+            raise KeyboardInterrupt
+
+    insp.receive = interrupted
+    for step in range(5):
+        models.backward(model, scaler, step)
+        try:
+            insp.check()
+        except KeyboardInterrupt:
+            assert step == 2
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert [h.step for h in insp.history] == [0, 1, 2, 3, 4]
+    insp.detach()
