@@ -77,6 +77,12 @@ NO_OPERAND = (
 )
 
 
+MEASURE_FAILED = (
+    "amp_inspect: the readiness hooks could not measure {operands} of {module} on step {step} ({error}); those "
+    "operands are left out of the readiness table (said once)"
+)
+
+
 def _measurable(t: object) -> bool:
     return (
         isinstance(t, torch.Tensor)
@@ -182,6 +188,7 @@ class ReadinessHooks:
         self._compiled = every is not None and self.view.compiled
         self._closed = False
         self._warned = False
+        self._failed = False  # a measurement raised: said once, training goes on
         weakref.finalize(owner, self.close).atexit = False  # an inspector dropped without detach leaves no hook
         if every is not None:
             self._arm_if_due(step)
@@ -320,8 +327,26 @@ class ReadinessHooks:
         each row added to the step's row of (name, operand)."""
         if not operands:
             return
-        with torch.no_grad():
-            stats = format_readiness([t.detach().contiguous() for _, t in operands], self.recipes)
+        # A DTensor (tensor parallel weights, the inputs its hooks make DTensors, FSDP2's dW) is measured as this
+        # rank's local piece: the op has no sharding rule, and the table adds every rank's pieces (_across_ranks).
+        tensors = [to_local(t).detach().contiguous() for _, t in operands]
+        try:
+            with torch.no_grad():
+                stats = format_readiness(tensors, self.recipes)
+        except Exception as error:  # noqa: BLE001 - a probe never breaks the user's forward or backward
+            if not self._failed:
+                self._failed = True
+                warnings.warn(
+                    MEASURE_FAILED.format(
+                        step=self.step,
+                        module=name,
+                        operands=", ".join(op for op, _ in operands),
+                        error=f"{type(error).__name__}: {error}",
+                    ),
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return
         for (operand, _), row in zip(operands, _rows(stats), strict=True):
             key = (name, operand)
             if key in self._rows:
