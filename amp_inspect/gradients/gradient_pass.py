@@ -35,7 +35,7 @@ from torch import nn
 from amp_inspect.core.ops import unscale_stats_op
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 from amp_inspect.core.torch_compat import loss_scale_tensor, sparse_stored_values
-from amp_inspect.distributed.combine import Combiner, Combiners, GlobalStats, local_shards
+from amp_inspect.distributed.combine import Combiner, Combiners, GlobalStats, ShardGroups, local_shards
 from amp_inspect.gradients.step_report import SHARDS, StepReport
 
 LAYOUTS = (torch.strided, torch.sparse_coo)
@@ -63,7 +63,7 @@ class Gradients:
     written: list[torch.Tensor] = field(default_factory=list)
     judged: list[torch.Tensor] = field(default_factory=list)
     sparse_modules: list[str] = field(default_factory=list)
-    shard_group: dist.ProcessGroup | None = None  # the group whose ranks hold the other shards (None: not sharded)
+    shard_group: ShardGroups | None = None  # where the other shards are (None: not sharded)
     partial: str | None = None  # why the statistics cover this rank's pieces only (None: they are whole)
 
     def __len__(self) -> int:

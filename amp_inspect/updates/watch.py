@@ -35,6 +35,7 @@ replicas are not summed (every rank holds the same parameters).
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 import weakref
@@ -47,7 +48,7 @@ from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.statistics import SUM, UPDATE_OUTPUTS
 from amp_inspect.core.update_stats import INPUT_DTYPES, update_stats
-from amp_inspect.distributed.combine import is_distributed, local_shards, to_local, wait_all
+from amp_inspect.distributed.combine import ShardGroups, combined_over, local_shards, to_local
 from amp_inspect.gradients.step_context import LOW_PRECISION
 from amp_inspect.gradients.step_report import HostCopy, StepReport
 from amp_inspect.scaling.scaler import InspectingGradScaler
@@ -348,9 +349,9 @@ class OptimizerWatch:
         kept = _keeps_small_updates(optimizer, params)
         stats = update_stats([snap.before[i] for i in rows], after, [snap.grads[i] for i in rows], exp_avg_sq)
         counts, sums, amax = stats.outputs()
-        group = self.group if self.group is not None else shard_group
-        if shard_group is not None and is_distributed(group):
-            counts, sums, amax = self._across_ranks(counts, sums, amax, group)
+        shards = combined_over(shard_group, self.group)
+        if shards is not None:
+            counts, sums, amax = self._across_ranks(counts, sums, amax, shards)
         device = counts.device
         flag = torch.ones((), dtype=torch.bool, device=device) if applied is None else applied.to(device)
         tensors = {"counts": counts, "sums": sums, "amax": amax, "applied": flag}
@@ -371,20 +372,15 @@ class OptimizerWatch:
         slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, host_asked, kept)
 
     def _across_ranks(
-        self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, group: Any
+        self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, shards: ShardGroups
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """FSDP2: every rank's shards merged by the schema (counts and sums add, amax the maximum): two
-        all-reduces, collective in the measured step (every rank steps the same optimizers)."""
-        import torch.distributed as dist
-
+        """FSDP2, tensor parallel: every rank's shards merged by the schema (counts and sums add, amax the
+        maximum), each tensor once (ShardGroups): two all-reduces per mesh dimension sharded along, collective in
+        the measured step (every rank steps the same optimizers)."""
         assert [o.merge for o in UPDATE_OUTPUTS] == [SUM, SUM, "max"], "the update outputs' merges changed"
-        summed = torch.cat([counts.double().flatten(), sums.flatten()])
-        amax = amax.clone()
-        works = [
-            dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group, async_op=True),
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group, async_op=True),
-        ]
-        wait_all(works, self.timeout, "combining the update statistics", group, counts.device)
+        counts, sums, amax = shards.masked([counts.double(), sums, amax.clone()], [0.0, 0.0, -math.inf])
+        summed = torch.cat([counts.flatten(), sums.flatten()])
+        shards.all_reduce(summed, amax, self.timeout, "combining the update statistics", counts.device)
         c, s = summed.split([counts.numel(), sums.numel()])
         return c.round().to(torch.int64).reshape(counts.shape), s.reshape(sums.shape), amax
 
