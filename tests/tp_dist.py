@@ -46,7 +46,7 @@ def _run(model: nn.Module, reference: nn.Module, batch: torch.Tensor, whole_batc
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
     insp = amp_inspect.attach(model, optimizer=opt, update_every=1, timeout=dist_scenarios.TIMEOUT_S)
     ref = amp_inspect.attach(reference, optimizer=ref_opt, update_every=1)
-    for step in range(2):  # the second step: Adam's state exists
+    for _step in range(2):  # the second step: Adam's state exists
         model(batch).square().mean().backward()
         reference(whole_batch).square().mean().backward()
         report, want = insp.check(), ref.check()
