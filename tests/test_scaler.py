@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -382,6 +383,44 @@ def test_check_between_two_unscales_judges_each_gradient_in_its_picture() -> Non
         for key in ("overflow", "underflow", "subnormal", "zero", "nan", "posinf", "neginf"):
             assert got[key] == want[key], (name, key)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+
+
+FLOAT32_SPAN = "(a loss scale is held in float32: from 2**-126 to 3.4e+38)"
+
+
+@pytest.mark.parametrize("value", [1e39, pytest.param(10**400, id="10**400"), 2.0**-130])
+@pytest.mark.parametrize("policy", ["torch", "headroom"])
+def test_an_init_scale_float32_cannot_hold_is_refused_where_given(value, policy: str) -> None:
+    """Issue 31, item 15: before, 1e39 passed the check and failed at the first scale() inside torch ("value cannot
+    be converted to type float without overflow"; policy="headroom" ran at its probe without a word); 10**400
+    gave OverflowError ("int too large to convert to float"); 2**-130 ran with an Inf unscale factor."""
+    with pytest.raises(ValueError) as refused:
+        amp_inspect.InspectingGradScaler("cpu", init_scale=value, policy=policy)
+    assert str(refused.value) == (
+        f"InspectingGradScaler: init_scale must be a finite number above 0, got {value!r:.60} {FLOAT32_SPAN}"
+    )
+    for held in (2.0**127, np.float32(1024.0), 2**10):
+        scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=held)
+        scaler.scale(torch.ones(()))
+        assert scaler.get_scale() == float(held)
+
+
+@pytest.mark.parametrize("value", [1e39, pytest.param(10**400, id="10**400"), 2.0**-130])
+def test_a_checkpoint_scale_float32_cannot_hold_loads_nothing(value) -> None:
+    """Issue 31, item 15: before, scale=1e39 failed inside torch's load_state_dict ("value cannot be converted to
+    type float without overflow") after the scaler's _init_scale was already set; 10**400 gave OverflowError;
+    2**-130 loaded (its unscale factor is Inf in float32)."""
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**10)
+    scaler.scale(torch.ones(()))
+    state = {**scaler.state_dict(), "scale": value}
+    with pytest.raises(ValueError) as refused:
+        scaler.load_state_dict(state)
+    assert str(refused.value) == (
+        f"InspectingGradScaler.load_state_dict: scale must be a finite number above 0, got {value!r:.60} {FLOAT32_SPAN}"
+    )
+    assert scaler.get_scale() == 2.0**10 and scaler._init_scale == 2.0**10
+    scaler.load_state_dict({**state, "scale": 2.0**127})  # the largest scale GradScaler reaches by doubling
+    assert scaler.get_scale() == 2.0**127
 
 
 def test_inspecting_scaler_pickles_like_gradscaler() -> None:
