@@ -2,7 +2,7 @@
 
 - ``amp-inspect report`` of a missing log says "no such file", even where report outputs exist, and its
   advice for existing outputs is one that works.
-- A nested tensor given to ``tensor_stats`` is a one-line TypeError.
+- A nested tensor given to ``tensor_stats``, ``format_readiness`` or ``update_stats`` is the same one-line TypeError.
 - A submodule wrapped in place after attach is reported under its new name.
 - An inspector dropped without ``detach()`` leaves no forward hooks on the model.
 """
@@ -54,6 +54,36 @@ def test_a_nested_tensor_is_refused_in_one_line() -> None:
         amp_inspect.tensor_stats([torch.ones(2), nested])
     stats = amp_inspect.tensor_stats(list(nested.unbind()))  # what the message says to do works
     assert int(stats.numel.sum()) == 5
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_every_op_refuses_a_nested_tensor_in_the_same_sentence(layout: torch.layout) -> None:
+    """Issue 31, item 16: only tensor_stats had the refusal. Before, format_readiness gave the dispatcher's
+    "Could not run 'amp_inspect::format_readiness' with arguments from the 'AutogradNestedTensor' backend" and
+    update_stats "Internal error: NestedTensorImpl doesn't support sizes" (a strided nested tensor); a jagged one got
+    "is a torch.jagged tensor; ... takes dense tensors", which does not say what to do."""
+    nested = torch.nested.nested_tensor([torch.ones(4, 2), torch.full((3, 2), 2.0)], layout=layout)
+    dense = torch.tensor([1.0, -2.0, 0.5, 0.0])
+    said = "is a nested tensor; pass its components instead (list(t.unbind()))"
+    with pytest.raises(TypeError) as fr:
+        amp_inspect.format_readiness([dense, nested], ["mxfp8_e4m3"])
+    assert str(fr.value) == f"amp_inspect.format_readiness: tensors[1] {said}"
+    with pytest.raises(TypeError) as us:
+        amp_inspect.update_stats([dense, nested], [dense, nested], [dense, nested])
+    assert str(us.value) == f"amp_inspect.update_stats: before[1] {said}"
+    with pytest.raises(TypeError, match=r"^amp_inspect.update_stats: grads\[0\] is a nested tensor; pass its"):
+        amp_inspect.update_stats([dense], [dense], [nested])
+    with pytest.raises(TypeError) as ts:  # the refusal tensor_stats had, now naming the op as the others do
+        amp_inspect.tensor_stats([dense, nested])
+    assert str(ts.value) == f"amp_inspect.tensor_stats: tensor 1 {said}"
+
+    # The valid neighbour: the dense tensor alone, and the components the message points to.
+    assert amp_inspect.tensor_stats([dense]).numel.tolist() == [4]
+    parts = list(nested.unbind())
+    readiness = amp_inspect.format_readiness([dense, *parts], ["mxfp8_e4m3"])
+    assert readiness.numel[:, 0].tolist() == [4, 8, 6] and readiness.amax.tolist() == [2.0, 1.0, 2.0]
+    update = amp_inspect.update_stats([dense, *parts], [dense * 2, *parts], [dense, *parts])
+    assert update.numel.tolist() == [4, 8, 6] and update.changed.tolist() == [3, 0, 0]
 
 
 class _Wrap(nn.Module):
