@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -54,7 +55,40 @@ def ddp_readiness(world: int, out: Path) -> None:
     insp.detach()
 
 
-dist_scenarios.SCENARIOS = {"ddp_readiness": ddp_readiness}  # the runner reads its module's table
+def tp_readiness(world: int, out: Path) -> None:
+    """Tensor parallel (parallelize_module, colwise then rowwise): W and dW are DTensors, X of the colwise layer
+    is made one by its input hook. Each rank measures its local pieces: the shards of W add up to the whole
+    weight, the replicated X counts once per rank (as W does under DDP); nothing raises in the forward."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    insp = amp_inspect.attach(model, readiness_every=1, timeout=30.0)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the DTensor gradients' partial statistics are said apart
+        model(x).square().mean().backward()
+        report = insp.check()
+    table = report.readiness.modules
+    assert set(table) == {"0", "2"}
+    assert {op: table["0"][op].numel for op in ("X", "W", "dY", "dW")} == {
+        "X": world * 4 * 16,
+        "W": 16 * 32,
+        "dY": 4 * 32,
+        "dW": 16 * 32,
+    }
+    assert table["2"]["W"].numel == 32 * 8 and table["2"]["dW"].numel == 32 * 8
+    assert table["0"]["X"].amax == float(x.abs().max())
+    insp.detach()
+
+
+dist_scenarios.SCENARIOS = {
+    "ddp_readiness": ddp_readiness,
+    "tp_readiness": tp_readiness,
+}  # the runner reads its module's table
 
 if __name__ == "__main__":
     sys.argv[0] = __file__

@@ -245,3 +245,10 @@ def test_ddp_with_sparse_gradients_refuses_the_hook_and_inspects_them_without_it
     from tests.test_distributed import run_scenario
 
     run_scenario("ddp_sparse", 2, tmp_path)
+
+
+@pytest.mark.parametrize(("scenario", "world"), [("tp", 2), ("fsdp_tp", 4)])
+def test_tensor_parallel_statistics_equal_the_unsharded_models(tmp_path, scenario: str, world: int) -> None:
+    # Issue 32: gradient and update statistics of a parallelize_module model (alone, and under FSDP2 on a 2-D
+    # mesh) combined over the dimensions the tensors are sharded along, the replicated rowwise bias once.
+    run_scenario(scenario, world, tmp_path, module="tests.tp_dist")

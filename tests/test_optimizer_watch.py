@@ -654,17 +654,36 @@ def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_r
 
 
 class Marked(torch.Tensor):
-    """A tensor subclass (as torchao's quantized-training weights and 8-bit optimizer states are)."""
+    """A tensor subclass without its own __torch_dispatch__: a plain tensor's storage, read as one."""
 
 
 def test_a_parameter_of_a_tensor_subclass_is_left_out_with_one_warning() -> None:
+    from tests.subclasses import Int8Weight
+
     model = Net(torch.float32)
-    model.fc1.weight = nn.Parameter(Marked(model.fc1.weight.detach().clone()))
+    model.fc1.weight = nn.Parameter(Int8Weight.from_float(model.fc1.weight))  # torchao's int8 quantized training
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    with pytest.warns(RuntimeWarning, match="update_every leaves out fc1 and every other parameter held in a tensor"):
-        insp, _ = _run(model, [opt], steps=2)
+    insp = amp_inspect.attach(model, optimizer=opt, update_every=1)
+    with pytest.warns(
+        RuntimeWarning, match="update_every leaves out fc1 and every other parameter held in a tensor"
+    ) as w:
+        for _ in range(2):
+            model(torch.randn(4, 16)).pow(2).mean().backward()
+            insp.check()
+            opt.step()
+            opt.zero_grad()
+    assert sum("update_every leaves out" in str(x.message) for x in w) == 1  # once, not once per step
+    assert "(Int8Weight)" in next(str(x.message) for x in w if "update_every leaves out" in str(x.message))
     assert insp.last_update.by_module["fc1"]["numel"] == model.fc1.bias.numel()  # the bias, a plain tensor
     assert insp.last_update.by_module["fc2"]["numel"] == 32 * 8 + 8
+
+    # A subclass whose storage holds the values is measured, without a warning.
+    model = Net(torch.float32)
+    model.fc1.weight = nn.Parameter(Marked(model.fc1.weight.detach().clone()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        insp, _ = _run(model, [torch.optim.SGD(model.parameters(), lr=1e-3)], steps=2)
+    assert insp.last_update.by_module["fc1"]["numel"] == model.fc1.weight.numel() + model.fc1.bias.numel()
 
 
 def test_a_sparse_gradient_is_left_out_with_one_warning() -> None:

@@ -244,6 +244,14 @@ def test_ddp_ranks_merge_into_one_table(tmp_path) -> None:
     run_scenario("ddp_readiness", 2, tmp_path, module="tests.readiness_dist")
 
 
+def test_tensor_parallel_weights_are_measured_by_their_local_pieces(tmp_path) -> None:
+    # DTensor weights of parallelize_module: format_readiness on the DTensor raised NotImplementedError from
+    # inside the user's forward pass (issue 31, item 11).
+    from tests.test_distributed import run_scenario
+
+    run_scenario("tp_readiness", 2, tmp_path, module="tests.readiness_dist")
+
+
 def test_with_an_inspecting_grad_scaler_and_no_check_the_step_ends_at_update() -> None:
     model = _model()
     scaler = amp_inspect.InspectingGradScaler("cpu")
@@ -285,3 +293,26 @@ def test_a_model_with_no_measurable_operand_gets_one_warning_not_a_traceback(dty
     assert report.readiness is None and len(said) == 1
     report, said = run(torch.float32)
     assert report.readiness is not None and said == []
+
+
+def test_a_measurement_that_raises_is_said_once_and_never_breaks_the_forward(monkeypatch) -> None:
+    model = _model()
+    insp = amp_inspect.attach(model, readiness_every=1)
+    real = readiness_hooks.format_readiness
+    calls = []
+
+    def failing(tensors, recipes=None):
+        calls.append(len(tensors))
+        if len(calls) == 1:  # the first module's X and W
+            raise NotImplementedError("no sharding strategy")
+        return real(tensors, recipes)
+
+    monkeypatch.setattr(readiness_hooks, "format_readiness", failing)
+    with pytest.warns(RuntimeWarning, match=r"could not measure X, W of .* \(NotImplementedError: no sharding"):
+        model(torch.randn(4, 16)).square().mean().backward()
+        report = insp.check()
+    rows = report.readiness.modules
+    left_out = [name for name, ops in rows.items() if "X" not in ops]
+    assert len(left_out) == 1 and "W" not in rows[left_out[0]] and "dY" in rows[left_out[0]]  # left out, once
+    assert all({"X", "W", "dY", "dW"} <= set(ops) for name, ops in rows.items() if name not in left_out)
+    insp.detach()

@@ -6,7 +6,9 @@ state_dict round trips, decisions in the run log."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,7 +26,9 @@ from amp_inspect.scaling.policies import (
     RunFacts,
     ScaleDecision,
     StepStats,
+    policy_class,
     register_policy,
+    registered_policies,
 )
 from tests import models
 from tests.test_distributed import run_scenario
@@ -142,6 +146,47 @@ def test_scales_stay_powers_of_two_within_bounds() -> None:
     assert policy.decide(clean(1.0, 1e-12)).scale == 2.0**20
     d = policy.decide(StepStats(scale=1.0, amax=60000.0, nan=0, inf=1))
     assert math.log2(d.scale) == round(math.log2(d.scale))
+
+
+def test_scales_stay_within_bounds_that_are_not_powers_of_two_and_float32_holds_them() -> None:
+    """Issue 31, item 15: before, the nearest power of two in binades stepped past max_scale: 2**128 (Inf in
+    float32, "value cannot be converted to type float without overflow" in the scaler) for max_scale=3e38, 1024
+    for max_scale=1000."""
+    assert HeadroomPolicy(max_scale=3e38).decide(clean(1.0, 1e-40)).scale == 2.0**127
+    assert HeadroomPolicy(max_scale=1000.0).decide(clean(1.0, 1e-12)).scale == 512.0
+    assert HeadroomPolicy(min_scale=3.0).decide(StepStats(scale=4.0, amax=60000.0, nan=0, inf=1)).scale == 4.0
+    assert HeadroomPolicy(max_scale=2.0**20).decide(clean(1.0, 1e-12)).scale == 2.0**20  # a power of two: itself
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("max_scale", 2.0**200), pytest.param("max_scale", 10**400, id="max_scale-10**400")]
+    + [("probe_scale", 1e39), ("min_scale", 1e-50)],
+)
+def test_a_scale_option_float32_cannot_hold_is_refused_where_given(option: str, value) -> None:
+    """Issue 31, item 15: before, max_scale=2**200 passed and the scaler failed inside torch once the scale got
+    there; 10**400 gave OverflowError ("int too large to convert to float")."""
+    with pytest.raises(ValueError) as refused:
+        HeadroomPolicy(**{option: value})
+    assert str(refused.value) == (
+        f"HeadroomPolicy: {option} must be a finite number above 0, got {value!r:.60} (a loss scale is held in "
+        "float32: from 2**-126 to 3.4e+38)"
+    )
+    policy = HeadroomPolicy(max_scale=np.float32(2.0**127), min_scale=2**-20, probe_scale=np.int64(2))  # held: taken
+    assert (policy.max_scale, policy.min_scale, policy.first_scale(2.0**16)) == (2.0**127, 2.0**-20, 2.0)
+    assert type(policy.max_scale) is float
+
+
+def test_a_policy_state_with_a_scale_float32_cannot_hold_loads_nothing() -> None:
+    """Issue 31, item 15: before, anchor=1e39 loaded, and the bounded backoff after the next NaN step was
+    computed from it."""
+    state = HeadroomPolicy().state_dict()
+    policy = HeadroomPolicy(margin=3)
+    with pytest.raises(ValueError, match=r"^HeadroomPolicy.load_state_dict: anchor must be a finite number above 0"):
+        policy.load_state_dict({**state, "anchor": 1e39})
+    assert policy.anchor is None and policy.margin == 3
+    policy.load_state_dict({**state, "anchor": 2.0**127})
+    assert policy.anchor == 2.0**127 and policy.margin == 2
 
 
 def test_policy_state_dict_round_trip_gives_the_same_decisions() -> None:
@@ -419,6 +464,167 @@ def test_a_policy_without_a_required_method_is_refused_in_one_sentence() -> None
     with pytest.raises(TypeError, match="got the class HalveOnNonfinite"):
         amp_inspect.InspectingGradScaler("cpu", policy=HalveOnNonfinite)
     amp_inspect.InspectingGradScaler("cpu", policy=HalveOnNonfinite())  # the complete one is taken
+
+
+class Decides:
+    """A policy whose first scale and decisions are what the test says: what a faulty policy may return."""
+
+    name = "decides"
+
+    def __init__(self, decision=None, first=2.0**4) -> None:
+        self.decision, self.first = decision, first
+
+    def first_scale(self, init_scale: float):
+        return self.first
+
+    def decide(self, s: StepStats, growth_factor: float, backoff_factor: float, growth_interval: int):
+        return self.decision(s)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def one_step(scaler: amp_inspect.InspectingGradScaler) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [math.nan, 0.0, -4.0, math.inf, 1e39, pytest.param(10**400, id="10**400"), True, "16", None, Fraction(1, 2)],
+)
+def test_a_decided_scale_the_scaler_cannot_apply_is_refused_naming_the_policy(scale) -> None:
+    """Issue 31, item 13: before, NaN, 0, -4 and Inf were applied as they were (the next steps ran at them,
+    without a word), and None gave the step GradScaler's own update; 1e39 failed inside torch ("value cannot be
+    converted to type float without overflow"), 10**400, True and "16" too ("'int' object has no attribute
+    'device'"), a Fraction too."""
+    scaler = amp_inspect.InspectingGradScaler("cpu", policy=Decides(lambda s: ScaleDecision(scale, s.scale, "x", None)))
+    with pytest.raises(ValueError) as refused:
+        one_step(scaler)
+    assert str(refused.value) == (
+        "InspectingGradScaler.update: the scale decided by policy 'decides' (Decides) must be a finite number above "
+        f"0, got {scale!r:.60} (a loss scale is held in float32: from 2**-126 to 3.4e+38)"
+    )
+    assert (scaler.get_scale(), scaler.last_decision, scaler.steps) == (2.0**4, None, 0)  # nothing applied
+
+
+@pytest.mark.parametrize("scale", [256, np.float32(64.0), np.float64(0.5), 2.0**127, 2.0**-126])
+def test_a_decided_scale_float32_holds_is_applied_as_a_float(scale) -> None:
+    """Issue 31, item 13's neighbours: before, the int 256 and numpy's float32 failed inside torch ("'int' object
+    has no attribute 'device'", "'str' object has no attribute 'type'"), and numpy's float64 went to the log as
+    such."""
+    scaler = amp_inspect.InspectingGradScaler("cpu", policy=Decides(lambda s: ScaleDecision(scale, s.scale, "x", None)))
+    one_step(scaler)
+    assert scaler.get_scale() == float(scale) and scaler.steps == 1
+    decision = scaler.last_decision
+    assert (decision.scale, type(decision.scale), decision.policy) == (float(scale), float, "decides")
+    assert scaler.last_report.scale_decision is decision
+
+
+def test_a_decision_that_is_not_a_scale_decision_is_refused_naming_the_policy() -> None:
+    """Issue 31, item 13: before, AttributeError "'float' object has no attribute 'policy'" from update()."""
+    scaler = amp_inspect.InspectingGradScaler("cpu", policy=Decides(lambda s: s.scale * 2))
+    with pytest.raises(TypeError) as refused:
+        one_step(scaler)
+    assert str(refused.value) == (
+        "InspectingGradScaler.update: policy 'decides' (Decides) decided 32.0, not a ScaleDecision "
+        "(amp_inspect/scaling/policies.py)"
+    )
+    assert (scaler.get_scale(), scaler.last_decision, scaler.steps) == (2.0**4, None, 0)
+
+
+@pytest.mark.parametrize("first", [None, "big", math.nan, -1.0, 1e39])
+def test_a_bad_first_scale_is_refused_naming_the_policy(first) -> None:
+    """Issue 31, item 13: before, the scaler was made and its first scale() failed inside torch: "full(): argument
+    'fill_value' (position 2) must be Number, not NoneType" (or ran at NaN or -1 without a word)."""
+    with pytest.raises(ValueError) as refused:
+        amp_inspect.InspectingGradScaler("cpu", policy=Decides(first=first))
+    assert str(refused.value) == (
+        "InspectingGradScaler: the first scale of policy 'decides' (Decides) must be a finite number above 0, got "
+        f"{first!r} (a loss scale is held in float32: from 2**-126 to 3.4e+38)"
+    )
+    scaler = amp_inspect.InspectingGradScaler("cpu", policy=Decides(first=8))  # an int: taken as 8.0
+    scaler.scale(torch.ones(()))
+    assert scaler.get_scale() == 8.0
+
+
+@pytest.fixture
+def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a test registers is forgotten after it."""
+    from amp_inspect.scaling import policies
+
+    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
+
+
+@pytest.mark.usefixtures("own_registry")
+def test_register_policy_refuses_an_instance_a_class_without_the_methods_and_a_taken_name() -> None:
+    """Issue 31, item 14: before, each of these was filed (a class of words alone, an instance, a class under
+    'headroom', which then replaced the built-in one for every log and for policy="headroom")."""
+
+    class WordsOnly:
+        name = "words_only"
+        reason_words = {"hold": "held"}
+
+    with pytest.raises(TypeError) as refused:
+        register_policy(WordsOnly)
+    assert str(refused.value) == (
+        "register_policy: WordsOnly is not a ScalePolicy: it lacks first_scale, decide, state_dict, load_state_dict "
+        "(a ScalePolicy has name, first_scale, decide, state_dict, load_state_dict: amp_inspect/scaling/policies.py)"
+    )
+    with pytest.raises(TypeError, match=r"^register_policy: expected a policy class, got an instance of Decides"):
+        register_policy(Decides())
+
+    class MyHeadroom(HeadroomPolicy):
+        name = "headroom"
+
+    with pytest.raises(ValueError) as taken:
+        register_policy(MyHeadroom)
+    assert str(taken.value) == (
+        f"register_policy: the name 'headroom' of {__name__}.{MyHeadroom.__qualname__} is taken by "
+        "amp_inspect.scaling.policies.HeadroomPolicy; give the policy a name of its own"
+    )
+    with pytest.raises(ValueError, match="the name 'halve_on_nonfinite' of .* is taken by .*HalveOnNonfinite"):
+        register_policy(type("Other", (HalveOnNonfinite,), {}))
+    assert policy_class("headroom") is HeadroomPolicy and policy_class("halve_on_nonfinite") is HalveOnNonfinite
+    assert "words_only" not in registered_policies() and "decides" not in registered_policies()
+
+    defined = []
+    for _ in range(2):  # the same class defined twice (a module reloaded, a notebook cell run again)
+
+        @register_policy
+        class Again(HeadroomPolicy):
+            name = "again"
+
+        defined.append(Again)
+    assert policy_class("again") is defined[1] and defined[0] is not defined[1]
+    assert amp_inspect.InspectingGradScaler("cpu", policy="again").policy == "again"
+
+
+@pytest.mark.usefixtures("own_registry")
+def test_a_policy_built_by_name_is_checked_as_a_policy_object() -> None:
+    """Issue 31, item 14: before, policy="<name>" built the registered class without the protocol check given to
+    a policy object: an instance without decide made a scaler that failed at its first update()."""
+
+    @register_policy
+    class LosesDecide(HeadroomPolicy):
+        name = "loses_decide"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.decide = None  # the instance's attribute hides its class's method
+
+    with pytest.raises(
+        TypeError, match=r"^InspectingGradScaler: policy LosesDecide is not a ScalePolicy: it lacks decide"
+    ):
+        amp_inspect.InspectingGradScaler("cpu", policy="loses_decide")
+    assert isinstance(amp_inspect.InspectingGradScaler("cpu", policy="headroom")._policy, HeadroomPolicy)
 
 
 def test_a_log_of_a_policy_unknown_here_shows_its_reasons_as_recorded_and_old_logs_read_as_headroom() -> None:

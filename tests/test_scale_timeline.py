@@ -215,8 +215,9 @@ def test_loss_scale_figure_marks_the_decisions_by_reason() -> None:
 
 
 @register_policy
-class WordsOfItsOwn:
-    """A policy registered only for its words: the headroom policy's reason names, said otherwise, and a routine."""
+class WordsOfItsOwn(HeadroomPolicy):
+    """The headroom policy's decisions in words of its own: its reason names, said otherwise, and a routine (a
+    registered policy has the ScalePolicy methods: register_policy refuses a class of words alone)."""
 
     name = "words_of_its_own"
     reason_words = {

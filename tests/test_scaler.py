@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -384,6 +385,44 @@ def test_check_between_two_unscales_judges_each_gradient_in_its_picture() -> Non
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
 
 
+FLOAT32_SPAN = "(a loss scale is held in float32: from 2**-126 to 3.4e+38)"
+
+
+@pytest.mark.parametrize("value", [1e39, pytest.param(10**400, id="10**400"), 2.0**-130])
+@pytest.mark.parametrize("policy", ["torch", "headroom"])
+def test_an_init_scale_float32_cannot_hold_is_refused_where_given(value, policy: str) -> None:
+    """Issue 31, item 15: before, 1e39 passed the check and failed at the first scale() inside torch ("value cannot
+    be converted to type float without overflow"; policy="headroom" ran at its probe without a word); 10**400
+    gave OverflowError ("int too large to convert to float"); 2**-130 ran with an Inf unscale factor."""
+    with pytest.raises(ValueError) as refused:
+        amp_inspect.InspectingGradScaler("cpu", init_scale=value, policy=policy)
+    assert str(refused.value) == (
+        f"InspectingGradScaler: init_scale must be a finite number above 0, got {value!r:.60} {FLOAT32_SPAN}"
+    )
+    for held in (2.0**127, np.float32(1024.0), 2**10):
+        scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=held)
+        scaler.scale(torch.ones(()))
+        assert scaler.get_scale() == float(held)
+
+
+@pytest.mark.parametrize("value", [1e39, pytest.param(10**400, id="10**400"), 2.0**-130])
+def test_a_checkpoint_scale_float32_cannot_hold_loads_nothing(value) -> None:
+    """Issue 31, item 15: before, scale=1e39 failed inside torch's load_state_dict ("value cannot be converted to
+    type float without overflow") after the scaler's _init_scale was already set; 10**400 gave OverflowError;
+    2**-130 loaded (its unscale factor is Inf in float32)."""
+    scaler = amp_inspect.InspectingGradScaler("cpu", init_scale=2.0**10)
+    scaler.scale(torch.ones(()))
+    state = {**scaler.state_dict(), "scale": value}
+    with pytest.raises(ValueError) as refused:
+        scaler.load_state_dict(state)
+    assert str(refused.value) == (
+        f"InspectingGradScaler.load_state_dict: scale must be a finite number above 0, got {value!r:.60} {FLOAT32_SPAN}"
+    )
+    assert scaler.get_scale() == 2.0**10 and scaler._init_scale == 2.0**10
+    scaler.load_state_dict({**state, "scale": 2.0**127})  # the largest scale GradScaler reaches by doubling
+    assert scaler.get_scale() == 2.0**127
+
+
 def test_inspecting_scaler_pickles_like_gradscaler() -> None:
     import pickle
 
@@ -426,3 +465,33 @@ def test_inspecting_scaler_inspects_sparse_gradients_and_stays_bitwise_equal(poi
     for a, b in zip(mine.parameters(), theirs.parameters(), strict=True):
         assert torch.equal(a, b) or (poison and torch.equal(a.isnan(), b.isnan()))
     assert scalers[0].get_scale() == scalers[1].get_scale()
+
+
+def test_an_interrupt_at_the_end_of_check_does_not_record_the_step_twice() -> None:
+    # Ctrl-C after check() handed its report to the history, before it marked the step as its own: the
+    # scaler's update() handed the same step over again (old code: history [0, 1, 2, 2, 3, 4]).
+    model = models.cnn()
+    scaler = amp_inspect.InspectingGradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    insp = amp_inspect.attach(model, scaler)
+    receive = insp.receive
+    interrupts = [2]  # the step whose check() Ctrl-C interrupts, once
+
+    def interrupted(report) -> None:
+        receive(report)
+        if interrupts and report.step == interrupts[0]:
+            interrupts.pop()
+            raise KeyboardInterrupt
+
+    insp.receive = interrupted
+    for step in range(5):
+        models.backward(model, scaler, step)
+        try:
+            insp.check()
+        except KeyboardInterrupt:
+            assert step == 2
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert [h.step for h in insp.history] == [0, 1, 2, 3, 4]
+    insp.detach()

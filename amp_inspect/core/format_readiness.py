@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from amp_inspect.core.ops import format_readiness_op
+from amp_inspect.core.ops import format_readiness_op, refuse_nested
 from amp_inspect.core.recipes import RECIPE_NAMES, check_recipes
 from amp_inspect.core.statistics import (
     PER_TENSOR,
@@ -182,6 +182,7 @@ def _check_tensors(tensors: object) -> list[torch.Tensor]:
     for i, t in enumerate(items):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensors[{i}] is a {type(t).__name__}, not a tensor")
+        refuse_nested("format_readiness", f"tensors[{i}]", t)
         if t.dtype not in INPUT_DTYPES:
             raise TypeError(
                 f"tensors[{i}] is {t.dtype}; format readiness takes float32, bfloat16 or float16 tensors (the dtypes "

@@ -273,6 +273,14 @@ def update_stats_op(
     )
 
 
+def refuse_nested(op: str, label: str, tensor: torch.Tensor) -> None:
+    """The one refusal of a nested tensor, the same sentence from every op (``label``: how the op names the tensor,
+    e.g. "tensor 1", "grads[0]"). A strided nested tensor claims torch.strided and a jagged one is no other layout's,
+    and no op has a nested kernel: without this check the dispatcher's or NestedTensorImpl's own errors surface."""
+    if tensor.is_nested:
+        raise TypeError(f"amp_inspect.{op}: {label} is a nested tensor; pass its components instead (list(t.unbind()))")
+
+
 def check_one_device(tensors: list[torch.Tensor], **others: torch.Tensor | None) -> None:
     """The op's inputs must be real tensors on one device. The dispatcher picks a kernel from all of them
     together, so a meta tensor among CPU ones (or a meta scale) would run the fake kernel, which returns

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from amp_inspect.core.formats import HIST_BINS, check_formats
-from amp_inspect.core.ops import tensor_stats_op
+from amp_inspect.core.ops import refuse_nested, tensor_stats_op
 from amp_inspect.core.statistics import (
     BY_NAME,
     DERIVED,
@@ -205,8 +205,7 @@ def _check_tensors(tensors: object) -> list[torch.Tensor]:
             raise TypeError(f"tensor {i} is None (a parameter without a gradient? leave it out of the list)")
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tensor {i} is a {type(t).__name__}, not a torch.Tensor")
-        if t.is_nested:  # a strided nested tensor claims torch.strided, and the op has no nested kernel
-            raise TypeError(f"tensor {i} is a nested tensor; pass its components instead (list(t.unbind()))")
+        refuse_nested("tensor_stats", f"tensor {i}", t)
         if t.layout != torch.strided:
             raise TypeError(f"tensor {i} has layout {t.layout}; only dense tensors are supported")
         if t.dtype not in SUPPORTED_DTYPES:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from amp_inspect.core.ops import update_stats_op
+from amp_inspect.core.ops import refuse_nested, update_stats_op
 from amp_inspect.core.statistics import UPDATE, UPDATE_DERIVED, UPDATE_OUTPUTS, derive_update
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -137,6 +137,7 @@ def _tensor_list(name: str, tensors: object) -> list[torch.Tensor]:
     for i, t in enumerate(items):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}[{i}] is a {type(t).__name__}, not a tensor")
+        refuse_nested("update_stats", f"{name}[{i}]", t)
         if t.dtype not in INPUT_DTYPES:
             raise TypeError(f"{name}[{i}] is {t.dtype}; update_stats takes float32, bfloat16 or float16 tensors")
         if t.layout != torch.strided:

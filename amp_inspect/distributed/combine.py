@@ -22,6 +22,8 @@ because a timed wait there would stall the host every step (see ``wait_all``).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import zlib
 from collections.abc import Sequence
@@ -73,45 +75,117 @@ def to_local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
 
 
-def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], dist.ProcessGroup | None, str | None]:
-    """The tensors to inspect on this rank: a DTensor (FSDP2, HSDP, tensor parallel) is replaced by its local
-    shard. Returns (tensors, group to combine over, why not). The group is set when every tensor is a
-    DTensor on one mesh, sharded along exactly one mesh dimension and replicated along the others (FSDP2: a
-    1-D mesh; HSDP: (replicate, shard)): the shards in that dimension's group are disjoint pieces and
-    reduce_stats makes whole-tensor statistics of them. Otherwise the group is None, and the reason says why
-    when the statistics are partial (fully replicated DTensors need no combining: no reason)."""
+@dataclass(frozen=True, eq=False)
+class ShardGroups:
+    """Where the other pieces of sharded tensors are, and how to add them up once each.
+
+    ``groups``: the process group of each mesh dimension some tensor is sharded along, reduced one after the
+    other (sums and maxima compose, so together they reach every rank holding a piece; the ranks along the
+    other dimensions, HSDP's replicas, hold the same pieces and are left alone). ``contributes``: which tensors
+    this rank adds (None: all). A tensor replicated along one of those dimensions (tensor parallel's rowwise
+    bias, a replicated norm weight) is added by the ranks at coordinate 0 of that dimension alone, so that it
+    counts once. ``ranks``: the global rank of each row of a per-rank table, row-major over ``groups``;
+    ``row``: this rank's row."""
+
+    groups: tuple[dist.ProcessGroup, ...]
+    contributes: tuple[bool, ...] | None
+    ranks: tuple[int, ...]
+    row: int
+
+    @classmethod
+    def of_group(cls, group: dist.ProcessGroup | None) -> ShardGroups:
+        """One group, every tensor a disjoint piece on each of its ranks (FSDP2, or a user's ``group=``)."""
+        return cls((group,), None, global_ranks(group), dist.get_rank(group) if is_distributed(group) else 0)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return (*(id(g) for g in self.groups), self.contributes)
+
+    @property
+    def distributed(self) -> bool:
+        return len(self.ranks) > 1
+
+    def masked(self, outputs: Sequence[torch.Tensor], identities: Sequence[float]) -> list[torch.Tensor]:
+        """``outputs`` (first dimension: the tensors) with the tensors this rank does not add set to each
+        output's ``identity`` (0 for a sum, -inf for a maximum)."""
+        if self.contributes is None:
+            return list(outputs)
+        keep = torch.tensor(self.contributes, device=outputs[0].device)
+        return [
+            torch.where(keep.reshape(-1, *([1] * (o.dim() - 1))), o, torch.full((), i, dtype=o.dtype, device=o.device))
+            for o, i in zip(outputs, identities, strict=True)
+        ]
+
+    def all_reduce(
+        self, summed: torch.Tensor, maxed: torch.Tensor | None, timeout_s: float, what: str, device: torch.device
+    ) -> None:
+        """In place: ``summed`` summed and ``maxed`` maximised over every rank of the groups, a group after the
+        other (on CUDA each wait orders the stream only: no host sync)."""
+        for group in self.groups:
+            works = [dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group, async_op=True)]
+            if maxed is not None:
+                works.append(dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group, async_op=True))
+            wait_all(works, timeout_s, what, group, device)
+
+
+def _is_shard(placement: object) -> bool:
+    """A placement that gives each rank a disjoint piece: Shard, and FSDP2's _StridedShard (FSDP2 over a
+    tensor-parallel shard: the same pieces, strided), which answers is_shard() False on some torch versions."""
+    return bool(placement.is_shard()) or type(placement).__name__ == "_StridedShard"  # type: ignore[attr-defined]
+
+
+def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], ShardGroups | None, str | None]:
+    """The tensors to inspect on this rank: a DTensor (FSDP2, HSDP, tensor parallel, FSDP2 x TP) is replaced by
+    its local piece. Returns (tensors, where the other pieces are, why not). The ShardGroups are set when every
+    tensor is a DTensor on one mesh, with Shard and Replicate placements only: reduce_stats then makes
+    whole-tensor statistics of the pieces over the mesh dimensions the tensors are sharded along, each tensor
+    counted once (see ShardGroups). Otherwise None, and the reason says why the statistics are partial (fully
+    replicated DTensors need no combining: no reason)."""
     dtensor = _dtensor_type()
     if dtensor is None:  # pragma: no cover - torch without DTensor
         return grads, None, None
-    local, meshes, layouts = [], set(), set()
+    local, meshes, placements = [], set(), []
     for g in grads:
         if isinstance(g, dtensor):
             local.append(g.to_local())
             meshes.add(g.device_mesh)
-            shard_dims = tuple(i for i, p in enumerate(g.placements) if p.is_shard())
-            others_replicated = all(p.is_shard() or p.is_replicate() for p in g.placements)
-            layouts.add(shard_dims if others_replicated else None)
+            placements.append(tuple(g.placements))
         else:
             local.append(g)
     if not meshes:
         return local, None, None
     if len(meshes) > 1:
         return local, None, "DTensor gradients on several meshes: statistics are of this rank's local pieces"
-    if len(local) != sum(isinstance(g, dtensor) for g in grads):
+    if len(placements) != len(grads):
         return local, None, "a mix of DTensor and plain gradients: statistics are of this rank's local pieces"
-    if layouts == {()}:
-        return local, None, None  # replicated everywhere: every rank holds the whole gradients
-    layout = next(iter(layouts))
-    if len(layouts) > 1 or layout is None or len(layout) != 1:
+    if not all(_is_shard(q) or q.is_replicate() for p in placements for q in p):
         return (
             local,
             None,
-            (
-                "DTensor gradients not sharded along exactly one mesh dimension (with the others replicated): "
-                "statistics are of this rank's local pieces"
-            ),
+            "DTensor gradients with placements other than Shard and Replicate (a partial sum): statistics are of "
+            "this rank's local pieces",
         )
-    return local, next(iter(meshes)).get_group(layout[0]), None
+    mesh = next(iter(meshes))
+    sharded = sorted({d for p in placements for d, q in enumerate(p) if _is_shard(q)})
+    if not sharded:
+        return local, None, None  # replicated everywhere: every rank holds the whole gradients
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None, "a rank holding a DTensor is on its mesh"
+    contributes = tuple(all(coordinate[d] == 0 for d in sharded if p[d].is_replicate()) for p in placements)
+    rows = mesh.mesh[tuple(slice(None) if d in sharded else coordinate[d] for d in range(mesh.ndim))]
+    row = 0
+    for d in sharded:
+        row = row * mesh.size(d) + coordinate[d]
+    return (
+        local,
+        ShardGroups(
+            tuple(mesh.get_group(d) for d in sharded),
+            None if all(contributes) else contributes,
+            tuple(int(r) for r in rows.flatten().tolist()),
+            row,
+        ),
+        None,
+    )
 
 
 def sharded_groups(grads: Sequence[torch.Tensor]) -> list[dist.ProcessGroup]:
@@ -175,35 +249,35 @@ def wait_all(
 
 
 def reduce_stats(
-    stats: TensorStats, group: dist.ProcessGroup | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+    stats: TensorStats,
+    group: dist.ProcessGroup | ShardGroups | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> GlobalStats:
     """Combines every rank's statistics of the same T tensors (see the module docstring): each output of the
-    schema (amp_inspect/core/statistics.py) by its statistics' merge. Collective: every rank of ``group`` must call
-    it with statistics of the same shape, in the same order."""
+    schema (amp_inspect/core/statistics.py) by its statistics' merge. Collective: every rank of ``group`` (of
+    each of its groups) must call it with statistics of the same shape, in the same order."""
+    shards = group if isinstance(group, ShardGroups) else ShardGroups.of_group(group)
     outputs = stats.outputs()
     device = outputs[0].device
     nonfinite = stats.nonfinite
-    if not is_distributed(group):
+    if not shards.distributed:
         return GlobalStats(stats, nonfinite.reshape(1, -1))
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
+    world, rank = len(shards.ranks), shards.row
     summed = [k for k, o in enumerate(OUTPUTS) if o.merge == SUM]
     extreme = [k for k, o in enumerate(OUTPUTS) if o.merge in (MAX, MIN)]
     # One SUM buffer: the summed outputs as float64 (counts exact below 2^53), and this rank's NaN/Inf counts in
-    # its own row of a [world, T] block (zeros elsewhere).
+    # its own row of a [world, T] block (zeros elsewhere). A tensor this rank does not add is zero in it.
     by_rank = torch.zeros(world, len(stats), dtype=torch.float64, device=device)
     by_rank[rank] = nonfinite.to(torch.float64)
-    packed = torch.cat([*(outputs[k].double().flatten() for k in summed), by_rank.flatten()])
+    added = shards.masked([outputs[k].double() for k in summed], [0.0] * len(summed))
+    packed = torch.cat([*(o.flatten() for o in added), by_rank.flatten()])
     # One MAX buffer: the maxima, and the minima negated (min(x) = -max(-x), exact: negation only flips the sign).
-    # In float32 when every extreme is (it is today), else float64.
+    # In float32 when every extreme is (it is today), else float64. A tensor this rank does not add is -inf.
     common = outputs[extreme[0]].dtype if len({outputs[k].dtype for k in extreme}) == 1 else torch.float64
-    sent = [outputs[k].to(common).flatten() for k in extreme]
-    extremes = torch.cat([t if OUTPUTS[k].merge == MAX else -t for k, t in zip(extreme, sent, strict=True)])
-    works = [
-        dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group, async_op=True),
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group, async_op=True),
-    ]
-    wait_all(works, timeout_s, "combining the gradient statistics", group, device)
+    sent = [outputs[k].to(common) for k in extreme]
+    signed = [t if OUTPUTS[k].merge == MAX else -t for k, t in zip(extreme, sent, strict=True)]
+    extremes = torch.cat([t.flatten() for t in shards.masked(signed, [-math.inf] * len(signed))])
+    shards.all_reduce(packed, extremes, timeout_s, "combining the gradient statistics", device)
     merged: list[torch.Tensor] = list(outputs)
     *summed_pieces, by_rank_piece = packed.split([*(outputs[k].numel() for k in summed), by_rank.numel()])
     for k, piece in zip(summed, summed_pieces, strict=True):
@@ -211,7 +285,7 @@ def reduce_stats(
     for k, piece in zip(extreme, extremes.split([outputs[k].numel() for k in extreme]), strict=True):
         merged[k] = _as_output(piece if OUTPUTS[k].merge == MAX else -piece, outputs[k])
     merged_by_rank = by_rank_piece.round().to(torch.int64).reshape(world, len(stats))
-    return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), merged_by_rank, global_ranks(group))
+    return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), merged_by_rank, shards.ranks)
 
 
 def _as_output(piece: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -253,45 +327,54 @@ def check_same_layout(
         )
 
 
-class Combiner:
-    """reduce_stats over one group, with the layout check made once per layout this rank combines (several
-    optimizers each have theirs), before its first combine. Ranks whose layouts differ from the start all
-    fail that check; a rank whose layout changes later, alone, runs the check while the others combine: a
-    collective mismatch, which gloo reports as an error (or a crash of that rank) and NCCL may not."""
+def combined_over(shards: ShardGroups | None, chosen: dist.ProcessGroup | None) -> ShardGroups | None:
+    """Where pieces sharded as ``shards`` say are combined: over ``chosen`` (the user's ``group=``) when given,
+    each tensor still added once; None when there is nothing to combine (not sharded, or one rank)."""
+    if shards is None:
+        return None
+    if chosen is not None:
+        shards = dataclasses.replace(ShardGroups.of_group(chosen), contributes=shards.contributes)
+    return shards if shards.distributed else None
 
-    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.group = group
+
+class Combiner:
+    """reduce_stats over one group (or ShardGroups), with the layout check made once per layout this rank
+    combines (several optimizers each have theirs), before its first combine. Ranks whose layouts differ from
+    the start all fail that check; a rank whose layout changes later, alone, runs the check while the others
+    combine: a collective mismatch, which gloo reports as an error (or a crash of that rank) and NCCL may not."""
+
+    def __init__(self, group: dist.ProcessGroup | ShardGroups | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.shards = group if isinstance(group, ShardGroups) else ShardGroups.of_group(group)
         self.timeout_s = timeout_s
         self._checked: set[tuple[tuple[int, ...], ...]] = set()
 
     def combine(self, stats: TensorStats, shapes: Sequence[Sequence[int]]) -> GlobalStats:
         layout = tuple(tuple(int(n) for n in shape) for shape in shapes)
-        if layout not in self._checked and is_distributed(self.group):
-            check_same_layout(layout, self.group, stats.numel.device, self.timeout_s)
+        if layout not in self._checked and self.shards.distributed:
+            for group in self.shards.groups:
+                if is_distributed(group):
+                    check_same_layout(layout, group, stats.numel.device, self.timeout_s)
             self._checked.add(layout)
-        return reduce_stats(stats, self.group, self.timeout_s)
+        return reduce_stats(stats, self.shards, self.timeout_s)
 
 
 class Combiners:
-    """The Combiner for each process group sharded gradients are combined over (the Inspector and the
+    """The Combiner for each set of process groups sharded gradients are combined over (the Inspector and the
     InspectingGradScaler each keep one set: a Combiner remembers the layouts it has checked)."""
 
     def __init__(self) -> None:
-        self._by_group: dict[int, Combiner] = {}
+        self._by_group: dict[tuple[object, ...], Combiner] = {}
 
-    def over(
-        self, shard_group: dist.ProcessGroup | None, chosen: dist.ProcessGroup | None, timeout_s: float
-    ) -> Combiner | None:
-        """The Combiner for gradients sharded over ``shard_group`` (None: not sharded), or over ``chosen``
-        (the user's ``group=``) when given; None when there is nothing to combine (not sharded, or one rank)."""
-        if shard_group is None:
+    def over(self, shards: ShardGroups | None, chosen: dist.ProcessGroup | None, timeout_s: float) -> Combiner | None:
+        """The Combiner for gradients sharded as ``shards`` say (None: not sharded), or over ``chosen`` (the
+        user's ``group=``) when given, each tensor still added once; None when there is nothing to combine (not
+        sharded, or one rank)."""
+        shards = combined_over(shards, chosen)
+        if shards is None:
             return None
-        group = chosen if chosen is not None else shard_group
-        if not is_distributed(group):
-            return None
-        combiner = self._by_group.get(id(group))
+        combiner = self._by_group.get(shards.key)
         if combiner is None:
-            combiner = self._by_group[id(group)] = Combiner(group, timeout_s)
+            combiner = self._by_group[shards.key] = Combiner(shards, timeout_s)
         return combiner
 
 

@@ -15,6 +15,10 @@ Which values stand for a gradient, decided here once for every caller:
   inverse scale is its parts times it; torch's GradScaler has no complex kernel and raises), and
   ``Inspector.clip_grad_norm_`` clips them.
 - other layouts (sparse CSR, ...): refused with the parameter's name, never silently left out.
+- a **tensor subclass** (torchao's quantized training; core/subclasses.py): the plain tensor that holds its values
+  exactly, where one does; otherwise check() leaves it out, with one warning per inspector naming the parameter and
+  the subclass (its module's row holds its other parameters), and an InspectingGradScaler, which must unscale
+  every gradient, refuses it naming both. A quantized weight's gradient is usually a plain tensor: measured.
 
 Cost: one fused op call per device (``tensor_stats`` / ``unscale_stats_``), an index copy for the rows of
 uncoalesced sparse gradients, and, for sharded gradients, two all-reduces (distributed/combine.py). No host sync on
@@ -33,9 +37,11 @@ import torch.distributed as dist
 from torch import nn
 
 from amp_inspect.core.ops import unscale_stats_op
+from amp_inspect.core.printable import shown_name
+from amp_inspect.core.subclasses import plain_values, subclass_name
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 from amp_inspect.core.torch_compat import loss_scale_tensor, sparse_stored_values
-from amp_inspect.distributed.combine import Combiner, Combiners, GlobalStats, local_shards
+from amp_inspect.distributed.combine import Combiner, Combiners, GlobalStats, ShardGroups, local_shards
 from amp_inspect.gradients.step_report import SHARDS, StepReport
 
 LAYOUTS = (torch.strided, torch.sparse_coo)
@@ -63,8 +69,10 @@ class Gradients:
     written: list[torch.Tensor] = field(default_factory=list)
     judged: list[torch.Tensor] = field(default_factory=list)
     sparse_modules: list[str] = field(default_factory=list)
-    shard_group: dist.ProcessGroup | None = None  # the group whose ranks hold the other shards (None: not sharded)
+    shard_group: ShardGroups | None = None  # where the other shards are (None: not sharded)
     partial: str | None = None  # why the statistics cover this rank's pieces only (None: they are whole)
+    # (parameter name, subclass name) of gradients no plain tensor holds the values of: not measured
+    not_measured: list[tuple[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.written)
@@ -119,6 +127,11 @@ def of_parameters(params: Iterable[tuple[str, str, torch.Tensor]]) -> Gradients:
         grad = param.grad
         if grad is None:
             continue
+        values = plain_values(grad)
+        if values is None:
+            grads.not_measured.append((name, subclass_name(grad)))
+            continue
+        grad = values
         if why := _refused("amp_inspect", f"parameter {name!r}", grad):
             raise TypeError(why)
         _add(grads, param, grad, module)
@@ -148,9 +161,16 @@ def of_optimizer(
             if not allow_fp16 and grad.dtype == torch.float16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
             name = module_of(param) or f"param_groups[{g_index}].params[{p_index}]"
+            values = plain_values(grad)
+            if values is None:  # left out, it would stay scaled: the step would apply it times the scale
+                raise TypeError(
+                    f"InspectingGradScaler: the gradient of {name} is a {subclass_name(grad)}, a tensor subclass "
+                    "whose values no plain tensor holds, so it cannot be unscaled in place"
+                )
+            wrapped, grad = values is not grad, values  # a subclass's plain values: unscaling them unscales it
             if why := _refused("InspectingGradScaler", name, grad):
                 raise TypeError(why)
-            if grad.layout == torch.sparse_coo and grad.dtype is torch.float16:
+            if grad.layout == torch.sparse_coo and grad.dtype is torch.float16 and not wrapped:
                 param.grad = grad = grad.coalesce()
             _add(grads, param, grad, name)
     return _localize(grads)
@@ -289,6 +309,20 @@ def clip_by_report(
     return total
 
 
+SHOWN_NAMES = 10  # parameters a warning names before "..."
+
+
+def not_measured_warning(left_out: Sequence[tuple[str, str]]) -> str:
+    """The one warning of gradients left out: each parameter with its subclass."""
+    named = ", ".join(f"{shown_name(name)} ({kind})" for name, kind in left_out[:SHOWN_NAMES])
+    more = f" and {len(left_out) - SHOWN_NAMES} more" if len(left_out) > SHOWN_NAMES else ""
+    which = f"gradients of {named}{more} are" if len(left_out) > 1 else f"gradient of {named} is"
+    return (
+        f"amp_inspect: the {which} not measured: a tensor subclass whose values no plain tensor holds (its own "
+        "dequantization makes them); check() reports the other gradients"
+    )
+
+
 UnscaledOf = Callable[[torch.amp.GradScaler, Sequence[torch.Tensor]], list[bool]]
 
 
@@ -299,6 +333,7 @@ class ParameterPass:
     def __init__(self) -> None:
         self._combiners = Combiners()
         self._warned_partial = False
+        self._warned_not_measured: set[str] = set()  # parameters said once each
 
     def run(
         self,
@@ -317,6 +352,10 @@ class ParameterPass:
         if grads.partial and not self._warned_partial:
             self._warned_partial = True
             warnings.warn(f"amp_inspect: {grads.partial}", RuntimeWarning, stacklevel=5)  # the caller of check()
+        new = [(name, kind) for name, kind in grads.not_measured if name not in self._warned_not_measured]
+        if new:
+            self._warned_not_measured.update(name for name, _ in new)
+            warnings.warn(not_measured_warning(new), RuntimeWarning, stacklevel=5)
         skips = scaler is not None and scaler.is_enabled()
         scale = loss_scale_tensor(scaler) if skips else None
         unscaled = unscaled_of(scaler, grads.params) if scaler is not None and scale is not None else None

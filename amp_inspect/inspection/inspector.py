@@ -187,7 +187,7 @@ class Inspector:
         now on. One thread calls check(): the first one to call it, as long as it lives; a call from another
         thread raises RuntimeError (each call counts a step: two callers would record every step twice).
         """
-        with self._one_caller.held():
+        with self._one_caller:
             return self._check(scaler)
 
     def _check(self, scaler: torch.amp.GradScaler | None) -> StepReport | None:
@@ -207,8 +207,7 @@ class Inspector:
                 report = scaler.last_report  # history and log receive it at scaler.update()
                 self.last_report = report
             elif step % self.every == 0:
-                report = self._inspect(step, scaler)
-                self._inspected_step = step
+                report = self._inspect(step, scaler, own_step=True)
         else:
             step = self.step
             if step % self.every == 0:
@@ -227,12 +226,17 @@ class Inspector:
             self.formats = formats
             self._arming.set_formats(formats)
 
-    def _inspect(self, step: int, scaler: torch.amp.GradScaler | None) -> StepReport:
+    def _inspect(self, step: int, scaler: torch.amp.GradScaler | None, own_step: bool = False) -> StepReport:
         """One gradient pass (gradients/gradient_pass.py), judged at the plain GradScaler's scale where its unscale_
-        ran."""
+        ran. ``own_step``: check() inspected an InspectingGradScaler's step itself, so the scaler's update() must
+        not hand the step over again."""
         self._follow_autocast()
         params = ((e.name, e.module, e.param) for e in self.entries)
         report = self._pass.run(step, params, self.formats, scaler, self._scaler.unscaled, self.group, self.timeout)
+        if own_step:
+            # Marked before the history takes it: a KeyboardInterrupt after receive() but before a mark set
+            # later made update() hand the step over a second time (history [0, 1, 2, 2, 3, 4]).
+            self._inspected_step = step
         self.receive(report)
         return report
 

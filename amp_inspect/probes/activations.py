@@ -49,6 +49,7 @@ from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.formats import check_formats
 from amp_inspect.core.printable import shown_name
+from amp_inspect.core.subclasses import plain_values
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, TensorStats, tensor_stats
 from amp_inspect.model.naming import module_names
 
@@ -106,21 +107,24 @@ class ActivationRecord:
 
 
 def _float_tensors(output: object) -> list[torch.Tensor]:
-    """The dense float32/16/bf16/64 tensors in a nested tuple/list/dict, depth first, each once."""
+    """The dense float32/16/bf16/64 tensors in a nested tuple/list/dict, depth first, each once; a tensor subclass
+    by the plain tensor holding its values, left out where none does (core/subclasses.py)."""
     found: list[torch.Tensor] = []
     seen: set[int] = set()
     stack = [output]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
+            values = plain_values(item)
             if (
-                item.dtype in SUPPORTED_DTYPES
-                and item.layout == torch.strided
-                and item.device.type != "meta"
+                values is not None
+                and values.dtype in SUPPORTED_DTYPES
+                and values.layout == torch.strided
+                and values.device.type != "meta"
                 and id(item) not in seen
             ):
                 seen.add(id(item))
-                found.append(item)
+                found.append(values)
         elif isinstance(item, Mapping):
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, (tuple, list)):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from amp_inspect.core.subclasses import plain_values
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, tensor_stats
 from amp_inspect.distributed.combine import local_shards
 from amp_inspect.evidence.weights import WeightsSeen
@@ -61,9 +62,13 @@ class WeightCheck:
 
 
 def _readable(param: torch.Tensor) -> torch.Tensor | None:
-    """The values of a parameter the pass reads: complex as real pairs; None for one it cannot read (meta, sparse,
-    integer or other dtypes, which hold no NaN)."""
-    t = param.detach()
+    """The values of a parameter the pass reads: complex as real pairs; a tensor subclass's plain values
+    (core/subclasses.py); None for one it cannot read (meta, sparse, integer or other dtypes, which hold no NaN; a
+    quantized subclass, whose values no plain tensor holds)."""
+    values = plain_values(param)
+    if values is None:
+        return None
+    t = values.detach()
     if t.layout != torch.strided or t.device.type == "meta":
         return None
     if t.is_complex():
@@ -83,7 +88,16 @@ def read_weights(entries: Sequence[ParamEntry], into_step: int) -> WeightCheck |
             modules.append(entry.module)
     if not rows:
         return None
-    rows, _, partial = local_shards(rows)
+    shards, _, partial = local_shards(rows)
+    # An FSDP2 shard can itself be a subclass (torchao's float8 weights under fully_shard): read by its plain values.
+    pairs = [
+        (values, module)
+        for shard, module in zip(shards, modules, strict=True)
+        if (values := plain_values(shard)) is not None
+    ]
+    if not pairs:
+        return None
+    rows, modules = [values for values, _ in pairs], [module for _, module in pairs]
     with torch.no_grad():
         stats = tensor_stats(rows, formats=("bf16",))
     counts = stats.nan + stats.posinf + stats.neginf

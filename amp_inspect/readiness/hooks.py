@@ -13,7 +13,10 @@ On a readiness step, and only then, hooks sit on every ``nn.Linear`` (subclasses
 Each tensor is measured on the fly with ``format_readiness`` (amp_inspect/core/format_readiness.py: every recipe at
 once, in one fused pass) and only its statistics are kept: a module called twice in the step (gradient accumulation, a
 shared layer) adds its statistics to its row (counts and sums add, amax the maximum), on the device, without a host
-sync. Forwards without grad (evaluation) and tensors of other dtypes than float32/bfloat16/float16 are left out.
+sync. Forwards without grad (evaluation) and tensors of other dtypes than float32/bfloat16/float16 are left out. A
+tensor subclass is measured by the plain tensor holding its values (core/subclasses.py); one whose values no plain
+tensor holds (a quantized-training weight: torchao's int8 weight) is not measured, said once per inspector in one
+warning naming the module, the operand and the subclass (its module's row then holds X and dY, not W).
 The hooks come at the start of a readiness step and leave at its end: the other steps run no hook at all.
 
 A step is "the N-th" by the inspector's step number (step % N == 0, so step 0 is one). On a torch.compile'd model
@@ -38,7 +41,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.format_readiness import ReadinessStats, format_readiness
+from amp_inspect.core.printable import shown_name
 from amp_inspect.core.recipes import check_recipes
+from amp_inspect.core.subclasses import plain_values, subclass_name
 from amp_inspect.core.torch_compat import in_backward
 from amp_inspect.distributed.combine import is_distributed, to_local, wait_all
 from amp_inspect.gradients.step_report import HostCopy, StepReport
@@ -63,17 +68,30 @@ def gemm_modules(model: nn.Module | ModelView) -> dict[nn.Module, str]:
 
 def weight_operand(module: nn.Module) -> torch.Tensor | None:
     """The weight as the forward GEMM reduces it, reduction dimension last: a Linear's ``[out, in]`` as stored, a
-    Conv1D's ``[in, out]`` transposed (a copy). None for a weight that is not a tensor."""
+    Conv1D's ``[in, out]`` transposed (a copy); a tensor subclass by its plain values. None for a weight that is not
+    a tensor, or a subclass whose values no plain tensor holds."""
     weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor):
+    if not isinstance(weight, torch.Tensor) or (weight := plain_values(weight)) is None:
         return None
     weight = weight.detach()
     return weight if isinstance(module, nn.Linear) else weight.t().contiguous()
 
 
+NOT_MEASURED = (
+    "amp_inspect: readiness_every does not measure {named}: a tensor subclass whose values no plain tensor holds (its "
+    "own dequantization makes them); the modules' other operands are measured"
+)
+SHOWN_OPERANDS = 10  # operands the warning names before "..."
+
 NO_OPERAND = (
     "amp_inspect: the readiness hooks saw the forward pass on step {step} but no operand they can measure (float32, "
     "bf16 or fp16 GEMM inputs and weights: a float64 or complex model has none); that step has no readiness table"
+)
+
+
+MEASURE_FAILED = (
+    "amp_inspect: the readiness hooks could not measure {operands} of {module} on step {step} ({error}); those "
+    "operands are left out of the readiness table (said once)"
 )
 
 
@@ -182,6 +200,9 @@ class ReadinessHooks:
         self._compiled = every is not None and self.view.compiled
         self._closed = False
         self._warned = False
+        self._failed = False  # a measurement raised: said once, training goes on
+        self._not_measured: dict[str, str] = {}  # "W of fc1" -> the subclass, this step's, said at its end
+        self._said_not_measured: set[str] = set()  # those said already: once per inspector
         weakref.finalize(owner, self.close).atexit = False  # an inspector dropped without detach leaves no hook
         if every is not None:
             self._arm_if_due(step)
@@ -240,9 +261,11 @@ class ReadinessHooks:
         for module, name in self._names.items():
             grad = getattr(getattr(module, "weight", None), "grad", None)
             grad = to_local(grad) if isinstance(grad, torch.Tensor) else grad  # FSDP2: this rank's shard, summed below
-            if forwards and _measurable(grad):
-                self._measure(name, [("dW", grad if isinstance(module, nn.Linear) else grad.t())])
+            grad = self._plain(name, "dW", grad) if forwards else None
+            if _measurable(grad):
+                self._measure(name, [("dW", grad if isinstance(module, nn.Linear) else grad.t())])  # type: ignore[union-attr]
         self._disarm()
+        self._say_not_measured()
         if not forwards:
             if self._names and not self._calls and not self._warned:
                 self._warned = True
@@ -294,8 +317,9 @@ class ReadinessHooks:
             return
         self._inputs_seen.add(name)
         self._forwards += 1
-        weight = weight_operand(module)
-        self._measure(name, [(op, t) for op, t in (("X", x), ("W", weight)) if _measurable(t)])  # one call for both
+        self._plain(name, "W", getattr(module, "weight", None))  # a weight no plain tensor holds: said at the end
+        operands = (("X", self._plain(name, "X", x)), ("W", weight_operand(module)))
+        self._measure(name, [(op, t) for op, t in operands if _measurable(t)])  # one call for both
 
     def _forward_output(self, name: str, output: object) -> None:
         if self.step is None or not torch.is_grad_enabled() or (in_backward() and name in self._outputs_seen):
@@ -309,19 +333,60 @@ class ReadinessHooks:
 
         def hook(grad: torch.Tensor) -> None:
             owner = owner_ref()
-            if owner is not None and owner.step == step and _measurable(grad):
-                owner._measure(name, [("dY", grad)])
+            if owner is not None and owner.step == step:
+                values = owner._plain(name, "dY", grad)
+                if _measurable(values):
+                    owner._measure(name, [("dY", values)])  # type: ignore[list-item]
             return None
 
         return hook
+
+    def _plain(self, name: str, operand: str, t: object) -> object:
+        """``t`` by the plain tensor holding its values (core/subclasses.py); a tensor subclass whose values no plain
+        tensor holds is noted, to be said at the step's end, and None returned; anything else as it is."""
+        if not isinstance(t, torch.Tensor):
+            return t
+        values = plain_values(t)
+        if values is None:
+            self._not_measured.setdefault(f"{operand} of {shown_name(name)}", subclass_name(t))
+        return values
+
+    def _say_not_measured(self) -> None:
+        """One warning for the operands this step could not measure and no step said before."""
+        new = {key: kind for key, kind in self._not_measured.items() if key not in self._said_not_measured}
+        self._not_measured = {}
+        if not new:
+            return
+        self._said_not_measured.update(new)
+        named = ", ".join(f"{key} ({kind})" for key, kind in list(new.items())[:SHOWN_OPERANDS])
+        more = f" and {len(new) - SHOWN_OPERANDS} more" if len(new) > SHOWN_OPERANDS else ""
+        warnings.warn(NOT_MEASURED.format(named=named + more), RuntimeWarning, stacklevel=6)
 
     def _measure(self, name: str, operands: list[tuple[str, torch.Tensor]]) -> None:
         """One format_readiness call over ``operands`` (contiguous: blocks run along the last dimension as given),
         each row added to the step's row of (name, operand)."""
         if not operands:
             return
-        with torch.no_grad():
-            stats = format_readiness([t.detach().contiguous() for _, t in operands], self.recipes)
+        # A DTensor (tensor parallel weights, the inputs its hooks make DTensors, FSDP2's dW) is measured as this
+        # rank's local piece: the op has no sharding rule, and the table adds every rank's pieces (_across_ranks).
+        tensors = [to_local(t).detach().contiguous() for _, t in operands]
+        try:
+            with torch.no_grad():
+                stats = format_readiness(tensors, self.recipes)
+        except Exception as error:  # noqa: BLE001 - a probe never breaks the user's forward or backward
+            if not self._failed:
+                self._failed = True
+                warnings.warn(
+                    MEASURE_FAILED.format(
+                        step=self.step,
+                        module=name,
+                        operands=", ".join(op for op, _ in operands),
+                        error=f"{type(error).__name__}: {error}",
+                    ),
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return
         for (operand, _), row in zip(operands, _rows(stats), strict=True):
             key = (name, operand)
             if key in self._rows:

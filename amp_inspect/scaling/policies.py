@@ -7,8 +7,9 @@ A policy is any object with a ``name`` (recorded with each decision in the run l
 or report uses for its decisions are class attributes read without an instance (a log is read without torch and
 without the policy's options): ``reason_words`` and ``skip_words`` (reason / skip kind -> words), ``routine``
 (reasons shown last on the timeline) and, optionally, ``advice(facts)`` (what its decisions say about a run).
-``register_policy(cls)`` files them under ``cls.name``; a new policy is one module that defines its class and
-registers it (tests/test_scale_policy.py has one in a dozen lines).
+``register_policy(cls)`` files them under ``cls.name`` (a class with the four methods, under a name not taken); a
+new policy is one module that defines its class and registers it (tests/test_scale_policy.py has one in a dozen
+lines). InspectingGradScaler checks what a policy returns: a ``ScaleDecision`` whose scale float32 holds.
 
 The headroom policy: the next loss scale from the measured exponents of this step's gradients.
 
@@ -63,7 +64,7 @@ from amp_inspect.core.advice import Advice
 from amp_inspect.core.formats import FORMAT_BOUNDS, float32_from_bits
 from amp_inspect.core.printable import shown_name
 from amp_inspect.evidence.headroom import doublings_below
-from amp_inspect.scaling._checked import positive_number, whole_number
+from amp_inspect.scaling._checked import loss_scale, positive_number, whole_number
 
 DEFAULT_GROWTH_INTERVAL = 2000  # GradScaler's
 
@@ -195,11 +196,40 @@ def checked_policy(policy: Any, owner: str) -> ScalePolicy:
 
 def register_policy(cls: type) -> type:
     """Files a policy class under ``cls.name`` (a class decorator), so that summaries and reports of a run log
-    name its decisions in its words; the scaler's ``policy="<name>"`` then builds ``cls()``."""
+    name its decisions in its words; the scaler's ``policy="<name>"`` then builds ``cls()``. The class must have
+    the ScalePolicy methods, and its name must not be taken: a second class under one name would change the words
+    of every log of the first (the built-in "headroom" too). The same class defined again (its module reloaded,
+    a notebook cell run again) replaces itself."""
+    if not isinstance(cls, type):
+        raise TypeError(
+            f"register_policy: expected a policy class, got an instance of {type(cls).__name__} (register its class)"
+        )
     if not isinstance(getattr(cls, "name", None), str) or cls.name in ("", "torch"):
         raise ValueError(f"register_policy: {cls.__name__}.name must be a str other than '' and 'torch'")
+    missing = [name for name in REQUIRED if not callable(getattr(cls, name, None))]
+    if missing:
+        raise TypeError(
+            f"register_policy: {cls.__name__} is not a ScalePolicy: it lacks {', '.join(missing)} (a ScalePolicy "
+            f"has name, {', '.join(REQUIRED)}: amp_inspect/scaling/policies.py)"
+        )
+    taken = _REGISTRY.get(cls.name)
+    if taken is not None and _where(taken) != _where(cls):
+        raise ValueError(
+            f"register_policy: the name {cls.name!r} of {_where(cls)} is taken by {_where(taken)}; give the policy "
+            "a name of its own"
+        )
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def _where(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def policy_label(policy: Any) -> str:
+    """How a refusal names a policy object: its name and its class (``'halve' (HalveOnNonfinite)``)."""
+    name = getattr(policy, "name", None)
+    return f"{name!r:.60} ({type(policy).__name__})" if isinstance(name, str) else type(policy).__name__
 
 
 def registered_policies() -> tuple[str, ...]:
@@ -307,16 +337,18 @@ class HeadroomPolicy:
         out["margin"] = whole_number(owner, "margin", values["margin"], 0, out["max_margin"])
         for name in ("far_binades", "nonfinite_backoff_binades", "patience"):
             out[name] = whole_number(owner, name, values[name], 0)
-        for name in ("probe_scale", "min_scale", "max_scale"):
-            out[name] = positive_number(owner, name, values[name])
+        for name in ("probe_scale", "min_scale", "max_scale"):  # each may become the scale of a step
+            out[name] = loss_scale(owner, name, values[name])
         if out["min_scale"] > out["max_scale"]:
             raise ValueError(f"{owner}: min_scale ({out['min_scale']:g}) is above max_scale ({out['max_scale']:g})")
         for name in ("calibrated", "run_unexplained"):
             if not isinstance(values[name], bool):
                 raise ValueError(f"{owner}: {name} must be True or False, got {values[name]!r:.60}")
-        for name in ("ref_amax", "anchor", "ref_scale", "run_lowest"):  # None until measured; an amax may be 0
+        if values["ref_amax"] is not None:  # None until measured; an amax may be 0
+            out["ref_amax"] = positive_number(owner, "ref_amax", values["ref_amax"], zero_ok=True)
+        for name in ("anchor", "ref_scale", "run_lowest"):  # scales steps ran at
             if values[name] is not None:
-                out[name] = positive_number(owner, name, values[name], zero_ok=name == "ref_amax")
+                out[name] = loss_scale(owner, name, values[name])
         if values["run_lowest_room"] is not None:  # measured room: any whole number of binades, also negative
             out["run_lowest_room"] = whole_number(owner, "run_lowest_room", values["run_lowest_room"], -(2**10))
         for name in ("nonfinite_run", "evidence_margin", "evidence_left", "evidence_seen", "no_data_run"):
@@ -333,7 +365,14 @@ class HeadroomPolicy:
         return self._clamp(min(init_scale, self.probe_scale))
 
     def _clamp(self, scale: float) -> float:
+        """The power of two nearest ``scale`` within [min_scale, max_scale]: rounding in binades must not step
+        past max_scale (3e38 would round to 2**128, Inf in float32); when no power of two lies within, the one
+        below max_scale."""
         exponent = round(math.log2(min(max(scale, self.min_scale), self.max_scale)))
+        mantissa, low = math.frexp(self.min_scale)
+        if mantissa == 0.5:  # min_scale is 2**(low - 1)
+            low -= 1
+        exponent = min(max(exponent, low), math.frexp(self.max_scale)[1] - 1)
         return math.ldexp(1.0, exponent)
 
     def _room(self, amax_scaled: float) -> int:

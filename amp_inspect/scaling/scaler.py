@@ -46,13 +46,14 @@ from amp_inspect.distributed.combine import DEFAULT_TIMEOUT_S, Combiner, Combine
 from amp_inspect.gradients import gradient_pass
 from amp_inspect.gradients.gradient_pass import Gradients, Measured
 from amp_inspect.gradients.step_report import StepReport
-from amp_inspect.scaling._checked import positive_number, whole_number
+from amp_inspect.scaling._checked import loss_scale, positive_number, whole_number
 from amp_inspect.scaling.policies import (
     ScaleDecision,
     ScalePolicy,
     StepStats,
     checked_policy,
     policy_class,
+    policy_label,
     registered_policies,
 )
 
@@ -121,14 +122,18 @@ class InspectingGradScaler(torch.amp.GradScaler):
                 raise ValueError(
                     f"InspectingGradScaler: policy must be one of {names} or a ScalePolicy object, got {policy!r}"
                 )
-            policy = None if policy == "torch" else policy_class(policy)()
+            # Built by name: the class passed register_policy's check, its instance is checked as any other.
+            policy = None if policy == "torch" else checked_policy(policy_class(policy)(), "InspectingGradScaler")
         else:
             policy = checked_policy(policy, "InspectingGradScaler")
         _check_scaler_options(*args, **kwargs)
         super().__init__(*args, **kwargs)
         self._policy: ScalePolicy | None = policy
         if self._policy is not None and self.is_enabled():
-            set_init_scale(self, self._policy.first_scale(init_scale(self)))  # no blind skips from init_scale down
+            first = self._policy.first_scale(init_scale(self))  # no blind skips from init_scale down
+            set_init_scale(
+                self, loss_scale("InspectingGradScaler", f"the first scale of policy {policy_label(policy)}", first)
+            )
         self.last_decision: ScaleDecision | None = None
         self._step_groups: list[Any] = []  # mesh groups whose statistics stay per rank (combined for the policy)
         self.last_report: StepReport | None = None
@@ -308,19 +313,35 @@ class InspectingGradScaler(torch.amp.GradScaler):
             self._policy.load_state_dict(before)  # the scale did not load: neither does the policy's state
             raise
 
+    def _checked_decision(self, decision: Any) -> ScaleDecision:
+        """The policy's decision as the scaler applies and logs it (its scale a float, its ``policy`` the policy's
+        name), or TypeError/ValueError naming the policy, before anything of the step changes: a NaN, 0, negative
+        or Inf scale (or one float32 cannot hold) would otherwise run every later step, or fail inside torch."""
+        assert self._policy is not None
+        owner = "InspectingGradScaler.update"
+        if not isinstance(decision, ScaleDecision):
+            raise TypeError(
+                f"{owner}: policy {policy_label(self._policy)} decided {decision!r:.60}, not a ScaleDecision "
+                "(amp_inspect/scaling/policies.py)"
+            )
+        scale = loss_scale(owner, f"the scale decided by policy {policy_label(self._policy)}", decision.scale)
+        if decision.policy != self._policy.name or type(decision.scale) is not float:  # the log names the policy
+            decision = dataclasses.replace(decision, scale=scale, policy=self._policy.name)
+        return decision
+
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         decision = None
         report = self.last_report
         if self._policy is not None and self.is_enabled() and new_scale is None and self._unscaled_this_step:
             assert report is not None
-            decision = self._policy.decide(
-                self._policy_stats(report),
-                self.get_growth_factor(),
-                self.get_backoff_factor(),
-                self.get_growth_interval(),
+            decision = self._checked_decision(
+                self._policy.decide(
+                    self._policy_stats(report),
+                    self.get_growth_factor(),
+                    self.get_backoff_factor(),
+                    self.get_growth_interval(),
+                )
             )
-            if decision.policy != self._policy.name:  # the log names the policy that decided
-                decision = dataclasses.replace(decision, policy=self._policy.name)
             report.annotate({"scale_decision": decision})
             self.last_decision = decision
         ended = report if self._unscaled_this_step else None
@@ -346,7 +367,7 @@ def _check_scaler_options(*args: Any, **kwargs: Any) -> None:
     given = dict(zip(_GRADSCALER_ARGS, args, strict=False)) | kwargs
     owner = "InspectingGradScaler"
     if "init_scale" in given:
-        positive_number(owner, "init_scale", given["init_scale"])
+        loss_scale(owner, "init_scale", given["init_scale"])
     if "growth_interval" in given:
         whole_number(owner, "growth_interval", given["growth_interval"], 1)
     for name in ("growth_factor", "backoff_factor"):
@@ -362,7 +383,8 @@ def _check_scaler_state(state: dict[str, Any]) -> None:
     ]
     if missing:
         raise ValueError(f"{owner}: the state lacks {', '.join(missing)} (not a GradScaler state_dict?)")
-    for name in ("scale", "growth_factor", "backoff_factor"):
+    loss_scale(owner, "scale", state["scale"])
+    for name in ("growth_factor", "backoff_factor"):
         positive_number(owner, name, state[name])
     whole_number(owner, "growth_interval", state["growth_interval"], 1)
     whole_number(owner, "_growth_tracker", state["_growth_tracker"], 0)

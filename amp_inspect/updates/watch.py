@@ -35,6 +35,7 @@ replicas are not summed (every rank holds the same parameters).
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 import weakref
@@ -46,8 +47,9 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.statistics import SUM, UPDATE_OUTPUTS
+from amp_inspect.core.subclasses import plain_values
 from amp_inspect.core.update_stats import INPUT_DTYPES, update_stats
-from amp_inspect.distributed.combine import is_distributed, local_shards, to_local, wait_all
+from amp_inspect.distributed.combine import ShardGroups, combined_over, local_shards, to_local
 from amp_inspect.gradients.step_context import LOW_PRECISION
 from amp_inspect.gradients.step_report import HostCopy, StepReport
 from amp_inspect.scaling.scaler import InspectingGradScaler
@@ -312,8 +314,8 @@ class OptimizerWatch:
                 name = owner.module_of(p) if owner is not None else None
                 names.append(name or f"param_groups[{g}].params[{i}]")
         with torch.no_grad():
-            before = [to_local(p.detach()).clone() for p in params]
-            grads = [to_local(p.grad.detach()) for p in params]  # type: ignore[union-attr]
+            before = [_values(p).clone() for p in params]  # type: ignore[union-attr]
+            grads = [_values(p.grad) for p in params]  # type: ignore[arg-type]
         self._snapshots[id(optimizer)] = _Snapshot(step, params, before, grads, names, asked)
 
     def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -342,15 +344,16 @@ class OptimizerWatch:
     ) -> None:
         """One update_stats call over ``rows`` of the snapshot (one device, all with Adam state or none)."""
         params = [snap.params[i] for i in rows]
-        after, shard_group, _ = local_shards([p.detach() for p in params])
+        after, shard_group, _ = local_shards([plain_values(p).detach() for p in params])  # type: ignore[union-attr]
+        after = [plain_values(a) for a in after]  # an FSDP2 shard of a subclass: its plain values
         states = [_state(optimizer, p) for p in params]
         exp_avg_sq = [to_local(s) for s in states] if all(s is not None for s in states) else None
         kept = _keeps_small_updates(optimizer, params)
         stats = update_stats([snap.before[i] for i in rows], after, [snap.grads[i] for i in rows], exp_avg_sq)
         counts, sums, amax = stats.outputs()
-        group = self.group if self.group is not None else shard_group
-        if shard_group is not None and is_distributed(group):
-            counts, sums, amax = self._across_ranks(counts, sums, amax, group)
+        shards = combined_over(shard_group, self.group)
+        if shards is not None:
+            counts, sums, amax = self._across_ranks(counts, sums, amax, shards)
         device = counts.device
         flag = torch.ones((), dtype=torch.bool, device=device) if applied is None else applied.to(device)
         tensors = {"counts": counts, "sums": sums, "amax": amax, "applied": flag}
@@ -371,20 +374,15 @@ class OptimizerWatch:
         slot.stats.add(copy, [snap.names[i] for i in rows], dtypes, host_asked, kept)
 
     def _across_ranks(
-        self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, group: Any
+        self, counts: torch.Tensor, sums: torch.Tensor, amax: torch.Tensor, shards: ShardGroups
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """FSDP2: every rank's shards merged by the schema (counts and sums add, amax the maximum): two
-        all-reduces, collective in the measured step (every rank steps the same optimizers)."""
-        import torch.distributed as dist
-
+        """FSDP2, tensor parallel: every rank's shards merged by the schema (counts and sums add, amax the
+        maximum), each tensor once (ShardGroups): two all-reduces per mesh dimension sharded along, collective in
+        the measured step (every rank steps the same optimizers)."""
         assert [o.merge for o in UPDATE_OUTPUTS] == [SUM, SUM, "max"], "the update outputs' merges changed"
-        summed = torch.cat([counts.double().flatten(), sums.flatten()])
-        amax = amax.clone()
-        works = [
-            dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group, async_op=True),
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group, async_op=True),
-        ]
-        wait_all(works, self.timeout, "combining the update statistics", group, counts.device)
+        counts, sums, amax = shards.masked([counts.double(), sums, amax.clone()], [0.0, 0.0, -math.inf])
+        summed = torch.cat([counts.flatten(), sums.flatten()])
+        shards.all_reduce(summed, amax, self.timeout, "combining the update statistics", counts.device)
         c, s = summed.split([counts.numel(), sums.numel()])
         return c.round().to(torch.int64).reshape(counts.shape), s.reshape(sums.shape), amax
 
@@ -447,16 +445,17 @@ def _state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tenso
         isinstance(value, torch.Tensor)
         and value.dtype in INPUT_DTYPES
         and value.shape == param.shape
-        and _plain(value.detach())  # not torchao's 8-bit / 4-bit / fp8 state, which the op cannot read
+        and _values(value) is not None  # not torchao's 8-bit / 4-bit / fp8 state, which no plain tensor holds
     ):
-        return value.detach()
+        return _values(value)
     return None
 
 
 def _left_out(param: torch.Tensor, grad: torch.Tensor) -> str | None:
     """Why the op cannot read ``param`` and its gradient (the words the warning ends with), or None when it can."""
-    if not (_plain(param.detach()) and _plain(grad)):  # torchao's quantized-training weights
-        return f"held in a tensor subclass ({type(param).__name__})"
+    for t in (param, grad):  # torchao's quantized-training weights
+        if _values(t) is None:
+            return f"held in a tensor subclass whose values no plain tensor holds ({type(t).__name__})"
     if grad.layout != torch.strided:  # nn.Embedding(sparse=True), for SparseAdam
         return f"with a sparse gradient ({grad.layout})"
     if param.dtype not in INPUT_DTYPES:
@@ -464,9 +463,12 @@ def _left_out(param: torch.Tensor, grad: torch.Tensor) -> str | None:
     return None
 
 
-def _plain(tensor: torch.Tensor) -> bool:
-    """A plain tensor (a DTensor by its local shard): what the op reads; not a tensor subclass."""
-    return type(to_local(tensor)) is torch.Tensor
+def _values(tensor: torch.Tensor) -> torch.Tensor | None:
+    """What the op reads of a parameter, its gradient or its state: the plain tensor holding its values (a DTensor by
+    its local shard; a tensor subclass by its plain values, core/subclasses.py), detached; None where no plain tensor
+    holds them."""
+    values = plain_values(tensor)
+    return None if values is None else plain_values(to_local(values.detach()))
 
 
 # How optimizers say that they keep the part of an update below half an ulp of a 16-bit weight, so that a weight
