@@ -532,7 +532,19 @@ class BenchResult:
 
 
 def ddp_table_bytes(world: int, tensors: int) -> int:
-    """amp_inspect/distributed/ddp.py: 8 * world * parameters bytes per step (the int64 [world, T] NaN/Inf table)."""
+    """amp_inspect/distributed/ddp.py: 24 * T bytes per step, whatever the world (rank_record.py: SUM of int64
+    [T], MAX of int64 [2, T]); ``world`` is only there to show that it does not count."""
+    return 24 * tensors
+
+
+def ddp_gather_bytes(gathered_tensors: int) -> int:
+    """rank_record.py: on a step where 3+ ranks hold NaN/Inf in K tensors, each rank hands 8 * K bytes to one
+    all_gather (and receives W times as many)."""
+    return 8 * gathered_tensors
+
+
+def ddp_table_bytes_before(world: int, tensors: int) -> int:
+    """The hook before issue 32: 8 * W * T bytes per step (an int64 [world, T] table all-reduced)."""
     return 8 * world * tensors
 
 
@@ -686,12 +698,134 @@ def check_results(rows: list[DistMeasurement], world: int, by_rank: dict[int, di
     return checks
 
 
+# ---------------------------------------------------------------------------------------------- --traffic
+
+# The DDP hook's bytes per step against the world: a small model (the same 52 parameter tensors as MODEL) so that
+# 8 processes fit on 2 cores; one healthy step, one where rank 1 alone makes an Inf, one where every rank does.
+TRAFFIC_MODEL = ModelSpec(layers=4, d_model=64, heads=4, vocab=512, context=32, batch=2)
+TRAFFIC_WORLDS = (2, 4, 8)
+TRAFFIC_STEPS = ("healthy", "rank 1 Inf", "every rank Inf")
+FORMULA_WORLDS = (1024, 16384)
+FORMULA_TENSORS = 1000  # the issue's example
+
+
+def traffic_rank_main(rank: int, world: int, port: int, results: Any) -> None:
+    """One rank of the --traffic run: three DDP steps with the inspector, the hook's collectives counted."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        sent: list[tuple[str, int]] = []
+        originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather")}
+
+        def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+            def collective(*args: Any, **kwargs: Any) -> Any:
+                caller = sys._getframe(1)
+                piece = args[1] if name == "all_gather" else args[0]
+                if caller.f_globals.get("__name__", "").startswith("amp_inspect") and caller.f_code.co_name not in (
+                    HOOK_FUNCTIONS
+                ):
+                    sent.append((name, piece.numel() * piece.element_size()))
+                return original(*args, **kwargs)
+
+            return collective
+
+        for name, original in originals.items():
+            setattr(dist, name, counted(name, original))
+        model = make_gpt(TRAFFIC_MODEL, "cpu", SEED)
+        ddp = nn.parallel.DistributedDataParallel(model)
+        inspector = amp_inspect.attach(ddp, formats=FORMATS)
+        step = [0]
+
+        def inject(grad: torch.Tensor) -> torch.Tensor:
+            if step[0] == 2 or (step[0] == 1 and rank == 1):
+                grad = grad.clone()
+                grad.view(-1)[0] = float("inf")
+            return grad
+
+        model.ln_f.weight.register_hook(inject)
+        batches = token_batches(TRAFFIC_MODEL, 1, SEED + 1 + rank)
+        by_step, named = [], []
+        for step[0] in range(len(TRAFFIC_STEPS)):
+            next_token_loss(ddp, batches[0], "cpu", torch.bfloat16).backward()
+            report = inspector.check()
+            named.append(report.inf_by_rank)
+            by_step.append(list(sent))
+            sent.clear()
+            model.zero_grad(set_to_none=True)  # no optimizer step: the weights stay finite
+        inspector.detach()
+        for name, original in originals.items():
+            setattr(dist, name, original)
+        results.put({"rank": rank, "steps": by_step, "named": named, "tensors": len(list(model.parameters()))})
+        dist.barrier()
+    except BaseException as error:
+        results.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def traffic_main() -> int:
+    """--traffic: the hook's bytes per step at 2, 4 and 8 ranks (measured) and at 1,024 and 16,384 (formula)."""
+    print("# DDP comm hook: bytes each rank hands to amp_inspect's collectives per step (gradient buckets apart)")
+    rows, checks = [], []
+    tensors = 0
+    for world in TRAFFIC_WORLDS:
+        context = mp.get_context("spawn")
+        results = context.Queue()
+        port = free_port()
+        procs = [context.Process(target=traffic_rank_main, args=(r, world, port, results)) for r in range(world)]
+        start = time.perf_counter()
+        for p in procs:
+            p.start()
+        by_rank = {}
+        while len(by_rank) < world:
+            record = results.get(timeout=RESULT_TIMEOUT_S)
+            if "error" in record:
+                raise RuntimeError(f"rank {record['rank']} of {world} failed: {record['error']}")
+            by_rank[record["rank"]] = record
+        for p in procs:
+            p.join(timeout=60)
+        elapsed = time.perf_counter() - start
+        tensors = by_rank[0]["tensors"]
+        for s, what in enumerate(TRAFFIC_STEPS):
+            calls = by_rank[0]["steps"][s]
+            measured = sum(b for _, b in calls)
+            gathered = world >= 3 and s == 2  # 3+ ranks hold the Inf of ln_f: its count is gathered
+            formula = ddp_table_bytes(world, tensors) + (ddp_gather_bytes(1) if gathered else 0)
+            same = all(r["steps"][s] == calls for r in by_rank.values())
+            rows.append(
+                [str(world), what, f"{measured:,}", ", ".join(f"{n} {b}" for n, b in calls), f"{formula:,}"]
+                + [f"{ddp_table_bytes_before(world, tensors):,}", str(by_rank[0]["named"][s])]
+            )
+            checks.append(TargetCheck(f"{world} ranks, {what}: bytes = formula", measured == formula and same, ""))
+        print(f"# {world} ranks ran {elapsed:.0f} s", flush=True)
+    headers = ["W", "step", "measured B", "calls (B each)", "formula B", "before (8WT) B", "inf_by_rank"]
+    print_table(headers, rows)
+    print()
+    print(f"# formula per healthy step: 24 * T (T = parameter tensors); before: 8 * W * T. T = {tensors} here:")
+    for t in (tensors, FORMULA_TENSORS):
+        for world in FORMULA_WORLDS:
+            print(
+                f"#   W = {world:,}, T = {t:,}: {ddp_table_bytes(world, t):,} B per step "
+                f"(before: {ddp_table_bytes_before(world, t):,} B); a step gathering K tensors adds 8 * K B per "
+                f"rank ({world:,} * 8 * K B received)"
+            )
+    print()
+    print_checks(checks)
+    return 0 if all(c.passed for c in checks) else 1
+
+
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: few rounds and steps, no JSON")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 60; quick: 2)")
     parser.add_argument("--steps-per-round", type=int, default=None, help="steps per config and round (default 1)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
+    parser.add_argument(
+        "--traffic", action="store_true", help="only the DDP hook's bytes per step at 2, 4 and 8 ranks (no JSON)"
+    )
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
     rounds, steps, warmup = (2, 1, 2) if args.quick else (60, 1, 3)
@@ -708,6 +842,8 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if "--traffic" in (sys.argv[1:] if argv is None else argv):
+        return traffic_main()
     config = parse_args(argv)
     if not dist.is_available() or not dist.is_gloo_available():
         print("error: this torch has no gloo backend")
@@ -743,7 +879,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gradient_bytes": gradient_bytes(parameters),
     }
     formulas = {
-        "ddp_hook_per_step": f"8 * W * T = 8 * {config.world} * {tensors} = {ddp_table_bytes(config.world, tensors)}",
+        "ddp_hook_per_step": f"24 * T = 24 * {tensors} = {ddp_table_bytes(config.world, tensors)}",
         "reduce_stats_per_step": (
             f"8 * T * (5 + 3F + 256 + 1 + W) + 8 * T with T={tensors}, F={len(FORMATS)}, W={config.world} = "
             f"{reduce_stats_bytes(config.world, tensors, len(FORMATS))}"

@@ -123,6 +123,100 @@ def ddp(world: int, out: Path) -> None:
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
 
 
+class _Traffic:
+    """Counts the bytes the DDP hook's inspection hands to all_reduce and all_gather in this process (the
+    tensor's numel * element size per call; all_gather: this rank's piece), apart from the gradient buckets."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []  # (collective, bytes)
+        self._originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather")}
+        for name, original in self._originals.items():
+            setattr(dist, name, self._counted(name, original))
+
+    def _counted(self, name: str, original: Callable[..., object]) -> Callable[..., object]:
+        def collective(*args: object, **kwargs: object) -> object:
+            caller = sys._getframe(1)
+            piece = args[1] if name == "all_gather" else args[0]
+            if caller.f_globals.get("__name__", "").startswith("amp_inspect") and caller.f_code.co_name != "average":
+                assert isinstance(piece, torch.Tensor)
+                self.calls.append((name, piece.numel() * piece.element_size()))
+            return original(*args, **kwargs)
+
+        return collective
+
+    def take(self) -> list[tuple[str, int]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def remove(self) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+
+def ddp_traffic(world: int, out: Path) -> None:
+    """The DDP hook's bytes per step: a healthy step and a step where rank 1 alone makes an Inf cost 24 bytes per
+    parameter tensor whatever the world (one SUM all-reduce of int64 [T], one MAX of int64 [2, T]); a step where
+    every rank makes an Inf in ln_f adds, on three ranks or more, one all-gather of this rank's count of that one
+    tensor (8 bytes), once; two ranks are still named from the record. The reports name the ranks as ever.
+    Then the same with the record read one backward later, as on CUDA tensors: a report read before then names
+    the lowest and highest rank; the gather runs in the next backward and the report names all of them."""
+    from amp_inspect.distributed import ddp as ddp_module
+
+    rank = dist.get_rank()
+    step = [0]
+    everywhere = 2  # the step on which every rank makes an Inf
+    model = models.gpt()
+
+    def inject(grad: torch.Tensor) -> torch.Tensor:
+        if step[0] == everywhere or (step[0] == INF_STEP and rank == 1):
+            grad = grad.clone()
+            grad.view(-1)[0] = float("inf")
+        return grad
+
+    model.ln_f.weight.register_hook(inject)
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    tensors = len(list(model.parameters()))
+    expected = {0: {}, INF_STEP: {1: {"ln_f": 1}}, everywhere: {r: {"ln_f": 1} for r in range(world)}, 3: {}}
+    read_at_take_of_cpu = getattr(ddp_module, "_read_at_take", None)
+    traffic = _Traffic()
+    try:
+        for read_at_take in (True, False):
+            if not read_at_take:
+                ddp_module._read_at_take = lambda device: False
+            insp = amp_inspect.attach(wrapped, timeout=TIMEOUT_S)
+            finalized: dict[int, object] = {}
+            insp.add_listener(lambda r, into=finalized: into.__setitem__(r.step, r.inf_by_rank))
+            measured = {}
+            for step[0] in range(4):
+                inputs, targets = models.batch_for(model, step[0] * world + rank)
+                nn.functional.cross_entropy(wrapped(inputs).flatten(0, -2), targets.flatten()).backward()
+                report = insp.check()
+                measured[step[0]] = traffic.take()
+                if read_at_take or step[0] != everywhere or world < 3:
+                    assert report.inf_by_rank == expected[step[0]], (read_at_take, step[0], report.inf_by_rank)
+                else:  # the gather comes in the next backward: until then the lowest and highest rank
+                    assert not report.ready()
+                    partial = {0: {"ln_f": 1}, world - 1: {"ln_f": 1}}
+                    assert report.inf_by_rank == partial, report.inf_by_rank
+                model.zero_grad(set_to_none=True)  # no optimizer step: the weights stay finite
+            insp.detach()
+            assert finalized == expected, (read_at_take, finalized)
+            record = [("all_reduce", 8 * tensors), ("all_reduce", 16 * tensors)]
+            gather = [("all_gather", 8)] if world >= 3 else []
+            for s, calls in measured.items():
+                if read_at_take:
+                    want = record + (gather if s == everywhere else [])
+                else:  # decided in step 3's backward, before its record
+                    want = (gather if s == everywhere + 1 else []) + record
+                assert calls == want, (read_at_take, s, calls, want)
+            if rank == 0:
+                (out / f"traffic.{int(read_at_take)}.{world}").write_text(repr(measured))
+    finally:
+        traffic.remove()
+        if read_at_take_of_cpu is not None:
+            ddp_module._read_at_take = read_at_take_of_cpu
+
+
 def ddp_views(world: int, out: Path) -> None:
     """gradient_as_bucket_view on a world that is not a power of two, where DDP divides a gradient that lives
     in its bucket and multiplies one it copies: the hook's averaging is bitwise DDP's in the loops that decide
@@ -512,7 +606,7 @@ def ddp_sparse(world: int, out: Path) -> None:
 
 
 ALL = (shards, ddp, ddp_views, ddp_more, ddp_teardown, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead)
-ALL += (absent, ddp_sparse)
+ALL += (absent, ddp_sparse, ddp_traffic)
 SCENARIOS = {f.__name__: f for f in ALL}
 
 

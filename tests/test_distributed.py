@@ -5,6 +5,7 @@ never a hang. Each scenario runs in a subprocess with a timeout."""
 
 from __future__ import annotations
 
+import ast
 import socket
 import subprocess
 import sys
@@ -252,3 +253,40 @@ def test_tensor_parallel_statistics_equal_the_unsharded_models(tmp_path, scenari
     # Issue 32: gradient and update statistics of a parallelize_module model (alone, and under FSDP2 on a 2-D
     # mesh) combined over the dimensions the tensors are sharded along, the replicated rowwise bias once.
     run_scenario(scenario, world, tmp_path, module="tests.tp_dist")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_hook_traffic_per_step_does_not_grow_with_the_world(tmp_path, world: int) -> None:
+    # The scenario asserts each step's collectives on every rank; here: the healthy and one-rank steps' bytes
+    # are 24 per parameter tensor on 2 ranks and on 4, and only the every-rank step on 4 ranks gathers (once).
+    run_scenario("ddp_traffic", world, tmp_path)
+    tensors = len(list(models.gpt().parameters()))
+    for read_at_take in (1, 0):
+        measured = ast.literal_eval((tmp_path / f"traffic.{read_at_take}.{world}").read_text())
+        healthy = [("all_reduce", 8 * tensors), ("all_reduce", 16 * tensors)]
+        assert measured[0] == measured[INF_STEP] == healthy, measured
+        gathered = [c for calls in measured.values() for c in calls if c[0] == "all_gather"]
+        assert gathered == ([("all_gather", 8)] if world >= 3 else []), measured
+
+
+def test_the_ddp_record_names_one_or_two_ranks_and_asks_for_each_ranks_count_beyond() -> None:
+    # The all-reduces done by hand: SUM of the counts, MAX of each rank's keys (rank_record.py), on 5 ranks.
+    from amp_inspect.distributed.rank_record import key_shift, rank_keys, ranks_from_keys
+
+    world = 5
+    table = torch.tensor(
+        [
+            # tensor: 0 none, 1 rank 3 alone, 2 ranks 0 and 4, 3 ranks 1, 2 and 4, 4 a count past the key's bits
+            [0, 0, 7, 0, 0],
+            [0, 0, 0, 1, 0],
+            [0, 0, 0, 5, 0],
+            [0, 9, 0, 0, 1 << key_shift(world)],
+            [0, 0, 2, 6, 0],
+        ]
+    )
+    totals = table.sum(dim=0)
+    keys = torch.stack([rank_keys(row, r, world) for r, row in enumerate(table)]).amax(dim=0)
+    named, unnamed = ranks_from_keys(totals.numpy(), keys.numpy(), world)
+    assert sorted(named) == [(0, 2, 7), (3, 1, 9), (3, 4, 1 << key_shift(world)), (4, 2, 2)]
+    assert unnamed == [3]  # three ranks: each one's count is gathered
+    assert key_shift(16384) == 48 and key_shift(2) == 61

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -44,9 +44,10 @@ DEFAULT_TIMEOUT_S = 300.0  # far below the process groups' own defaults (10-30 m
 class RankOrigin(NamedTuple):
     """Where a step's NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K], the
     NaN/Inf count of each rank's local gradients (``kind`` BEFORE_ALLREDUCE: DDP) or shards (SHARDS: FSDP2) of K
-    tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank."""
+    tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank. The DDP hook's is
+    a rank_record.RankRecord, which stands for that table without making it (``shape``, ``nonzero()``)."""
 
-    nonfinite_by_rank: torch.Tensor
+    nonfinite_by_rank: Any  # torch.Tensor or rank_record.RankRecord (the report's RankCounts)
     module_of_column: Sequence[str]
     ranks: Sequence[int] | None
     kind: str

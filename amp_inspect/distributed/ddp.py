@@ -4,8 +4,11 @@ After DDP's all-reduce every rank holds the same averaged gradients, so a NaN ma
 and a check there cannot say where it came from. ``ddp_comm_hook`` runs where DDP hands each gradient bucket
 to the network: it counts NaN/Inf in this rank's own gradients of the bucket (the fused op over the bucket's
 views, one pass), then averages exactly as DDP without a hook does, over DDP's process group, so training is
-bitwise the same. After the last bucket, one more all-reduce (int64 [world, parameter tensors], issued
-asynchronously) tells every rank each rank's counts; the report of that step takes them as ``inf_by_rank``.
+bitwise the same. After the last bucket, a record of a fixed size per parameter tensor (rank_record.py: the
+counts summed, and the lowest and highest rank holding NaN/Inf with their counts; two all-reduces issued
+asynchronously, waited for where the step's report takes them) tells every rank which ranks made them; the
+report takes it as ``inf_by_rank``. Only a step on which three or more ranks hold NaN/Inf in one tensor
+gathers each rank's count of such tensors, once.
 
 The report's other statistics stay those of the averaged gradients (what GradScaler and the optimizer see,
 identical on every rank of the group): its total_norm is the one to clip with.
@@ -18,7 +21,10 @@ Whoever takes the counts (the inspector ``attach`` registers the hook for) is th
 ``HookListener``: it gives the hook the ``NonfiniteByRank`` to count into and the number of the step now running.
 
 Cost per synchronised backward: one read of the gradients inside backward (the fused op, per bucket; on
-the host a cheaper finite-sum test first) and 8 * world * T bytes all-reduced (T: parameter tensors).
+the host a cheaper finite-sum test first) and 24 * T bytes all-reduced (T: parameter tensors), whatever the
+world; on a step where three or more ranks hold NaN/Inf in K tensors, one all-gather of 8 * K bytes per rank
+more. The record is read on the host without a sync: at once on host tensors (gloo); on CUDA tensors at the
+next synchronised backward, so that such a step's gather comes one step later (docs/distributed.md).
 """
 
 # No ``from __future__ import annotations``: DDP compares the hook's annotations with real types.
@@ -35,6 +41,7 @@ from torch import nn
 from amp_inspect.core.tensor_stats import tensor_stats
 from amp_inspect.core.torch_compat import ddp_comm_hooks
 from amp_inspect.distributed.combine import DEFAULT_TIMEOUT_S, RankOrigin, global_ranks, is_distributed, wait_all
+from amp_inspect.distributed.rank_record import RankRecord, rank_keys
 from amp_inspect.evidence.attribution import BEFORE_ALLREDUCE
 from amp_inspect.model.naming import ParamEntry
 from amp_inspect.model.view import ModelView
@@ -46,12 +53,23 @@ _HOOK_FORMATS = ("fp16",)
 
 @dataclass
 class _Exchange:
-    """One backward's all-reduce of the per-rank counts, in flight."""
+    """One backward's record (rank_record.py) in flight: the NaN/Inf counts summed and the ranks' keys."""
 
     step: int  # the listener's step during that backward
-    work: dist.Work
-    table: torch.Tensor  # int64 [world, parameter tensors], complete once work is
-    earlier: torch.Tensor | None  # the same step's earlier backward (accumulation without no_sync), complete
+    works: list[dist.Work]
+    totals: torch.Tensor  # int64 [T], SUM over the ranks, complete once works are
+    keys: torch.Tensor  # int64 [2, T], MAX over the ranks, complete once works are
+    own: torch.Tensor  # int64 [T]: this rank's counts
+    earlier: "_Record | None"  # the same step's earlier backward (accumulation without no_sync), complete
+
+
+@dataclass
+class _Record:
+    """A completed record and this rank's counts behind it."""
+
+    totals: torch.Tensor
+    keys: torch.Tensor
+    own: torch.Tensor
 
 
 def _surely_finite(buffer: torch.Tensor) -> bool:
@@ -59,6 +77,12 @@ def _surely_finite(buffer: torch.Tensor) -> bool:
     cost (measured on this project's CPU); a NaN/Inf, or a sum that overflows, leaves it to the exact count.
     On a GPU the answer would cost a host sync, and the fused pass is one read of the bucket anyway: False."""
     return buffer.device.type == "cpu" and bool(torch.isfinite(buffer.sum()))
+
+
+def _read_at_take(device: torch.device) -> bool:
+    """Whether take() reads the step's record at once: on host tensors it is there; on CUDA tensors reading it
+    would wait for the device (a host sync every step), so the next synchronised backward reads it."""
+    return device.type == "cpu"
 
 
 class HookListener(Protocol):
@@ -138,7 +162,8 @@ class HookState:
 
 class NonfiniteByRank:
     """Per-rank NaN/Inf counts of each parameter's local gradient (before the all-reduce averages them),
-    gathered by ``ddp_comm_hook`` for one listener, and their exchange between the ranks."""
+    gathered by ``ddp_comm_hook`` for one listener, and their exchange between the ranks: a record of a fixed
+    size per tensor every backward, each rank's counts only on a step that needs them (rank_record.py)."""
 
     def __init__(
         self, ddp: nn.parallel.DistributedDataParallel, entries: list[ParamEntry], timeout_s: float = DEFAULT_TIMEOUT_S
@@ -152,7 +177,8 @@ class NonfiniteByRank:
         self._columns: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}  # bucket index -> (param ids, index)
         self._counts: torch.Tensor | None = None  # this rank's counts, filled bucket by bucket
         self._pending: _Exchange | None = None
-        self._taken: tuple[int, torch.Tensor] | None = None  # the last (step, table) handed to a report
+        self._taken: tuple[int, RankRecord] | None = None  # the last (step, record) handed to a report
+        self._undecided: list[RankRecord] = []  # taken on CUDA tensors: decided at the next backward
 
     # ---- counting ----
 
@@ -193,29 +219,54 @@ class NonfiniteByRank:
             # Several backwards in one step without no_sync: after the first all-reduce a NaN is in every rank's
             # .grad, so the first backward that saw any says where it came from.
             earlier = previous if self._pending.step == step else None
-        table = torch.zeros(self.world, counts.numel(), dtype=torch.int64, device=counts.device)
-        table[dist.get_rank(self.group)] = counts
-        self._pending = _Exchange(step, dist.all_reduce(table, group=self.group, async_op=True), table, earlier)
+        # Records taken on CUDA tensors are read here, a backward later (every rank passes here alike): their
+        # copies arrived long ago, where reading at take() would have waited for the device.
+        for record in self._undecided:
+            record.decide(self.group)
+        self._undecided.clear()
+        totals = counts.clone()  # reduced in place; ``counts`` stays this rank's own
+        keys = rank_keys(counts, dist.get_rank(self.group), self.world)
+        works = [
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+            dist.all_reduce(keys, op=dist.ReduceOp.MAX, group=self.group, async_op=True),
+        ]
+        self._pending = _Exchange(step, works, totals, keys, counts, earlier)
 
-    def _complete(self, exchange: _Exchange) -> torch.Tensor:
-        what = "exchanging the NaN/Inf counts before the all-reduce"
-        wait_all([exchange.work], self.timeout_s, what, self.group, exchange.table.device)
-        if exchange.earlier is None:
-            return exchange.table
-        # No host sync: the earlier table if it has any count, else this one.
-        return torch.where(exchange.earlier.sum() > 0, exchange.earlier, exchange.table)
+    def _wait(self, works: list[dist.Work], device: torch.device) -> None:
+        wait_all(works, self.timeout_s, "exchanging the NaN/Inf counts before the all-reduce", self.group, device)
 
-    def take(self, step: int) -> torch.Tensor | None:
-        """Every rank's counts for ``step``, int64 [world, parameter tensors], or None when no synchronised backward
-        ran in that step. Waits for the exchange (see wait_all for how long)."""
+    def _complete(self, exchange: _Exchange) -> _Record:
+        self._wait(exchange.works, exchange.totals.device)
+        record = _Record(exchange.totals, exchange.keys, exchange.own)
+        earlier = exchange.earlier
+        if earlier is None:
+            return record
+        # No host sync: the earlier record (and this rank's counts behind it) if it has any count, else this one.
+        use = earlier.totals.sum() > 0
+        return _Record(
+            torch.where(use, earlier.totals, record.totals),
+            torch.where(use, earlier.keys, record.keys),
+            torch.where(use, earlier.own, record.own),
+        )
+
+    def take(self, step: int) -> RankRecord | None:
+        """Every rank's counts for ``step`` (a RankRecord: int64 [world, parameter tensors] as the report reads
+        it), or None when no synchronised backward ran in that step. Waits for the exchange (see wait_all for
+        how long); on host tensors, gathers each rank's counts where the record needs them (collective: every
+        rank takes the same steps, as every rank calls check() on the same steps)."""
         if self._taken is not None and self._taken[0] == step:
             return self._taken[1]  # a second report of the same step
         if self._pending is None or self._pending.step != step:
             return None
-        table = self._complete(self._pending)
+        done = self._complete(self._pending)
         self._pending = None
-        self._taken = (step, table)
-        return table
+        record = RankRecord(done.totals, done.keys, done.own, self.world, self._wait)
+        if _read_at_take(done.totals.device):
+            record.decide(self.group)
+        else:
+            self._undecided.append(record)
+        self._taken = (step, record)
+        return record
 
 
 def ddp_comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from amp_inspect.core.host_copy import HostCopy
 from amp_inspect.core.printable import shown_name
 from amp_inspect.core.statistics import PER_BIN, PER_FORMAT, STATISTICS, Derived, derive, module_record_fields
 from amp_inspect.core.table import fixed_width
@@ -63,40 +64,6 @@ MAX_TABLE_ROWS = 12
 def known(value: float) -> str:
     """A measured value for a table: "unknown" for NaN (nothing finite to measure)."""
     return "unknown" if math.isnan(value) else f"{value:.3g}"
-
-
-class HostCopy:
-    """Device tensors on their way to the host: on CUDA, copied into pinned memory with non-blocking copies
-    and an event, so nothing waits until ``host()`` is called or ``ready()`` says so."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], device: torch.device) -> None:
-        self._event = None
-        if device.type == "cuda":
-            pinned = {}
-            for name, t in tensors.items():
-                buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                buffer.copy_(t, non_blocking=True)
-                pinned[name] = buffer
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(device))
-            tensors = pinned
-        self._tensors = tensors
-        self._host: dict[str, np.ndarray] | None = None
-
-    def ready(self) -> bool:
-        """Whether the host copy is complete (never waits)."""
-        if self._event is not None and self._event.query():
-            self._event = None  # complete: host() needs no synchronize
-        return self._event is None
-
-    def host(self) -> dict[str, np.ndarray]:
-        """The tensors as numpy arrays; waits for the copy on CUDA (the first call only)."""
-        if self._host is None:
-            if self._event is not None:
-                self._event.synchronize()
-                self._event = None
-            self._host = {name: t.numpy() for name, t in self._tensors.items()}
-        return self._host
 
 
 class StatsSnapshot(HostCopy):
@@ -129,6 +96,37 @@ class WeightsPart(ReportPart, Protocol):
 
     @property
     def seen(self) -> WeightsSeen: ...
+
+
+class RankCounts(Protocol):
+    """The NaN/Inf count of each rank (row) and tensor (column), as the report reads it without the whole table:
+    the DDP hook's record (distributed/rank_record.py), or a [world, K] table (``_CountTable``)."""
+
+    shape: tuple[int, ...]  # (world, K)
+
+    def ready(self) -> bool:
+        """Whether ``nonzero()`` can be read without waiting for the device or the other ranks."""
+        ...
+
+    def nonzero(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """((row, column, count) of every nonzero count, by row then column; whether that is final: a record
+        may learn more on a later step). Waits for the device on first use."""
+        ...
+
+
+class _CountTable:
+    """A [world, K] count table (FSDP2's shards) on its way to the host, read as RankCounts."""
+
+    def __init__(self, counts: torch.Tensor) -> None:
+        self.shape = tuple(counts.shape)
+        self._copy = HostCopy({"counts": counts}, counts.device)
+
+    def ready(self) -> bool:
+        return self._copy.ready()
+
+    def nonzero(self) -> tuple[list[tuple[int, int, int]], bool]:
+        counts = self._copy.host()["counts"]
+        return [(int(r), int(c), int(counts[r, c])) for r, c in zip(*np.nonzero(counts), strict=True)], True
 
 
 class UpdatePart(ReportPart, Protocol):
@@ -198,7 +196,7 @@ class StepReport:
         self.weights: WeightsPart | None = None  # after NaN/Inf gradients: whether the weights were NaN/Inf too
         self.clip_norm: float | None = None  # the norm the training loop clips the gradients to, where known
         # Distributed runs: NaN/Inf counts per rank and module (see set_rank_origin), on their way to the host.
-        self._origin: HostCopy | None = None
+        self._origin: RankCounts | None = None
         self._origin_modules: list[str] = []
         self._origin_ranks: list[int] = []
         self._inf_by_rank: dict[int, dict[str, int]] | None = None  # made from _origin on first use
@@ -249,25 +247,26 @@ class StepReport:
 
     def set_rank_origin(
         self,
-        nonfinite_by_rank: torch.Tensor,
+        nonfinite_by_rank: torch.Tensor | RankCounts,
         module_of_column: Sequence[str],
         ranks: Sequence[int] | None = None,
         *,
         kind: str,
     ) -> None:
-        """Records where NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K],
-        the NaN/Inf count of each rank's local gradients (``kind`` BEFORE_ALLREDUCE: DDP) or shards (SHARDS:
-        FSDP2) of K tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank
-        (default: the row number). Copied to the host without a sync."""
+        """Records where NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K] (a
+        tensor, or RankCounts standing for one), the NaN/Inf count of each rank's local gradients (``kind``
+        BEFORE_ALLREDUCE: DDP) or shards (SHARDS: FSDP2) of K tensors, whose modules ``module_of_column`` names;
+        ``ranks`` gives each row's global rank (default: the row number). Copied to the host without a sync."""
         if kind not in ORIGIN_HEADINGS:
             raise ValueError(f"kind must be one of {sorted(ORIGIN_HEADINGS)}, got {kind!r}")
-        if nonfinite_by_rank.dim() != 2 or nonfinite_by_rank.shape[1] != len(module_of_column):
-            shape = tuple(nonfinite_by_rank.shape)
+        shape = tuple(nonfinite_by_rank.shape)
+        if len(shape) != 2 or shape[1] != len(module_of_column):
             raise ValueError(f"{len(module_of_column)} module names for counts of shape {shape}")
-        ranks = list(range(nonfinite_by_rank.shape[0])) if ranks is None else list(ranks)
-        if len(ranks) != nonfinite_by_rank.shape[0]:
-            raise ValueError(f"{len(ranks)} ranks for {nonfinite_by_rank.shape[0]} rows of counts")
-        self._origin = HostCopy({"counts": nonfinite_by_rank}, nonfinite_by_rank.device)
+        ranks = list(range(shape[0])) if ranks is None else list(ranks)
+        if len(ranks) != shape[0]:
+            raise ValueError(f"{len(ranks)} ranks for {shape[0]} rows of counts")
+        table = isinstance(nonfinite_by_rank, torch.Tensor)
+        self._origin = _CountTable(nonfinite_by_rank) if table else nonfinite_by_rank
         self._origin_modules = list(module_of_column)
         self._origin_ranks = ranks
         self._inf_by_rank = None
@@ -449,16 +448,18 @@ class StepReport:
         DDP's all-reduce spread them); SHARDS, its FSDP2 shards (it owns those elements, whoever made them)."""
         if self._origin is None:
             return None
-        if self._inf_by_rank is None:  # the log, the history and str() each read it: made once
-            counts = self._origin.host()["counts"]
-            out: dict[int, dict[str, int]] = {}
-            for row, column in zip(*np.nonzero(counts), strict=True):
-                by_module = out.setdefault(self._origin_ranks[row], {})
-                name = self._origin_modules[column]
-                by_module[name] = by_module.get(name, 0) + int(counts[row, column])
-            ordered = {rank: dict(sorted(m.items(), key=lambda kv: -kv[1])) for rank, m in sorted(out.items())}
+        if self._inf_by_rank is not None:  # the log, the history and str() each read it: made once
+            return self._inf_by_rank
+        counts, final = self._origin.nonzero()
+        out: dict[int, dict[str, int]] = {}
+        for row, column, count in counts:
+            by_module = out.setdefault(self._origin_ranks[row], {})
+            name = self._origin_modules[column]
+            by_module[name] = by_module.get(name, 0) + count
+        ordered = {rank: dict(sorted(m.items(), key=lambda kv: -kv[1])) for rank, m in sorted(out.items())}
+        if final:
             self._inf_by_rank = ordered
-        return self._inf_by_rank
+        return ordered
 
     @property
     def ranks_with_inf(self) -> list[int] | None:
