@@ -96,10 +96,39 @@ def fsdp_tp(world: int, out: Path) -> None:
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     whole = dist_scenarios._batch(0)
-    _run(model, reference, whole.tensor_split(2)[mesh.get_coordinate()[0]], whole)
+    dp = mesh.get_coordinate()[0]
+    _run(model, reference, whole.tensor_split(2)[dp], whole)
+    # An Inf in the last rank's piece of the rowwise weight (sharded along both dimensions): named by its rank.
+    insp = amp_inspect.attach(model, timeout=dist_scenarios.TIMEOUT_S)
+    model(whole.tensor_split(2)[dp]).square().mean().backward()
+    rank = dist.get_rank()
+    if rank == world - 1:
+        model[2].weight.grad.to_local()[0, 0] = float("inf")
+    report = insp.check()
+    assert report.found_inf and report.inf_by_rank == {world - 1: {"2": 1}}, report.inf_by_rank
+    assert report.by_module["2"]["posinf"] == 1
+    insp.detach()
 
 
-dist_scenarios.SCENARIOS = {"tp": tp, "fsdp_tp": fsdp_tp}  # the runner reads its module's table
+def hsdp_tp(world: int, out: Path) -> None:
+    """HSDP x tensor parallel on a (2, 2, 2) mesh (replicate, shard, tp): combined over shard and tp, the replicas
+    left alone; the batch split over the four data-parallel ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, 2, world // 4), mesh_dim_names=("replicate", "shard", "tp"))
+    model = _model()
+    reference = copy.deepcopy(model)
+    _tensor_parallel(model, mesh["tp"])
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh["replicate", "shard"])
+    fully_shard(model, mesh=mesh["replicate", "shard"])
+    whole = dist_scenarios._batch(0)
+    coordinate = mesh.get_coordinate()
+    _run(model, reference, whole.tensor_split(4)[2 * coordinate[0] + coordinate[1]], whole)
+
+
+dist_scenarios.SCENARIOS = {"tp": tp, "fsdp_tp": fsdp_tp, "hsdp_tp": hsdp_tp}  # the runner reads its module's table
 
 if __name__ == "__main__":
     sys.argv[0] = __file__
