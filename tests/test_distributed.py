@@ -248,10 +248,11 @@ def test_ddp_with_sparse_gradients_refuses_the_hook_and_inspects_them_without_it
     run_scenario("ddp_sparse", 2, tmp_path)
 
 
-@pytest.mark.parametrize(("scenario", "world"), [("tp", 2), ("fsdp_tp", 4), ("hsdp_tp", 8)])
-def test_tensor_parallel_statistics_equal_the_unsharded_models(tmp_path, scenario: str, world: int) -> None:
-    # Issue 32: gradient and update statistics of a parallelize_module model (alone, and under FSDP2 on a 2-D
-    # mesh) combined over the dimensions the tensors are sharded along, the replicated rowwise bias once.
+@pytest.mark.parametrize(("scenario", "world"), [("ddp", 4), ("tp", 2), ("fsdp_tp", 4), ("hsdp_tp", 8)])
+def test_each_layout_s_statistics_equal_the_unsharded_models(tmp_path, scenario: str, world: int) -> None:
+    # Issue 32: gradient and update statistics of one model and batch under DDP, tensor parallel (parallelize_module)
+    # alone, under FSDP2 on a 2-D mesh and under HSDP on a 3-D one equal the unsharded model's: combined over the
+    # dimensions the tensors are sharded along, the replicated rowwise bias once (FSDP2 and HSDP alone: fsdp2, hsdp).
     run_scenario(scenario, world, tmp_path, module="tests.tp_dist")
 
 

@@ -1,5 +1,5 @@
-"""Tensor-parallel scenarios for tests/test_distributed.py (issue 32: statistics proven equal across layouts): run
-as ``python -m tests.tp_dist NAME WORLD PORT OUT`` (tests/dist_scenarios.py's runner, its own scenarios).
+"""Equality across layouts (DDP, tensor parallel, FSDP2 x TP, HSDP x TP) for tests/test_distributed.py (issue 32):
+run as ``python -m tests.tp_dist NAME WORLD PORT OUT`` (tests/dist_scenarios.py's runner, its own scenarios).
 
 Each builds the same model and batch unsharded in every process and sharded across the processes, steps both, and
 holds the sharded run's gradient and update statistics equal to the unsharded one's: counts exactly, extremes
@@ -128,7 +128,18 @@ def hsdp_tp(world: int, out: Path) -> None:
     _run(model, reference, whole.tensor_split(4)[2 * coordinate[0] + coordinate[1]], whole)
 
 
-dist_scenarios.SCENARIOS = {"tp": tp, "fsdp_tp": fsdp_tp, "hsdp_tp": hsdp_tp}  # the runner reads its module's table
+def ddp(world: int, out: Path) -> None:
+    """DDP, the batch split over the ranks: the averaged gradients' statistics and the update statistics are the
+    unsharded model's on the whole batch (every rank holds the same; nothing is combined)."""
+    model = _model()
+    reference = copy.deepcopy(model)
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    whole = dist_scenarios._batch(0)
+    _run(wrapped, reference, whole.tensor_split(world)[dist.get_rank()], whole)
+
+
+# the runner reads its module's table
+dist_scenarios.SCENARIOS = {"tp": tp, "fsdp_tp": fsdp_tp, "hsdp_tp": hsdp_tp, "ddp": ddp}
 
 if __name__ == "__main__":
     sys.argv[0] = __file__
