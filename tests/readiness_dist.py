@@ -58,7 +58,7 @@ def ddp_readiness(world: int, out: Path) -> None:
 def tp_readiness(world: int, out: Path) -> None:
     """Tensor parallel (parallelize_module, colwise then rowwise): W and dW are DTensors, X of the colwise layer
     is made one by its input hook. Each rank measures its local pieces: the shards of W add up to the whole
-    weight, the replicated X counts once per rank (as W does under DDP); nothing raises in the forward."""
+    weight, and the replicated X counts once (tensor-parallel coordinate 0 adds it); nothing raises in the forward."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -75,7 +75,7 @@ def tp_readiness(world: int, out: Path) -> None:
     table = report.readiness.modules
     assert set(table) == {"0", "2"}
     assert {op: table["0"][op].numel for op in ("X", "W", "dY", "dW")} == {
-        "X": world * 4 * 16,
+        "X": 4 * 16,
         "W": 16 * 32,
         "dY": 4 * 32,
         "dW": 16 * 32,

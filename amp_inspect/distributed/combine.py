@@ -26,7 +26,7 @@ import dataclasses
 import math
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -135,6 +135,22 @@ def _is_shard(placement: object) -> bool:
     return bool(placement.is_shard()) or type(placement).__name__ == "_StridedShard"  # type: ignore[attr-defined]
 
 
+def _adds_once(placements: Sequence[object], coordinate: Sequence[int], dims: Iterable[int]) -> bool:
+    """Whether this rank adds its piece of a tensor placed as ``placements`` when pieces are summed over the mesh
+    dimensions ``dims``: along each of them it is replicated on, the rank at coordinate 0 alone adds it."""
+    return all(coordinate[d] == 0 for d in dims if placements[d].is_replicate())  # type: ignore[attr-defined]
+
+
+def added_here(t: torch.Tensor) -> bool:
+    """Whether this rank's piece of ``t`` is added when every rank's pieces are summed: a DTensor replicated along
+    a dimension of its mesh only at coordinate 0 of it (so it counts once there); any other tensor always."""
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(t, dtensor):
+        return True
+    coordinate = t.device_mesh.get_coordinate()
+    return coordinate is not None and _adds_once(t.placements, coordinate, range(t.device_mesh.ndim))
+
+
 def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], ShardGroups | None, str | None]:
     """The tensors to inspect on this rank: a DTensor (FSDP2, HSDP, tensor parallel, FSDP2 x TP) is replaced by
     its local piece. Returns (tensors, where the other pieces are, why not). The ShardGroups are set when every
@@ -172,7 +188,7 @@ def local_shards(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], ShardGr
         return local, None, None  # replicated everywhere: every rank holds the whole gradients
     coordinate = mesh.get_coordinate()
     assert coordinate is not None, "a rank holding a DTensor is on its mesh"
-    contributes = tuple(all(coordinate[d] == 0 for d in sharded if p[d].is_replicate()) for p in placements)
+    contributes = tuple(_adds_once(p, coordinate, sharded) for p in placements)
     rows = mesh.mesh[tuple(slice(None) if d in sharded else coordinate[d] for d in range(mesh.ndim))]
     row = 0
     for d in sharded:

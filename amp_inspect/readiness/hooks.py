@@ -45,7 +45,7 @@ from amp_inspect.core.printable import shown_name
 from amp_inspect.core.recipes import check_recipes
 from amp_inspect.core.subclasses import plain_values, subclass_name
 from amp_inspect.core.torch_compat import in_backward
-from amp_inspect.distributed.combine import is_distributed, to_local, wait_all
+from amp_inspect.distributed.combine import added_here, is_distributed, to_local, wait_all
 from amp_inspect.gradients.step_report import HostCopy, StepReport
 from amp_inspect.model.view import ModelView, is_gemm_module
 from amp_inspect.probes.eager_stance import EagerHold
@@ -260,7 +260,7 @@ class ReadinessHooks:
         forwards = self._forwards
         for module, name in self._names.items():
             grad = getattr(getattr(module, "weight", None), "grad", None)
-            grad = to_local(grad) if isinstance(grad, torch.Tensor) else grad  # FSDP2: this rank's shard, summed below
+            # FSDP2, tensor parallel: a DTensor, measured by _measure as this rank's shard, summed across ranks below
             grad = self._plain(name, "dW", grad) if forwards else None
             if _measurable(grad):
                 self._measure(name, [("dW", grad if isinstance(module, nn.Linear) else grad.t())])  # type: ignore[union-attr]
@@ -369,6 +369,14 @@ class ReadinessHooks:
             return
         # A DTensor (tensor parallel weights, the inputs its hooks make DTensors, FSDP2's dW) is measured as this
         # rank's local piece: the op has no sharding rule, and the table adds every rank's pieces (_across_ranks).
+        # One replicated along a dimension of its mesh is measured at coordinate 0 of it alone (the colwise layer's
+        # input: counted once, not once per tensor-parallel rank); the others add a row of zeros.
+        elsewhere = [(op, t) for op, t in operands if not added_here(t)]
+        for operand, t in elsewhere:
+            self._add_row(name, operand, self._zero_row(t.device))
+        operands = [(op, t) for op, t in operands if added_here(t)]
+        if not operands:
+            return
         tensors = [to_local(t).detach().contiguous() for _, t in operands]
         try:
             with torch.no_grad():
@@ -388,11 +396,23 @@ class ReadinessHooks:
                 )
             return
         for (operand, _), row in zip(operands, _rows(stats), strict=True):
-            key = (name, operand)
-            if key in self._rows:
-                self._rows[key].add(row)
-            else:
-                self._rows[key] = row
+            self._add_row(name, operand, row)
+
+    def _add_row(self, name: str, operand: str, row: _Row) -> None:
+        key = (name, operand)
+        if key in self._rows:
+            self._rows[key].add(row)
+        else:
+            self._rows[key] = row
+
+    def _zero_row(self, device: torch.device) -> _Row:
+        """A row that adds nothing (every rank must hold the same rows for the merge across ranks)."""
+        recipes = len(self.recipes)
+        return _Row(
+            torch.zeros(3 + 4 * recipes, dtype=torch.int64, device=device),
+            torch.zeros(1 + recipes, dtype=torch.float64, device=device),
+            torch.zeros((), dtype=torch.float32, device=device),
+        )
 
     # ---- removal ----
 
