@@ -407,3 +407,11 @@ def test_a_one_off_loss_spike_under_the_headroom_policy_is_not_told_as_a_hidden_
     assert "keeps that margin for the run" not in lesson and "inside backward" not in lesson
     (one_off,) = [a for a in advice if "do not explain" in a]
     assert "a one-off" in one_off and "at the same scale" not in one_off
+
+
+@pytest.mark.parametrize(("scale", "text"), [(32768, "2^15 (32,768)"), (32768.0, "2^15 (32,768)"), (3, "3")])
+def test_a_scale_given_as_an_int_reads_as_its_float(scale: float, text: str) -> None:
+    # Python 3.11's int has no is_integer(): an int scale (a log through jq, a caller's own) raised AttributeError.
+    from amp_inspect.scaling.timeline import scale_text
+
+    assert scale_text(scale) == text

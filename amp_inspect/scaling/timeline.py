@@ -38,7 +38,9 @@ MAX_SHOWN = 16  # decisions listed one by one; the rest are counted
 
 
 def scale_text(x: float) -> str:
-    """A loss scale as ``2^k (value)`` when it is a power of two, else its value."""
+    """A loss scale as ``2^k (value)`` when it is a power of two, else its value (an int too: Python 3.11's int has
+    no is_integer)."""
+    x = float(x)
     if not math.isfinite(x) or x <= 0:
         return f"{x:g}"
     k = math.log2(x)
