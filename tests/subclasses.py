@@ -1,5 +1,5 @@
 """Tensor-subclass weights as quantized training makes them (torchao.prototype.quantized_training), for the tests
-of what the inspector reads of them (amp_inspect/core/subclasses.py):
+of what the inspector reads of them (amp_inspect/model/subclasses.py):
 
 - ``Int8Weight``: torchao's int8 weight-only quantized-training pattern: a wrapper subclass holding int8 values and
   a per-row scale, whose F.linear dequantizes inside a custom autograd function (its gradient is a plain tensor);

@@ -15,7 +15,7 @@ Which values stand for a gradient, decided here once for every caller:
   inverse scale is its parts times it; torch's GradScaler has no complex kernel and raises), and
   ``Inspector.clip_grad_norm_`` clips them.
 - other layouts (sparse CSR, ...): refused with the parameter's name, never silently left out.
-- a **tensor subclass** (torchao's quantized training; core/subclasses.py): the plain tensor that holds its values
+- a **tensor subclass** (torchao's quantized training; model/subclasses.py): the plain tensor that holds its values
   exactly, where one does; otherwise check() leaves it out, with one warning per inspector naming the parameter and
   the subclass (its module's row holds its other parameters), and an InspectingGradScaler, which must unscale
   every gradient, refuses it naming both. A quantized weight's gradient is usually a plain tensor: measured.
@@ -38,11 +38,11 @@ from torch import nn
 
 from amp_inspect.core.ops import unscale_stats_op
 from amp_inspect.core.printable import shown_name
-from amp_inspect.core.subclasses import plain_values, subclass_name
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 from amp_inspect.core.torch_compat import loss_scale_tensor, sparse_stored_values
 from amp_inspect.distributed.combine import Combiner, Combiners, GlobalStats, ShardGroups, local_shards
 from amp_inspect.gradients.step_report import SHARDS, StepReport
+from amp_inspect.model.subclasses import plain_values, subclass_name
 
 LAYOUTS = (torch.strided, torch.sparse_coo)
 

@@ -49,9 +49,9 @@ from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.formats import check_formats
 from amp_inspect.core.printable import shown_name
-from amp_inspect.core.subclasses import plain_values
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, TensorStats, tensor_stats
 from amp_inspect.model.naming import module_names
+from amp_inspect.model.subclasses import plain_values
 
 FORWARD_OUTPUT = "forward output"
 OUTPUT_GRADIENT = "output gradient"
@@ -108,7 +108,7 @@ class ActivationRecord:
 
 def _float_tensors(output: object) -> list[torch.Tensor]:
     """The dense float32/16/bf16/64 tensors in a nested tuple/list/dict, depth first, each once; a tensor subclass
-    by the plain tensor holding its values, left out where none does (core/subclasses.py)."""
+    by the plain tensor holding its values, left out where none does (model/subclasses.py)."""
     found: list[torch.Tensor] = []
     seen: set[int] = set()
     stack = [output]

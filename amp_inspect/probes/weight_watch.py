@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from amp_inspect.core.subclasses import plain_values
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, tensor_stats
 from amp_inspect.distributed.combine import local_shards
 from amp_inspect.evidence.weights import WeightsSeen
 from amp_inspect.gradients.step_report import HostCopy, StepReport
 from amp_inspect.model.naming import ParamEntry
+from amp_inspect.model.subclasses import plain_values
 from amp_inspect.probes.probe import NOTHING, ReportParts
 
 __all__ = ["WeightCheck", "WeightWatch"]
@@ -63,7 +63,7 @@ class WeightCheck:
 
 def _readable(param: torch.Tensor) -> torch.Tensor | None:
     """The values of a parameter the pass reads: complex as real pairs; a tensor subclass's plain values
-    (core/subclasses.py); None for one it cannot read (meta, sparse, integer or other dtypes, which hold no NaN; a
+    (model/subclasses.py); None for one it cannot read (meta, sparse, integer or other dtypes, which hold no NaN; a
     quantized subclass, whose values no plain tensor holds)."""
     values = plain_values(param)
     if values is None:

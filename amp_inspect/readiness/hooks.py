@@ -14,7 +14,7 @@ Each tensor is measured on the fly with ``format_readiness`` (amp_inspect/core/f
 once, in one fused pass) and only its statistics are kept: a module called twice in the step (gradient accumulation, a
 shared layer) adds its statistics to its row (counts and sums add, amax the maximum), on the device, without a host
 sync. Forwards without grad (evaluation) and tensors of other dtypes than float32/bfloat16/float16 are left out. A
-tensor subclass is measured by the plain tensor holding its values (core/subclasses.py); one whose values no plain
+tensor subclass is measured by the plain tensor holding its values (model/subclasses.py); one whose values no plain
 tensor holds (a quantized-training weight: torchao's int8 weight) is not measured, said once per inspector in one
 warning naming the module, the operand and the subclass (its module's row then holds X and dY, not W).
 The hooks come at the start of a readiness step and leave at its end: the other steps run no hook at all.
@@ -43,10 +43,10 @@ from torch.utils.hooks import RemovableHandle
 from amp_inspect.core.format_readiness import ReadinessStats, format_readiness
 from amp_inspect.core.printable import shown_name
 from amp_inspect.core.recipes import check_recipes
-from amp_inspect.core.subclasses import plain_values, subclass_name
 from amp_inspect.core.torch_compat import in_backward
 from amp_inspect.distributed.combine import added_here, is_distributed, to_local, wait_all
 from amp_inspect.gradients.step_report import HostCopy, StepReport
+from amp_inspect.model.subclasses import plain_values, subclass_name
 from amp_inspect.model.view import ModelView, is_gemm_module
 from amp_inspect.probes.eager_stance import EagerHold
 from amp_inspect.probes.probe import NOTHING, ReportParts
@@ -342,7 +342,7 @@ class ReadinessHooks:
         return hook
 
     def _plain(self, name: str, operand: str, t: object) -> object:
-        """``t`` by the plain tensor holding its values (core/subclasses.py); a tensor subclass whose values no plain
+        """``t`` by the plain tensor holding its values (model/subclasses.py); a tensor subclass whose values no plain
         tensor holds is noted, to be said at the step's end, and None returned; anything else as it is."""
         if not isinstance(t, torch.Tensor):
             return t

@@ -47,11 +47,11 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from amp_inspect.core.statistics import SUM, UPDATE_OUTPUTS
-from amp_inspect.core.subclasses import plain_values
 from amp_inspect.core.update_stats import INPUT_DTYPES, update_stats
 from amp_inspect.distributed.combine import ShardGroups, combined_over, local_shards, to_local
 from amp_inspect.gradients.step_context import LOW_PRECISION
 from amp_inspect.gradients.step_report import HostCopy, StepReport
+from amp_inspect.model.subclasses import plain_values
 from amp_inspect.scaling.scaler import InspectingGradScaler
 from amp_inspect.updates.report import UpdateStats
 
@@ -465,7 +465,7 @@ def _left_out(param: torch.Tensor, grad: torch.Tensor) -> str | None:
 
 def _values(tensor: torch.Tensor) -> torch.Tensor | None:
     """What the op reads of a parameter, its gradient or its state: the plain tensor holding its values (a DTensor by
-    its local shard; a tensor subclass by its plain values, core/subclasses.py), detached; None where no plain tensor
+    its local shard; a tensor subclass by its plain values, model/subclasses.py), detached; None where no plain tensor
     holds them."""
     values = plain_values(tensor)
     return None if values is None else plain_values(to_local(values.detach()))
