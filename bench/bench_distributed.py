@@ -42,6 +42,7 @@ reduce_stats, the two spawned ranks and their hand-back of records, and the byte
 
 Run:
     python bench/bench_distributed.py [--quick] [--rounds N] [--steps-per-round N] [--out DIR]
+    python bench/bench_distributed.py --traffic   # bytes per step only: DDP, FSDP2, tensor parallel at 2-8 ranks
 
 Prints a table and writes bench/results/distributed_cpu.json (a --quick run writes nothing unless --out is
 given, and then to distributed_cpu_quick.json).
@@ -548,8 +549,20 @@ def ddp_table_bytes_before(world: int, tensors: int) -> int:
     return 8 * world * tensors
 
 
-def reduce_stats_bytes(world: int, tensors: int, formats: int) -> int:
-    """amp_inspect/distributed/combine.py: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T bytes per reduce_stats call."""
+def reduce_stats_bytes(tensors: int, formats: int) -> int:
+    """amp_inspect/distributed/combine.py: 8 * T * (266 + 3F) bytes per reduce_stats call and mesh dimension,
+    whatever the world (SUM float64 [T, 5 + 3F + 256 + 1 + 1], MAX float32 [2, T], MAX int64 [2, T])."""
+    return 8 * tensors * (266 + 3 * formats)
+
+
+def reduce_stats_fetch_bytes(world: int, fetched_tensors: int) -> int:
+    """combine.py: on a step where 3+ ranks hold NaN/Inf in K tensors, one SUM all-reduce of int64 [W, K]."""
+    return 8 * world * fetched_tensors
+
+
+def reduce_stats_bytes_before(world: int, tensors: int, formats: int) -> int:
+    """reduce_stats before issue 32: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T bytes per call (a [W, T] block in
+    the SUM buffer)."""
     return 8 * tensors * (5 + 3 * formats + 256 + 1 + world) + 8 * tensors
 
 
@@ -562,7 +575,7 @@ def expected_inspection_bytes(config: DistConfig, world: int, tensors: int) -> i
     hook = config.family == DDP and config.attach and config.ddp_hook
     combine = config.family == FSDP and config.attach
     return (ddp_table_bytes(world, tensors) if hook else 0) + (
-        reduce_stats_bytes(world, tensors, len(FORMATS)) if combine else 0
+        reduce_stats_bytes(tensors, len(FORMATS)) if combine else 0
     )
 
 
@@ -700,17 +713,51 @@ def check_results(rows: list[DistMeasurement], world: int, by_rank: dict[int, di
 
 # ---------------------------------------------------------------------------------------------- --traffic
 
-# The DDP hook's bytes per step against the world: a small model (the same 52 parameter tensors as MODEL) so that
-# 8 processes fit on 2 cores; one healthy step, one where rank 1 alone makes an Inf, one where every rank does.
+# The inspection's bytes per step against the world, for a healthy step, one where rank 1 alone makes an Inf in
+# ln_f (tensor parallel: the rowwise weight), and one where every rank does:
+# - DDP's comm hook and FSDP2's combine on a small model (the same 52 parameter tensors as MODEL), so that 8
+#   processes fit on 2 cores; FSDP2 shards it per block and at the root (wrap());
+# - tensor parallel's combine on a colwise + rowwise MLP (4 tensors; the rowwise bias replicated).
 TRAFFIC_MODEL = ModelSpec(layers=4, d_model=64, heads=4, vocab=512, context=32, batch=2)
-TRAFFIC_WORLDS = (2, 4, 8)
+TP = "tp"
+TRAFFIC_WORLDS = {DDP: (2, 4, 8), FSDP: (2, 4, 8), TP: (2, 4)}
 TRAFFIC_STEPS = ("healthy", "rank 1 Inf", "every rank Inf")
 FORMULA_WORLDS = (1024, 16384)
 FORMULA_TENSORS = 1000  # the issue's example
 
 
-def traffic_rank_main(rank: int, world: int, port: int, results: Any) -> None:
-    """One rank of the --traffic run: three DDP steps with the inspector, the hook's collectives counted."""
+def traffic_model(
+    family: str, world: int, rank: int
+) -> tuple[nn.Module, Callable[[], torch.Tensor], Callable[[], None]]:
+    """(the model the inspector is attached to, the step's loss, what puts an Inf into this rank's gradient after
+    backward: FSDP2 and tensor parallel; DDP's is a hook on ln_f's weight, before the all-reduce)."""
+    if family == TP:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        torch.manual_seed(SEED)
+        mlp = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+        parallelize_module(mlp, init_device_mesh("cpu", (world,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(SEED + 1))
+
+        def poison_tp() -> None:
+            to_local(mlp[2].weight.grad).view(-1)[0] = float("inf")
+
+        return mlp, lambda: mlp(x).square().mean(), poison_tp
+    base = make_gpt(TRAFFIC_MODEL, "cpu", SEED)
+    batch = token_batches(TRAFFIC_MODEL, 1, SEED + 1 + rank)[0]
+    bare = next(c for c in CONFIGS if c.name == (DDP_BARE if family == DDP else FSDP_BARE))
+    wrapped, model = wrap(bare, base, world)
+
+    def poison() -> None:
+        to_local(model.ln_f.weight.grad).view(-1)[0] = float("inf")
+
+    return wrapped, lambda: next_token_loss(wrapped, batch, "cpu", torch.bfloat16), poison
+
+
+def traffic_rank_main(rank: int, world: int, family: str, port: int, results: Any) -> None:
+    """One rank of the --traffic run: three steps with the inspector, its collectives counted (the gradient
+    buckets of DDP's hook and the one-time layout check apart)."""
     torch.set_num_threads(1)
     dist.init_process_group(
         BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
@@ -724,7 +771,8 @@ def traffic_rank_main(rank: int, world: int, port: int, results: Any) -> None:
                 caller = sys._getframe(1)
                 piece = args[1] if name == "all_gather" else args[0]
                 if caller.f_globals.get("__name__", "").startswith("amp_inspect") and caller.f_code.co_name not in (
-                    HOOK_FUNCTIONS
+                    *HOOK_FUNCTIONS,
+                    LAYOUT_FUNCTION,
                 ):
                     sent.append((name, piece.numel() * piece.element_size()))
                 return original(*args, **kwargs)
@@ -733,22 +781,24 @@ def traffic_rank_main(rank: int, world: int, port: int, results: Any) -> None:
 
         for name, original in originals.items():
             setattr(dist, name, counted(name, original))
-        model = make_gpt(TRAFFIC_MODEL, "cpu", SEED)
-        ddp = nn.parallel.DistributedDataParallel(model)
-        inspector = amp_inspect.attach(ddp, formats=FORMATS)
         step = [0]
+        model, loss, poison = traffic_model(family, world, rank)
+        inspector = amp_inspect.attach(model, formats=FORMATS)
+        poisoned = {1: rank == 1, 2: True}
+        if family == DDP:
 
-        def inject(grad: torch.Tensor) -> torch.Tensor:
-            if step[0] == 2 or (step[0] == 1 and rank == 1):
-                grad = grad.clone()
-                grad.view(-1)[0] = float("inf")
-            return grad
+            def inject(grad: torch.Tensor) -> torch.Tensor:
+                if poisoned.get(step[0], False):
+                    grad = grad.clone()
+                    grad.view(-1)[0] = float("inf")
+                return grad
 
-        model.ln_f.weight.register_hook(inject)
-        batches = token_batches(TRAFFIC_MODEL, 1, SEED + 1 + rank)
+            model.module.ln_f.weight.register_hook(inject)
         by_step, named = [], []
         for step[0] in range(len(TRAFFIC_STEPS)):
-            next_token_loss(ddp, batches[0], "cpu", torch.bfloat16).backward()
+            loss().backward()
+            if family != DDP and poisoned.get(step[0], False):
+                poison()
             report = inspector.check()
             named.append(report.inf_by_rank)
             by_step.append(list(sent))
@@ -757,7 +807,8 @@ def traffic_rank_main(rank: int, world: int, port: int, results: Any) -> None:
         inspector.detach()
         for name, original in originals.items():
             setattr(dist, name, original)
-        results.put({"rank": rank, "steps": by_step, "named": named, "tensors": len(list(model.parameters()))})
+        tensors = len(list(model.parameters()))
+        results.put({"rank": rank, "steps": by_step, "named": named, "tensors": tensors})
         dist.barrier()
     except BaseException as error:
         results.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
@@ -766,51 +817,73 @@ def traffic_rank_main(rank: int, world: int, port: int, results: Any) -> None:
         dist.destroy_process_group()
 
 
+def traffic_formula(family: str, world: int, tensors: int, step: int) -> tuple[int, int]:
+    """(bytes per rank now, bytes before issue 32) of ``family`` at ``world`` ranks on TRAFFIC_STEPS[step]."""
+    fetched = world >= 3 and step == 2  # 3+ ranks hold the Inf of one tensor: each rank's count of it is fetched
+    if family == DDP:
+        return ddp_table_bytes(world, tensors) + (ddp_gather_bytes(1) if fetched else 0), ddp_table_bytes_before(
+            world, tensors
+        )
+    now = reduce_stats_bytes(tensors, len(FORMATS)) + (reduce_stats_fetch_bytes(world, 1) if fetched else 0)
+    return now, reduce_stats_bytes_before(world, tensors, len(FORMATS))
+
+
 def traffic_main() -> int:
-    """--traffic: the hook's bytes per step at 2, 4 and 8 ranks (measured) and at 1,024 and 16,384 (formula)."""
-    print("# DDP comm hook: bytes each rank hands to amp_inspect's collectives per step (gradient buckets apart)")
+    """--traffic: the inspection's bytes per step at 2, 4 and 8 ranks (measured) and at 1,024 and 16,384
+    (formula): DDP's hook, FSDP2's combine, tensor parallel's combine."""
+    print(
+        "# bytes each rank hands to amp_inspect's collectives per step (DDP's gradient buckets, the layout check apart)"
+    )
     rows, checks = [], []
-    tensors = 0
-    for world in TRAFFIC_WORLDS:
-        context = mp.get_context("spawn")
-        results = context.Queue()
-        port = free_port()
-        procs = [context.Process(target=traffic_rank_main, args=(r, world, port, results)) for r in range(world)]
-        start = time.perf_counter()
-        for p in procs:
-            p.start()
-        by_rank = {}
-        while len(by_rank) < world:
-            record = results.get(timeout=RESULT_TIMEOUT_S)
-            if "error" in record:
-                raise RuntimeError(f"rank {record['rank']} of {world} failed: {record['error']}")
-            by_rank[record["rank"]] = record
-        for p in procs:
-            p.join(timeout=60)
-        elapsed = time.perf_counter() - start
-        tensors = by_rank[0]["tensors"]
-        for s, what in enumerate(TRAFFIC_STEPS):
-            calls = by_rank[0]["steps"][s]
-            measured = sum(b for _, b in calls)
-            gathered = world >= 3 and s == 2  # 3+ ranks hold the Inf of ln_f: its count is gathered
-            formula = ddp_table_bytes(world, tensors) + (ddp_gather_bytes(1) if gathered else 0)
-            same = all(r["steps"][s] == calls for r in by_rank.values())
-            rows.append(
-                [str(world), what, f"{measured:,}", ", ".join(f"{n} {b}" for n, b in calls), f"{formula:,}"]
-                + [f"{ddp_table_bytes_before(world, tensors):,}", str(by_rank[0]["named"][s])]
-            )
-            checks.append(TargetCheck(f"{world} ranks, {what}: bytes = formula", measured == formula and same, ""))
-        print(f"# {world} ranks ran {elapsed:.0f} s", flush=True)
-    headers = ["W", "step", "measured B", "calls (B each)", "formula B", "before (8WT) B", "inf_by_rank"]
+    tensors_of: dict[str, int] = {}
+    for family, worlds in TRAFFIC_WORLDS.items():
+        for world in worlds:
+            context = mp.get_context("spawn")
+            results = context.Queue()
+            port = free_port()
+            procs = [
+                context.Process(target=traffic_rank_main, args=(r, world, family, port, results)) for r in range(world)
+            ]
+            start = time.perf_counter()
+            for p in procs:
+                p.start()
+            by_rank = {}
+            while len(by_rank) < world:
+                record = results.get(timeout=RESULT_TIMEOUT_S)
+                if "error" in record:
+                    raise RuntimeError(f"{family}: rank {record['rank']} of {world} failed: {record['error']}")
+                by_rank[record["rank"]] = record
+            for p in procs:
+                p.join(timeout=60)
+            elapsed = time.perf_counter() - start
+            tensors = tensors_of[family] = by_rank[0]["tensors"]
+            for s, what in enumerate(TRAFFIC_STEPS):
+                calls = by_rank[0]["steps"][s]
+                measured = sum(b for _, b in calls)
+                formula, before = traffic_formula(family, world, tensors, s)
+                same = all(r["steps"][s] == calls for r in by_rank.values())
+                rows.append(
+                    [family, str(world), str(tensors), what, f"{measured:,}", ", ".join(f"{n} {b}" for n, b in calls)]
+                    + [f"{formula:,}", f"{before:,}", str(by_rank[0]["named"][s])]
+                )
+                checks.append(
+                    TargetCheck(f"{family}, {world} ranks, {what}: bytes = formula", measured == formula and same, "")
+                )
+            print(f"# {family} on {world} ranks ran {elapsed:.0f} s", flush=True)
+    headers = ["family", "W", "T", "step", "measured B", "calls (B each)", "formula B", "before B", "inf_by_rank"]
     print_table(headers, rows)
     print()
-    print(f"# formula per healthy step: 24 * T (T = parameter tensors); before: 8 * W * T. T = {tensors} here:")
-    for t in (tensors, FORMULA_TENSORS):
+    print(
+        "# formula per healthy step (T = tensors, F = formats): DDP hook 24 * T (before: 8 * W * T); combine "
+        f"8 * T * (266 + 3F) per mesh dimension (before: 8 * T * (263 + 3F + W)). F = {len(FORMATS)} here."
+    )
+    for family, tensors in (*tensors_of.items(), (DDP, FORMULA_TENSORS), (FSDP, FORMULA_TENSORS)):
         for world in FORMULA_WORLDS:
+            now, before = traffic_formula(family, world, tensors, 0)
+            fetch = "8 * K" if family == DDP else f"8 * {world:,} * K"
             print(
-                f"#   W = {world:,}, T = {t:,}: {ddp_table_bytes(world, t):,} B per step "
-                f"(before: {ddp_table_bytes_before(world, t):,} B); a step gathering K tensors adds 8 * K B per "
-                f"rank ({world:,} * 8 * K B received)"
+                f"#   {family}, W = {world:,}, T = {tensors:,}: {now:,} B per step (before: {before:,} B); "
+                f"a step fetching K tensors adds {fetch} B per rank"
             )
     print()
     print_checks(checks)
@@ -824,7 +897,9 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--steps-per-round", type=int, default=None, help="steps per config and round (default 1)")
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
     parser.add_argument(
-        "--traffic", action="store_true", help="only the DDP hook's bytes per step at 2, 4 and 8 ranks (no JSON)"
+        "--traffic",
+        action="store_true",
+        help="only the inspection's bytes per step (DDP hook, FSDP2 and TP combine) at 2-8 ranks (no JSON)",
     )
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
@@ -881,8 +956,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     formulas = {
         "ddp_hook_per_step": f"24 * T = 24 * {tensors} = {ddp_table_bytes(config.world, tensors)}",
         "reduce_stats_per_step": (
-            f"8 * T * (5 + 3F + 256 + 1 + W) + 8 * T with T={tensors}, F={len(FORMATS)}, W={config.world} = "
-            f"{reduce_stats_bytes(config.world, tensors, len(FORMATS))}"
+            f"8 * T * (266 + 3F) with T={tensors}, F={len(FORMATS)} = {reduce_stats_bytes(tensors, len(FORMATS))}"
         ),
         "layout_check_once": f"8 * 2 * W = {layout_check_bytes(config.world)}",
     }

@@ -507,6 +507,112 @@ def shards(world: int, out: Path) -> None:
     assert merged.ranks_with_inf.tolist() == [r == world - 1 for r in range(world)]
 
 
+def record_bytes(tensors: int, formats: int) -> list[tuple[str, int]]:
+    """reduce_stats' collectives over one group (amp_inspect/distributed/combine.py), whatever the world: SUM of the
+    float64 buffer (counts 5 + 3F, histogram 256, sum of squares 1, this rank's NaN/Inf count 1, per tensor), MAX of
+    float32 amax and -amin_nonzero, MAX of the record's two int64 keys: 8 * T * (266 + 3F) bytes in all."""
+    summed = 8 * tensors * (5 + 3 * formats + 256 + 1 + 1)
+    return [("all_reduce", summed), ("all_reduce", 8 * tensors), ("all_reduce", 16 * tensors)]
+
+
+def fsdp_traffic(world: int, out: Path) -> None:
+    """FSDP2's combine, bytes per step: a healthy step and one where rank 1 alone holds an Inf cost the same
+    whatever the world (record_bytes: 4 tensors, 1 format); a step where every rank holds Infs in the last layer's
+    weight (rank r: r + 1 of them) adds, on three ranks or more, one SUM all-reduce of each rank's count of that one
+    tensor (int64 [W, 1]), once; two ranks are named from the record. The reports name the ranks and counts as
+    ever. Then the same with the record read at the next combine, as on CUDA tensors: a report read before then
+    names the lowest and highest rank; the next combine fetches the counts and the report names every rank. On 4
+    ranks, then, two mesh dimensions (``_two_dimensions``). Rank 0 writes each run's calls per step before the
+    assertions on them (traffic.fsdp.<at once>.<world>)."""
+    from amp_inspect.distributed import combine as combine_module
+
+    rank = dist.get_rank()
+    everywhere = 2  # the step on which every rank holds Infs
+    expected = {0: {}, INF_STEP: {1: {"2": 1}}, everywhere: {r: {"2": r + 1} for r in range(world)}, 3: {}}
+    record = record_bytes(4, 1)
+    fetch = [("all_reduce", 8 * world)] if world >= 3 else []
+    layout = [("all_reduce", 16 * world)]  # check_same_layout, once before the first combine
+    decide_at_once = getattr(combine_module, "_decide_at_once", None)
+    traffic = _Traffic()
+    try:
+        for at_once in (True, False):
+            if not at_once:
+                combine_module._decide_at_once = lambda device: False
+            model, _ = _fsdp_model(world)
+            insp = amp_inspect.attach(model, timeout=TIMEOUT_S)
+            finalized: dict[int, object] = {}
+            insp.add_listener(lambda r, into=finalized: into.__setitem__(r.step, r.inf_by_rank))
+            measured, named, reports = {}, {}, {}
+            for step in range(STEPS):
+                model(_batch(step).tensor_split(world)[rank]).pow(2).mean().backward()
+                if step == everywhere or (step == INF_STEP and rank == 1):
+                    model[2].weight.grad.to_local().view(-1)[: rank + 1 if step == everywhere else 1] = float("inf")
+                reports[step] = insp.check()
+                measured[step] = traffic.take()
+                named[step] = (reports[step].ready(), reports[step].inf_by_rank)
+                model.zero_grad(set_to_none=True)
+            insp.detach()
+            if rank == 0:
+                (out / f"traffic.fsdp.{int(at_once)}.{world}").write_text(repr(measured))
+            for step, (ready, inf_by_rank) in named.items():
+                if at_once or step != everywhere or world < 3:
+                    assert inf_by_rank == expected[step], (at_once, step, inf_by_rank)
+                else:  # read at the next combine: until then the lowest and highest rank
+                    assert not ready and inf_by_rank == {0: {"2": 1}, world - 1: {"2": world}}, inf_by_rank
+            assert {s: r.inf_by_rank for s, r in reports.items()} == expected == finalized, (at_once, finalized)
+            for step, calls in measured.items():
+                want = (layout if step == 0 else []) + record
+                if at_once:
+                    want += fetch if step == everywhere else []
+                else:  # fetched at step 3's combine, before its record
+                    want = (fetch if step == everywhere + 1 else []) + want
+                assert calls == want, (at_once, step, calls, want)
+        if world == 4:
+            _two_dimensions(traffic, out)
+    finally:
+        traffic.remove()
+        if decide_at_once is not None:
+            combine_module._decide_at_once = decide_at_once
+
+
+def _two_dimensions(traffic: _Traffic, out: Path) -> None:
+    """DTensors sharded along both dimensions of a (2, 2) mesh whose rows are not its process groups' rank order
+    (mesh [[3, 2], [1, 0]]: each group orders its ranks by global rank): the record, all-reduced over one group
+    after the other, names the ranks; the counts of a tensor three ranks hold Infs in come back in the mesh's
+    rows (a SUM all-reduce of int64 [4, 1] per group), by global rank. A bias replicated along the second
+    dimension (added by the ranks at its coordinate 0 alone) still names both replicas that hold its NaN."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from amp_inspect.distributed.combine import local_shards
+    from amp_inspect.gradients.step_report import SHARDS, StepReport
+
+    rank = dist.get_rank()
+    mesh = DeviceMesh("cpu", torch.tensor([[3, 2], [1, 0]]))  # rank 3 at (0, 0), 2 at (0, 1), 1 at (1, 0), 0 at (1, 1)
+    weight, bias = torch.ones(4, 4), torch.ones(4)  # pieces of an [8, 8] weight, an [8] bias
+    if rank != 2:
+        weight.view(-1)[: rank + 1] = float("inf")  # ranks 0, 1, 3: 1, 2, 4 Infs
+    if rank in (0, 1):  # both replicas of the bias's piece at coordinate 1
+        bias[0] = float("nan")
+    grads = [
+        DTensor.from_local(weight, mesh, [Shard(0), Shard(1)], run_check=False),
+        DTensor.from_local(bias, mesh, [Shard(0), Replicate()], run_check=False),
+    ]
+    local, shards, why = local_shards(grads)
+    assert why is None and shards is not None and len(shards.groups) == 2 and shards.ranks == (3, 2, 1, 0), shards
+    traffic.take()
+    merged = reduce_stats(amp_inspect.tensor_stats(local, formats=("fp16",)), shards, TIMEOUT_S)
+    calls = traffic.take()
+    if rank == 0:
+        (out / "traffic.fsdp.2d.4").write_text(repr(calls))
+    assert calls == record_bytes(2, 1) * 2 + [("all_reduce", 8 * 4)] * 2, calls
+    assert merged.stats.posinf.tolist() == [7, 0] and merged.stats.nan.tolist() == [0, 1]  # the bias once
+    assert merged.nonfinite_by_rank.tolist() == [[4, 0], [0, 0], [2, 1], [1, 1]], merged.nonfinite_by_rank
+    report = StepReport(0, merged.stats, ["w", "b"], None)
+    report.set_rank_origin(merged.record, ["w", "b"], shards.ranks, kind=SHARDS)
+    assert report.inf_by_rank == {0: {"w": 1, "b": 1}, 1: {"w": 2, "b": 1}, 3: {"w": 4}}, report.inf_by_rank
+
+
 def mesh_2d(world: int, out: Path) -> None:
     """DTensor gradients sharded along both dimensions of a (2, 2) mesh (as FSDP with tensor parallel): the
     statistics stay per rank, but an Inf in rank 3's piece alone still skips the step on every rank, for the
@@ -606,7 +712,7 @@ def ddp_sparse(world: int, out: Path) -> None:
 
 
 ALL = (shards, ddp, ddp_views, ddp_more, ddp_teardown, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead)
-ALL += (absent, ddp_sparse, ddp_traffic)
+ALL += (absent, ddp_sparse, ddp_traffic, fsdp_traffic)
 SCENARIOS = {f.__name__: f for f in ALL}
 
 

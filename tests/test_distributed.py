@@ -270,6 +270,32 @@ def test_ddp_hook_traffic_per_step_does_not_grow_with_the_world(tmp_path, world:
         assert gathered == ([("all_gather", 8)] if world >= 3 else []), measured
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_combine_traffic_per_step_does_not_grow_with_the_world(tmp_path, world: int) -> None:
+    # Issue 32: the scenario asserts each step's collectives on every rank; here: the healthy and one-rank steps'
+    # bytes are 8 * T * (266 + 3F) = 8,608 (T = 4 tensors, F = 1) on 2 ranks and on 4, and only the every-rank
+    # step on 4 ranks fetches each rank's count of one tensor (32 B), once. On 4 ranks also two mesh dimensions.
+    run_scenario("fsdp_traffic", world, tmp_path)
+    healthy = [("all_reduce", 8 * 4 * 266), ("all_reduce", 8 * 4), ("all_reduce", 16 * 4)]
+    for at_once in (1, 0):
+        measured = ast.literal_eval((tmp_path / f"traffic.fsdp.{at_once}.{world}").read_text())
+        assert measured[INF_STEP] == healthy and sum(b for _, b in healthy) == 8608, measured
+        assert measured[0] == [("all_reduce", 16 * world), *healthy], measured  # the layout check, once
+        fetch = [("all_reduce", 8 * world)] if world >= 3 else []  # at step 2's combine, or step 3's (CUDA's way)
+        assert measured[2] + measured[3] == healthy + fetch + healthy, measured
+    if world == 4:  # over both groups of a (2, 2) mesh: the record twice, and the fetch of one tensor twice
+        calls = ast.literal_eval((tmp_path / "traffic.fsdp.2d.4").read_text())
+        record = [("all_reduce", 8 * 2 * 266), ("all_reduce", 8 * 2), ("all_reduce", 16 * 2)]
+        assert calls == record * 2 + [("all_reduce", 8 * 4)] * 2, calls
+
+
+def test_tensor_parallel_combine_traffic_is_the_fixed_size_record(tmp_path) -> None:
+    # Issue 32: tensor parallel on 2 ranks sends the same 8 * T * (266 + 3F) bytes per step as FSDP2, healthy or not.
+    run_scenario("tp_traffic", 2, tmp_path, module="tests.tp_dist")
+    measured = ast.literal_eval((tmp_path / "traffic.tp.2").read_text())
+    assert measured[1] == [("all_reduce", 8 * 4 * 266), ("all_reduce", 8 * 4), ("all_reduce", 16 * 4)], measured
+
+
 def test_the_ddp_record_names_one_or_two_ranks_and_asks_for_each_ranks_count_beyond() -> None:
     # The all-reduces done by hand: SUM of the counts, MAX of each rank's keys (rank_record.py), on 5 ranks.
     from amp_inspect.distributed.rank_record import key_shift, rank_keys, ranks_from_keys

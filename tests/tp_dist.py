@@ -83,6 +83,38 @@ def tp(world: int, out: Path) -> None:
     insp.detach()
 
 
+def tp_traffic(world: int, out: Path) -> None:
+    """Tensor parallel's combine, bytes per step (one group, as FSDP2's: dist_scenarios.record_bytes, 4 tensors, 1
+    format) on a healthy step and on one where rank 1 alone holds an Inf in the rowwise weight and in the rowwise
+    bias (replicated: added by tp rank 0 alone, yet named for rank 1, which held it). Rank 0 writes the calls per
+    step (traffic.tp.<world>) before the assertions on them."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = dist.get_rank()
+    model = _model()
+    _tensor_parallel(model, init_device_mesh("cpu", (world,)))
+    insp = amp_inspect.attach(model, timeout=dist_scenarios.TIMEOUT_S)
+    traffic = dist_scenarios._Traffic()
+    measured, named = {}, {}
+    try:
+        for step in range(2):
+            model(dist_scenarios._batch(0)).square().mean().backward()
+            if step == 1 and rank == 1:
+                model[2].weight.grad.to_local()[0, 0] = float("inf")
+                model[2].bias.grad.to_local()[0] = float("inf")
+            named[step] = insp.check().inf_by_rank
+            measured[step] = traffic.take()
+            model.zero_grad(set_to_none=True)
+    finally:
+        traffic.remove()
+    insp.detach()
+    if rank == 0:
+        (out / f"traffic.tp.{world}").write_text(repr(measured))
+    assert named == {0: {}, 1: {1: {"2": 2}}}, named
+    record = dist_scenarios.record_bytes(4, 1)
+    assert measured == {0: [("all_reduce", 16 * world), *record], 1: record}, measured
+
+
 def fsdp_tp(world: int, out: Path) -> None:
     """FSDP2 x tensor parallel on a (2, world / 2) mesh: the batch split over the data-parallel dimension."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -138,8 +170,8 @@ def ddp(world: int, out: Path) -> None:
     _run(wrapped, reference, whole.tensor_split(world)[dist.get_rank()], whole)
 
 
-# the runner reads its module's table
-dist_scenarios.SCENARIOS = {"tp": tp, "fsdp_tp": fsdp_tp, "hsdp_tp": hsdp_tp, "ddp": ddp}
+# The runner reads its module's table.
+dist_scenarios.SCENARIOS = {"tp": tp, "fsdp_tp": fsdp_tp, "hsdp_tp": hsdp_tp, "ddp": ddp, "tp_traffic": tp_traffic}
 
 if __name__ == "__main__":
     sys.argv[0] = __file__

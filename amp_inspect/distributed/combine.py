@@ -3,15 +3,27 @@
 ``reduce_stats(stats, group)`` merges the TensorStats of the same T tensors (or the shards of the same T
 tensors) held by every rank of a process group into global statistics, each by its merge in the schema of
 statistics (amp_inspect/core/statistics.py: counts and histograms summed, amax max, amin_nonzero min, sumsq
-summed). It also says how many NaN/Inf each rank held in each tensor. That is
+summed). It also says how many NaN/Inf each rank held in each tensor, through the record of a fixed size per
+tensor of rank_record.py (the rank at position r: row r of ``ShardGroups.ranks``). That is
 exact for disjoint pieces of each tensor (FSDP2 shards, or each rank's local gradients before DDP's
 all-reduce); replicated gradients (after DDP's all-reduce) would be counted once per rank, so the Inspector
 never combines those (see amp_inspect/distributed/ddp.py for DDP).
 
-Cost: two all-reduces issued together (SUM of one packed float64 buffer: counts, histograms, sums of
-squares and the per-rank NaN/Inf counts, exact below 2^53; MAX of amax and of -amin_nonzero), asynchronous
-where the backend allows; with a world of one, nothing is communicated. Bytes per call, for T tensors, F
-formats and W ranks: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T.
+Cost, over each group of the ShardGroups in turn (one for FSDP2, HSDP or tensor parallel; two for FSDP2 x TP):
+three all-reduces issued together, asynchronous where the backend allows: SUM of one packed float64 buffer
+(counts, histograms, sums of squares, and this rank's NaN/Inf count of each tensor, exact below 2^53; those
+counts are not masked: a replicated tensor names every rank holding NaN/Inf in it, as before); MAX of
+amax and of -amin_nonzero (float32); MAX of the record's two int64 keys per tensor (apart: an int64 key is not
+exact in a float buffer). With a world of one, nothing is communicated. Bytes per group, for T tensors and F
+formats, whatever the world: 8 * T * (5 + 3F + 256 + 1 + 1) + 8 * T + 16 * T = 8 * T * (266 + 3F). Only on a
+step where three or more ranks hold NaN/Inf in K tensors, each rank's counts of those follow: one SUM
+all-reduce per group of an int64 [W, K] block, this rank's counts in its row (8 * W * K bytes; the simplest
+exact way over several groups, whose ranks' order need not follow the rows). Before issue 32 a [W, T] block
+rode in the SUM buffer on every step: 8 * T * (5 + 3F + 256 + 1 + W) + 8 * T.
+
+On host tensors the record is read at once. On CUDA tensors the Combiner reads it at its next combine
+(reading it at once would be a host sync), where the per-rank counts follow when needed: until then a report
+names, for a tensor that three or more ranks hold NaN/Inf in, its lowest and highest rank only.
 
 Failure: a rank that died, left, or skipped the collective, or ranks holding different models, raise
 ``DistributedInspectionError`` (a RuntimeError) naming what went wrong, never a hang: on host tensors (gloo)
@@ -23,6 +35,7 @@ because a timed wait there would stall the host every step (see ``wait_all``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import zlib
@@ -32,11 +45,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from amp_inspect.core.host_copy import HostCopy
 from amp_inspect.core.statistics import MAX, MIN, OUTPUTS, SUM
 from amp_inspect.core.tensor_stats import TensorStats
+from amp_inspect.distributed.rank_record import PerRank, RankRecord, rank_keys
 
 DEFAULT_TIMEOUT_S = 300.0  # far below the process groups' own defaults (10-30 min), far above step skew
 
@@ -44,8 +60,9 @@ DEFAULT_TIMEOUT_S = 300.0  # far below the process groups' own defaults (10-30 m
 class RankOrigin(NamedTuple):
     """Where a step's NaN/Inf came from in a distributed run: ``nonfinite_by_rank`` is int64 [world, K], the
     NaN/Inf count of each rank's local gradients (``kind`` BEFORE_ALLREDUCE: DDP) or shards (SHARDS: FSDP2) of K
-    tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank. The DDP hook's is
-    a rank_record.RankRecord, which stands for that table without making it (``shape``, ``nonzero()``)."""
+    tensors, whose modules ``module_of_column`` names; ``ranks`` gives each row's global rank. The DDP hook's and
+    reduce_stats' are a rank_record.RankRecord, which stands for that table without making it (``shape``,
+    ``nonzero()``)."""
 
     nonfinite_by_rank: Any  # torch.Tensor or rank_record.RankRecord (the report's RankCounts)
     module_of_column: Sequence[str]
@@ -118,14 +135,19 @@ class ShardGroups:
         ]
 
     def all_reduce(
-        self, summed: torch.Tensor, maxed: torch.Tensor | None, timeout_s: float, what: str, device: torch.device
+        self,
+        summed: torch.Tensor,
+        maxed: torch.Tensor | Sequence[torch.Tensor] | None,
+        timeout_s: float,
+        what: str,
+        device: torch.device,
     ) -> None:
-        """In place: ``summed`` summed and ``maxed`` maximised over every rank of the groups, a group after the
-        other (on CUDA each wait orders the stream only: no host sync)."""
+        """In place: ``summed`` summed and ``maxed`` (a tensor, or several) maximised over every rank of the
+        groups, a group after the other (on CUDA each wait orders the stream only: no host sync)."""
+        maxima = [] if maxed is None else [maxed] if isinstance(maxed, torch.Tensor) else list(maxed)
         for group in self.groups:
             works = [dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group, async_op=True)]
-            if maxed is not None:
-                works.append(dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group, async_op=True))
+            works += [dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group, async_op=True) for m in maxima]
             wait_all(works, timeout_s, what, group, device)
 
 
@@ -233,12 +255,27 @@ def global_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class GlobalStats:
     stats: TensorStats  # statistics over every rank's pieces
-    nonfinite_by_rank: torch.Tensor  # int64 [world, T]: NaN/Inf count of each rank's piece of each tensor
-    ranks: tuple[int, ...] = (0,)  # the global rank of each row of nonfinite_by_rank
+    # Each rank's NaN/Inf count of its piece of each tensor, as the record of rank_record.py (positions: rows of
+    # ``ranks``): what a report reads (RankCounts), without the [world, T] table.
+    record: RankRecord
+    # int64 [T] on the device: those counts summed over the ranks (a replicated tensor's on every rank holding
+    # it, as the record has them), for decisions made without a host sync.
+    totals: torch.Tensor
+    ranks: tuple[int, ...] = (0,)  # the global rank of each position of the record
+
+    @property
+    def nonfinite_by_rank(self) -> torch.Tensor:
+        """int64 [world, T] on the host, made from the record: waits for it (a host sync on CUDA; before the
+        Combiner's next combine read a CUDA record, a tensor three or more ranks hold NaN/Inf in has its lowest
+        and highest rank only). For one-off reads: reports read the record itself."""
+        table = torch.zeros(self.record.shape, dtype=torch.int64)
+        for row, column, count in self.record.nonzero()[0]:
+            table[row, column] = count
+        return table
 
     @property
     def ranks_with_inf(self) -> torch.Tensor:
-        """bool [world]: which ranks held NaN/Inf in their pieces."""
+        """bool [world]: which ranks held NaN/Inf in their pieces (made from the record: see nonfinite_by_rank)."""
         return self.nonfinite_by_rank.sum(dim=1) > 0
 
 
@@ -265,44 +302,81 @@ def wait_all(
         ) from error
 
 
+def _decide_at_once(device: torch.device) -> bool:
+    """Whether the Combiner reads a combine's record at once: on host tensors it is there; on CUDA tensors
+    reading it would wait for the device (a host sync every step), so its next combine reads it."""
+    return device.type == "cpu"
+
+
+class _CountsByRow:
+    """rank_record's Fetch for reduce_stats: each rank's counts of K tensors as an int64 [world, K] block, this
+    rank's in its row (``ShardGroups.row``), SUM all-reduced over each group in turn: the rows come out as the
+    record's positions whatever order each group's ranks take (an all-gather's order), for one group or several."""
+
+    def __init__(self, mine: torch.Tensor, shards: ShardGroups, timeout_s: float) -> None:
+        block = torch.zeros(len(shards.ranks), mine.numel(), dtype=torch.int64, device=mine.device)
+        block[shards.row] = mine
+        shards.all_reduce(block, None, timeout_s, "gathering each rank's NaN/Inf counts", mine.device)
+        self._copy = HostCopy({"table": block}, mine.device)
+
+    def ready(self) -> bool:
+        return self._copy.ready()
+
+    def table(self) -> np.ndarray:
+        return self._copy.host()["table"]
+
+
 def reduce_stats(
     stats: TensorStats,
     group: dist.ProcessGroup | ShardGroups | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    decide: bool = True,
 ) -> GlobalStats:
     """Combines every rank's statistics of the same T tensors (see the module docstring): each output of the
     schema (amp_inspect/core/statistics.py) by its statistics' merge. Collective: every rank of ``group`` (of
-    each of its groups) must call it with statistics of the same shape, in the same order."""
+    each of its groups) must call it with statistics of the same shape, in the same order. ``decide``: read the
+    record at once (a host sync on CUDA tensors) and fetch each rank's counts where it needs them; with False
+    the caller calls ``record.decide()`` later, at the same point on every rank (the Combiner, on CUDA)."""
     shards = group if isinstance(group, ShardGroups) else ShardGroups.of_group(group)
     outputs = stats.outputs()
     device = outputs[0].device
-    nonfinite = stats.nonfinite
+    own = stats.nonfinite  # int64 [T]: this rank's NaN/Inf counts, of the tensors it does not add too
     if not shards.distributed:
-        return GlobalStats(stats, nonfinite.reshape(1, -1))
-    world, rank = len(shards.ranks), shards.row
+        record = RankRecord(own, rank_keys(own, 0, 1), own, 1, _nothing_to_fetch)
+        return GlobalStats(stats, record, own)
+    world, row = len(shards.ranks), shards.row
     summed = [k for k, o in enumerate(OUTPUTS) if o.merge == SUM]
     extreme = [k for k, o in enumerate(OUTPUTS) if o.merge in (MAX, MIN)]
-    # One SUM buffer: the summed outputs as float64 (counts exact below 2^53), and this rank's NaN/Inf counts in
-    # its own row of a [world, T] block (zeros elsewhere). A tensor this rank does not add is zero in it.
-    by_rank = torch.zeros(world, len(stats), dtype=torch.float64, device=device)
-    by_rank[rank] = nonfinite.to(torch.float64)
+    # One SUM buffer: the summed outputs as float64 (counts exact below 2^53), and this rank's NaN/Inf counts (the
+    # record's sum). A tensor this rank does not add is zero in the outputs, but its NaN/Inf still name the rank.
     added = shards.masked([outputs[k].double() for k in summed], [0.0] * len(summed))
-    packed = torch.cat([*(o.flatten() for o in added), by_rank.flatten()])
+    packed = torch.cat([*(o.flatten() for o in added), own.double()])
     # One MAX buffer: the maxima, and the minima negated (min(x) = -max(-x), exact: negation only flips the sign).
     # In float32 when every extreme is (it is today), else float64. A tensor this rank does not add is -inf.
     common = outputs[extreme[0]].dtype if len({outputs[k].dtype for k in extreme}) == 1 else torch.float64
     sent = [outputs[k].to(common) for k in extreme]
     signed = [t if OUTPUTS[k].merge == MAX else -t for k, t in zip(extreme, sent, strict=True)]
     extremes = torch.cat([t.flatten() for t in shards.masked(signed, [-math.inf] * len(signed))])
-    shards.all_reduce(packed, extremes, timeout_s, "combining the gradient statistics", device)
+    # The record's keys: int64, in a MAX all-reduce of their own (a key is not exact in a float buffer).
+    keys = rank_keys(own, row, world)
+    shards.all_reduce(packed, [extremes, keys], timeout_s, "combining the gradient statistics", device)
     merged: list[torch.Tensor] = list(outputs)
-    *summed_pieces, by_rank_piece = packed.split([*(outputs[k].numel() for k in summed), by_rank.numel()])
+    *summed_pieces, totals_piece = packed.split([*(outputs[k].numel() for k in summed), len(stats)])
     for k, piece in zip(summed, summed_pieces, strict=True):
         merged[k] = _as_output(piece, outputs[k])
     for k, piece in zip(extreme, extremes.split([outputs[k].numel() for k in extreme]), strict=True):
         merged[k] = _as_output(piece if OUTPUTS[k].merge == MAX else -piece, outputs[k])
-    merged_by_rank = by_rank_piece.round().to(torch.int64).reshape(world, len(stats))
-    return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), merged_by_rank, shards.ranks)
+    totals = totals_piece.round().to(torch.int64)
+    fetch = functools.partial(_CountsByRow, shards=shards, timeout_s=timeout_s)
+    record = RankRecord(totals, keys, own, world, fetch)
+    if decide:
+        record.decide()
+    return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), record, totals, shards.ranks)
+
+
+def _nothing_to_fetch(mine: torch.Tensor) -> PerRank:
+    raise AssertionError("a record of one rank names it: nothing to fetch")
 
 
 def _as_output(piece: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -358,12 +432,14 @@ class Combiner:
     """reduce_stats over one group (or ShardGroups), with the layout check made once per layout this rank
     combines (several optimizers each have theirs), before its first combine. Ranks whose layouts differ from
     the start all fail that check; a rank whose layout changes later, alone, runs the check while the others
-    combine: a collective mismatch, which gloo reports as an error (or a crash of that rank) and NCCL may not."""
+    combine: a collective mismatch, which gloo reports as an error (or a crash of that rank) and NCCL may not.
+    On CUDA tensors each combine's record is read (``decide()``) at the next combine, without a host sync."""
 
     def __init__(self, group: dist.ProcessGroup | ShardGroups | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.shards = group if isinstance(group, ShardGroups) else ShardGroups.of_group(group)
         self.timeout_s = timeout_s
         self._checked: set[tuple[tuple[int, ...], ...]] = set()
+        self._undecided: list[RankRecord] = []  # combined on CUDA tensors: read at the next combine
 
     def combine(self, stats: TensorStats, shapes: Sequence[Sequence[int]]) -> GlobalStats:
         layout = tuple(tuple(int(n) for n in shape) for shape in shapes)
@@ -372,7 +448,15 @@ class Combiner:
                 if is_distributed(group):
                     check_same_layout(layout, group, stats.numel.device, self.timeout_s)
             self._checked.add(layout)
-        return reduce_stats(stats, self.shards, self.timeout_s)
+        # Every rank combines the same steps in the same order: each reads the earlier records here alike.
+        for record in self._undecided:
+            record.decide()
+        self._undecided.clear()
+        at_once = _decide_at_once(stats.numel.device)
+        merged = reduce_stats(stats, self.shards, self.timeout_s, decide=at_once)
+        if not at_once:
+            self._undecided.append(merged.record)
+        return merged
 
 
 class Combiners:

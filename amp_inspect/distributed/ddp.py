@@ -41,7 +41,7 @@ from torch import nn
 from amp_inspect.core.tensor_stats import tensor_stats
 from amp_inspect.core.torch_compat import ddp_comm_hooks
 from amp_inspect.distributed.combine import DEFAULT_TIMEOUT_S, RankOrigin, global_ranks, is_distributed, wait_all
-from amp_inspect.distributed.rank_record import RankRecord, rank_keys
+from amp_inspect.distributed.rank_record import Gathered, RankRecord, rank_keys
 from amp_inspect.evidence.attribution import BEFORE_ALLREDUCE
 from amp_inspect.model.naming import ParamEntry
 from amp_inspect.model.view import ModelView
@@ -222,7 +222,7 @@ class NonfiniteByRank:
         # Records taken on CUDA tensors are read here, a backward later (every rank passes here alike): their
         # copies arrived long ago, where reading at take() would have waited for the device.
         for record in self._undecided:
-            record.decide(self.group)
+            record.decide()
         self._undecided.clear()
         totals = counts.clone()  # reduced in place; ``counts`` stays this rank's own
         keys = rank_keys(counts, dist.get_rank(self.group), self.world)
@@ -234,6 +234,9 @@ class NonfiniteByRank:
 
     def _wait(self, works: list[dist.Work], device: torch.device) -> None:
         wait_all(works, self.timeout_s, "exchanging the NaN/Inf counts before the all-reduce", self.group, device)
+
+    def _gather(self, mine: torch.Tensor) -> Gathered:
+        return Gathered(mine, self.group, self._wait)
 
     def _complete(self, exchange: _Exchange) -> _Record:
         self._wait(exchange.works, exchange.totals.device)
@@ -260,9 +263,9 @@ class NonfiniteByRank:
             return None
         done = self._complete(self._pending)
         self._pending = None
-        record = RankRecord(done.totals, done.keys, done.own, self.world, self._wait)
+        record = RankRecord(done.totals, done.keys, done.own, self.world, self._gather)
         if _read_at_take(done.totals.device):
-            record.decide(self.group)
+            record.decide()
         else:
             self._undecided.append(record)
         self._taken = (step, record)

@@ -41,6 +41,7 @@ from amp_inspect.core.printable import shown_name
 from amp_inspect.core.tensor_stats import SUPPORTED_DTYPES, TensorStats, merge_rows, stats_outputs, tensor_stats
 from amp_inspect.core.torch_compat import loss_scale_tensor, sparse_stored_values
 from amp_inspect.distributed.combine import Combiner, Combiners, GlobalStats, ShardGroups, local_shards
+from amp_inspect.distributed.rank_record import SideBySide
 from amp_inspect.gradients.step_report import SHARDS, StepReport
 from amp_inspect.model.subclasses import plain_values, subclass_name
 
@@ -246,7 +247,7 @@ class Measured:
     stats: TensorStats
     modules: list[str]
     sparse_modules: list[str]
-    origin: GlobalStats | None = None  # per-rank NaN/Inf counts of the shards, when combined
+    origin: GlobalStats | None = None  # the combined statistics, with the per-rank NaN/Inf record of the shards
 
 
 def combined(grads: Gradients, stats: TensorStats, combiner: Combiner | None) -> Measured:
@@ -282,8 +283,8 @@ def step_report(
     origins = [p.origin for p in passes]
     first = origins[0]
     if first is not None and all(o is not None and o.ranks == first.ranks for o in origins):
-        home = stats.numel.device
-        counts = torch.cat([o.nonfinite_by_rank.to(home) for o in origins if o is not None], dim=1)
+        records = [o.record for o in origins if o is not None]
+        counts = records[0] if len(records) == 1 else SideBySide(records)
         report.set_rank_origin(counts, modules, first.ranks, kind=SHARDS)
     return report
 

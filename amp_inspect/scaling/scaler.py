@@ -212,7 +212,7 @@ class InspectingGradScaler(torch.amp.GradScaler):
             measured = gradient_pass.combined(grads, stats, self._combiner(grads))
             # Any rank's NaN/Inf skips the step on every rank, as torch's DTensor unscale.
             if measured.origin is not None:
-                anywhere = (measured.origin.nonfinite_by_rank.sum() > 0).to(torch.float32)
+                anywhere = (measured.origin.totals.sum() > 0).to(torch.float32)
                 for found in per_device_found.values():
                     torch.maximum(found, anywhere.to(found.device), out=found)
             else:
