@@ -559,9 +559,9 @@ def update_cost(rows: list[StepMeasurement]) -> tuple[dict[str, object], list[Ta
     }
     checks = [
         at_most(
-            "one measured optimizer step vs a bare step (CPU target 1.5x)",
+            "one measured optimizer step vs a bare step (CPU target 1.3x, issue 33)",
             step.x_bare_paired,
-            1.5,
+            1.3,
             f"rounds {step.x_bare_paired_min:.3f}x to {step.x_bare_paired_max:.3f}x; scaler.step + update "
             f"{step.opt_median_ms:.1f} ms vs bare's {by_name[BARE].opt_median_ms:.1f} ms",
         ),

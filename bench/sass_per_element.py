@@ -29,6 +29,18 @@ the loop, not counted); "static" the library's build, both paths. The source is 
 the common path: a recipe's cost is its build's count less the no-recipe build's.
 
     python bench/sass_per_element.py --readiness          # nvcc -O3 for sm_90, 11 builds of readiness_cuda.cu
+
+Update statistics' kernel (csrc/update_stats/update_stats_kernels.cuh, one per weight, gradient and exp_avg_sq
+dtype), with --update: its hot loop is the innermost loop with the most 16-byte global loads (the loop over units of
+8 elements per thread; a build without them, as before issue 33, has one element per iteration: its scalar loop).
+Per element: the loop's static body, the shortest path through one iteration (common) and the longest (worst), the
+loop's loads and whether all of them are 128-bit, registers and spills, and the budget at which the loop's issue
+time stays under its memory time on an H200 (BUDGET_PER_BYTE instructions per byte the element reads).
+
+    python bench/sass_per_element.py --update [--check]   # nvcc -O3 for sm_90 of update_stats_cuda.cu
+    python bench/sass_per_element.py --update OBJECT --ptxas-log LOG
+
+--check (with --update) exits 1 when a kernel's hot loop has a load that is not 128-bit, or a kernel spills.
 """
 
 from __future__ import annotations
@@ -172,9 +184,10 @@ def hot_loop(instrs: list[tuple[int, str]]) -> int | None:
     return best
 
 
-def count_loop(instrs: list[tuple[int, str]], head: int) -> LoopCount:
+def count_loop(instrs: list[tuple[int, str]], head: int, elements: int | None = None) -> LoopCount:
     """Shortest and longest paths through one iteration starting at `head` and ending at an edge back into it.
-    Code before the head (the outer loop's) is not part of an iteration."""
+    Code before the head (the outer loop's) is not part of an iteration. The elements of an iteration are its
+    histogram atomics unless given."""
     text = dict(instrs)
     succ = successors(instrs)
     end = -1
@@ -199,7 +212,8 @@ def count_loop(instrs: list[tuple[int, str]], head: int) -> LoopCount:
     while node != end:
         path.append(node)
         node = min(graph[node], key=lambda s: to_end.get(s, 1 << 60))
-    elements = sum("ATOMS" in text[a] for a in path)
+    if elements is None:
+        elements = sum("ATOMS" in text[a] for a in path)
     loads = sum(bool(LOAD.search(text[a])) for a in path)
     detours = []
     for a in path:
@@ -370,6 +384,110 @@ def readiness_main(cuobjdump: str) -> int:
     return 0
 
 
+UPDATE_KERNEL = re.compile(r"update_stats_kernel(?:ILi(n?\d)ELi(n?\d)ELi(n?\d)E)?")
+UPDATE_DTYPES = {"0": "fp32", "1": "fp16", "2": "bf16", "n1": "-"}  # csrc/common/numerics.h; n1: kNoState
+UPDATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "-": 0}
+UPDATE_UNIT = 8  # csrc/update_stats/update_stats.h kUpdateUnitElems
+ANY_LOAD = re.compile(r"\bLDG\.E\b")
+# An H200 issues about 132 SMs x 4 schedulers x 32 lanes x 1.98 GHz = 3.3e13 lane-instructions per second and reads
+# about 4.8e12 bytes per second: a loop of more than ~7 instructions per byte it reads is bound by issue, not memory.
+BUDGET_PER_BYTE = 7
+
+
+def update_hot_loop(instrs: list[tuple[int, str]]) -> tuple[int, int] | None:
+    """(head, tail) of the innermost loop whose body holds the most 16-byte global loads, or (none has any) the most
+    global loads of any width."""
+    back = []
+    for addr, text in instrs:
+        match = BRANCH.match(text)
+        if match and int(match.group(3), 16) <= addr:
+            back.append((int(match.group(3), 16), addr))
+    best, best_key = None, (0, 0)
+    for head, tail in back:
+        if any((h, t) != (head, tail) and head <= h and t <= tail for h, t in back):
+            continue  # holds another loop: not innermost
+        body = [t for a, t in instrs if head <= a <= tail]
+        key = (sum(bool(LOAD.search(t)) for t in body), sum(bool(ANY_LOAD.search(t)) for t in body))
+        if key > best_key:
+            best, best_key = (head, tail), key
+    return best
+
+
+def update_registers(log: str) -> dict[str, tuple[int, int]]:
+    """kernel variant ("fp32 fp32 -", or "runtime" for one kernel of all dtypes) -> (registers, spill bytes)."""
+    found, name, spilled = {}, None, 0
+    for line in log.splitlines():
+        if "Function properties for" in line:
+            name = UPDATE_KERNEL.search(line)
+        elif name and "spill stores" in line:
+            numbers = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            spilled = int(numbers.group(1)) + int(numbers.group(2))
+        elif name and "Used" in line and "registers" in line:
+            found[update_variant(name)] = (int(re.search(r"Used (\d+) registers", line).group(1)), spilled)
+            name = None
+    return found
+
+
+def update_variant(match: re.Match) -> str:
+    if match.group(1) is None:
+        return "runtime"
+    return " ".join(UPDATE_DTYPES[g] for g in match.groups())
+
+
+def update_main(obj: str | None, log: str | None, cuobjdump: str, check: bool) -> int:
+    """Instructions per element of update statistics' kernels' hot loop (module doc)."""
+    from torch.utils.cpp_extension import include_paths
+
+    with tempfile.TemporaryDirectory() as folder:
+        if obj is None:
+            obj = str(Path(folder) / "update_stats_cuda.o")
+            command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
+            command += ["-Xptxas", "-v", "-c", str(REPO / "csrc" / "update_stats" / "update_stats_cuda.cu")]
+            command += ["-o", obj, *(f"-I{p}" for p in include_paths()), f"-I{REPO / 'csrc'}"]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            log = done.stdout + done.stderr
+        sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
+    registers = update_registers(log) if log else {}
+    print("update_stats_kernel hot loop, SASS instructions per element (weight, grad, exp_avg_sq dtypes)")
+    print(
+        f"{'weight grad state':17} {'E':>2} {'regs':>4} {'spill B':>7} {'loads':>9} {'static':>6} {'common':>6} "
+        f"{'worst':>6} {'budget':>6}       common by pipe: mem/fp/int/other"
+    )
+    missed = 0
+    rows = []
+    for function in re.split(r"\n\s*Function : ", sass)[1:]:
+        match = UPDATE_KERNEL.search(function.split("\n", 1)[0])
+        if not match:
+            continue
+        instrs = parse(function)
+        loop = update_hot_loop(instrs)
+        if loop is None:
+            continue
+        head, tail = loop
+        body = [t for a, t in instrs if head <= a <= tail]
+        wide = sum(bool(LOAD.search(t)) for t in body)
+        loads = sum(bool(ANY_LOAD.search(t)) for t in body)
+        elements = UPDATE_UNIT if wide else 1
+        rows.append((update_variant(match), elements, wide, loads, len(body), count_loop(instrs, head, elements)))
+    rows.sort(key=lambda r: r[0])
+    for variant, elements, wide, loads, static, c in rows:
+        dtypes = variant.split(" ")
+        bytes_read = 2 * UPDATE_BYTES[dtypes[0]] + sum(UPDATE_BYTES[d] for d in dtypes[1:]) if len(dtypes) == 3 else 0
+        budget = BUDGET_PER_BYTE * bytes_read if bytes_read else None
+        per = c.common / elements
+        verdict = "" if budget is None else ("mem" if per <= budget else "issue")
+        regs, spilled = registers.get(variant, ("-", 0))
+        missed += wide != loads or spilled > 0
+        print(
+            f"{variant:17} {elements:2} {regs:>4} {spilled:7} {f'{wide}/{loads} 128':>9} {static / elements:6.1f} "
+            f"{per:6.1f} {c.worst / elements:6.1f} {budget if budget is not None else '-':>6} {verdict:5} "
+            + "/".join(f"{n / elements:.1f}" for n in c.pipes.values())
+        )
+    if not registers:
+        print("no ptxas log given (--ptxas-log, or no OBJECT): spills not checked")
+    return 1 if check and missed else 0
+
+
 def default_cuobjdump() -> str:
     try:
         import triton
@@ -392,7 +510,11 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed or a kernel spills")
     parser.add_argument("--cuobjdump", default=default_cuobjdump())
     parser.add_argument("--readiness", action="store_true", help="count format readiness's kernel instead")
+    parser.add_argument("--update", action="store_true", help="count update statistics' kernels instead")
     args = parser.parse_args()
+    if args.update:
+        log = Path(args.ptxas_log).read_text() if args.ptxas_log else None
+        return update_main(args.object, log, args.cuobjdump, args.check)
     if args.readiness:
         return readiness_main(args.cuobjdump)
     log = Path(args.ptxas_log).read_text() if args.ptxas_log else None

@@ -71,3 +71,41 @@ def test_emulated_kernel_equals_the_cpu_kernel() -> None:
     assert torch.equal(got[0], cpu[0]) and torch.equal(got[2], cpu[2])
     assert torch.allclose(got[1], cpu[1], rtol=sums_rtol(before.numel()), atol=0)
     assert got[0][0, 2] > 0  # lost updates are there to count
+
+
+def offset_views(rng, n: int, offsets: tuple[int, int, int, int], weight, grad, state):
+    """One step's four arrays as views starting `offsets` elements into larger tensors: arrays 16-byte aligned at a
+    common element, or misaligned apart."""
+    whole = random_step(rng, n + max(offsets), weight, grad, state)
+    return [x[offsets[k] : offsets[k] + n] for k, x in enumerate(whole)]
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [(0, 0, 0, 0), (3, 3, 3, 3), (7, 7, 7, 7), (1, 2, 1, 1), (4, 4, 8, 4), (2, 6, 2, 2), (5, 5, 5, 0)],
+    ids=lambda o: "-".join(map(str, o)),
+)
+def test_views_aligned_at_any_element_or_misaligned(offsets) -> None:
+    """The kernel reads units of 8 elements with 16-byte loads from the first element at which all four arrays are
+    16-byte aligned (bf16 weights and grads, float32 state: (4, 4, 8, 4) aligns them at 4 and 8 elements in) and the
+    rest one at a time; arrays misaligned apart ((1, 2, 1, 1)) are read one element at a time. Chunks of 100 and 64
+    elements put unit boundaries inside chunks and at their edges."""
+    rng = np.random.default_rng([13, *offsets])
+    steps = [offset_views(rng, n, offsets, torch.bfloat16, torch.bfloat16, torch.float32) for n in (9, 300, 1001)]
+    before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
+    assert [b.storage_offset() for b in before] == [offsets[0]] * 3
+    for chunk_elems in (100, 64):
+        assert_emulated_matches_reference(before, after, grads, states, chunk_elems=chunk_elems, blocks=2)
+
+
+def test_dtype_combinations_interleaved_in_one_call() -> None:
+    """A kernel per combination of weight, gradient and state dtype: the call's tensors, of nine combinations
+    interleaved (more than one launch's worth of one of them), are each counted by their own kernel into their own
+    row."""
+    rng = np.random.default_rng(17)
+    combos = [(w, g) for w in DTYPES for g in DTYPES]
+    order = [combos[i % len(combos)] for i in range(len(combos) * 2)] + [combos[0]] * VIEWS_PER_LAUNCH
+    steps = [random_step(rng, 40 + 3 * i, w, g, w) for i, (w, g) in enumerate(order)]
+    before, after, grads, states = (list(x) for x in zip(*steps, strict=True))
+    assert_emulated_matches_reference(before, after, grads, states, chunk_elems=32, blocks=3)
+    assert_emulated_matches_reference(before, after, grads, chunk_elems=32, blocks=3)  # and without state

@@ -1,7 +1,7 @@
 // dtype_load.cuh: how every op's CUDA kernels read their inputs, written once for the two compilers of kernel
 // source (nvcc, and the host compiler with cuda_emu.h in front): the storage word of each input dtype and its float32
-// bits, by a dtype known at compile time (the kernels compiled per dtype) or at run time. Also the namespace that
-// keeps the GPU build's symbols apart from the emulation's.
+// bits, by a dtype known at compile time (the kernels compiled per dtype) or at run time, and the words of a
+// 16-byte vector load. Also the namespace that keeps the GPU build's symbols apart from the emulation's.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +53,21 @@ __device__ __forceinline__ uint32_t stored_as_f32_bits(typename Storage<kDtype>:
     return bf16_to_f32_bits(raw);
   } else {
     return __float_as_uint(__double2float_rn(__longlong_as_double(static_cast<long long>(raw))));
+  }
+}
+
+// Storage word i of a 16-byte vector held in registers (i known at compile time once unrolled): taken out of the
+// components with shifts, since a union or a cast would send the vector to local memory.
+template <typename W>
+__device__ __forceinline__ W vector_word(const uint4& v, int i) {
+  static_assert(sizeof(W) == 4 || sizeof(W) == 2, "vector_word reads 4- and 2-byte words");
+  constexpr int kPerComponent = 4 / static_cast<int>(sizeof(W));
+  const int c = i / kPerComponent;
+  const uint32_t component = c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
+  if constexpr (sizeof(W) == 4) {
+    return component;
+  } else {
+    return static_cast<W>(component >> (16 * (i % 2)));
   }
 }
 

@@ -102,8 +102,9 @@ AMPI_HD UpdateElement judge_update_element(uint32_t before, uint32_t after, uint
   return e;
 }
 
-// One element added to a tally (the CUDA kernel's per-thread totals).
-AMPI_HD void tally_update_element(UpdateTally& t, uint32_t before, uint32_t after, uint32_t grad, uint32_t state,
+// One element added to a tally: UpdateTally, or the CUDA kernel's per-thread totals (int32 counts within a chunk).
+template <class Tally>
+AMPI_HD void tally_update_element(Tally& t, uint32_t before, uint32_t after, uint32_t grad, uint32_t state,
                                   bool has_state, uint32_t weight_normal, uint32_t state_normal) {
   const UpdateElement e = judge_update_element(before, after, grad, state, has_state, weight_normal, state_normal);
   t.counts[kUpdWithGrad] += e.with_grad;
@@ -134,7 +135,30 @@ struct UpdateKernelView {
   int32_t weight_dtype;
   int32_t grad_dtype;
   int32_t state_dtype;
+  // The elements i with i % kUpdateUnitElems == vector_phase start a unit the kernel reads with 16-byte loads of
+  // every input (all four arrays 16-byte aligned there); -1: no such phase (arrays misaligned apart), scalar loads
+  // only. Set by the launch sequence (update_vector_phase).
+  int32_t vector_phase;
 };
+
+// Elements per thread per iteration of the CUDA kernel's vector loop: one 16-byte load of each 16-bit input, two of
+// each float32 one.
+constexpr int kUpdateUnitElems = 8;
+
+// The view's vector_phase (above), from its arrays' addresses: host code.
+inline int32_t update_vector_phase(const UpdateKernelView& v) {
+  const auto aligned = [](const void* data, int32_t dtype, int32_t phase) {
+    const uintptr_t bytes = static_cast<uintptr_t>(phase) * (dtype == kFloat32 ? 4u : 2u);
+    return (reinterpret_cast<uintptr_t>(data) + bytes) % 16u == 0u;
+  };
+  for (int32_t phase = 0; phase < kUpdateUnitElems; ++phase) {
+    if (aligned(v.before, v.weight_dtype, phase) && aligned(v.after, v.weight_dtype, phase) &&
+        aligned(v.grad, v.grad_dtype, phase) && (v.state == nullptr || aligned(v.state, v.state_dtype, phase))) {
+      return phase;
+    }
+  }
+  return -1;
+}
 
 constexpr int64_t kUpdateChunkElems = int64_t{1} << 16;  // the GPU's chunk: one block's work at a time
 constexpr int kUpdateViewsPerLaunch = 24;  // 24 x 72 bytes of views: well inside the 4 KiB of kernel parameters

@@ -24,7 +24,9 @@ std::tuple<Tensor, Tensor, Tensor> update_stats_emulated(std::vector<Tensor> bef
                                                          std::vector<Tensor> grads, std::vector<Tensor> exp_avg_sq,
                                                          int64_t chunk_elems, int64_t blocks) {
   check_emulated_on_cpu(kEmulatedOp, before, "before[", "]");
-  AMPI_CHECK(chunk_elems > 0, kEmulatedOp, "chunk_elems must be positive, got ", chunk_elems);
+  // The kernel counts a chunk's elements in uint32 (update_stats_kernels.cuh).
+  AMPI_CHECK(chunk_elems > 0 && chunk_elems <= (int64_t{1} << 31), kEmulatedOp,
+             "chunk_elems must be in [1, 2^31], got ", chunk_elems);
   UpdateKernelCall k;
   k.call = prepare_update_call(before, after, grads, exp_avg_sq);
   plan_update_kernels(k, Device(DeviceType::CPU), chunk_elems);
