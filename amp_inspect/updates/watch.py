@@ -14,14 +14,8 @@ On a measured step, and only then, the optimizer's step hooks (``register_step_p
   where the optimizer state holds it: Adam, AdamW, foreach and fused alike), then the snapshot is dropped.
 
 Memory: the snapshot is one extra copy of the parameters with gradients, in their dtype (2 bytes per bf16 / fp16
-element, 4 per fp32). On a GPU (and any device but the CPU) it is held from the start of the measured step's
-``optimizer.step()`` to its end, nothing on other steps: the caching allocator hands the same memory out again at
-no cost. On the CPU the copy is kept from one measured step to the next and written over in place (``copy_``), so
-that the copy is one pass over memory already mapped: a fresh copy of tens of MB faults in new pages from the
-operating system on every measured step, its largest cost (under load, 160 of a measured step's 228 ms of work on
-13.8M parameters, issue 33). It is freed on ``detach()`` (``close``), and a parameter's buffer when it no longer
-fits (another shape or dtype). No host sync: the statistics go to the host as report.HostCopy copies them (pinned
-memory on CUDA).
+element, 4 per fp32), held from the start of the measured step's ``optimizer.step()`` to its end; nothing on other
+steps. No host sync: the statistics go to the host as report.HostCopy copies them (pinned memory on CUDA).
 
 Which steps: the optimizer step is the unit, so with gradient accumulation the step that applies the accumulated
 gradients is measured. An optimizer step is measured when the inspector inspected its step (``check()``, or an
@@ -187,8 +181,6 @@ class OptimizerWatch:
         self.last: UpdateStats | None = None
         self._owner = weakref.ref(owner)
         self._snapshots: dict[int, _Snapshot] = {}
-        # Per optimizer (by id), the CPU snapshot's buffers, reused by the next measured step (module docstring)
-        self._kept: dict[int, list[torch.Tensor | None]] = {}
         self._slots: dict[int, _Slot] = {}
         self._handles: list[RemovableHandle] = []
         self._warned: set[str] = set()  # why parameters were left out, each said once
@@ -322,22 +314,9 @@ class OptimizerWatch:
                 name = owner.module_of(p) if owner is not None else None
                 names.append(name or f"param_groups[{g}].params[{i}]")
         with torch.no_grad():
-            before = self._copies(optimizer, [_values(p) for p in params])  # type: ignore[misc]
+            before = [_values(p).clone() for p in params]  # type: ignore[union-attr]
             grads = [_values(p.grad) for p in params]  # type: ignore[arg-type]
         self._snapshots[id(optimizer)] = _Snapshot(step, params, before, grads, names, asked)
-
-    def _copies(self, optimizer: torch.optim.Optimizer, values: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The snapshot's copies of ``values``: on the CPU into the buffers of the optimizer's last measured step
-        where they still fit (same shape, dtype and device; kept for the next one, module docstring), elsewhere
-        fresh clones, dropped after the step."""
-        kept = self._kept.get(id(optimizer), [])
-        copies = []
-        for i, v in enumerate(values):
-            buffer = kept[i] if i < len(kept) else None
-            fits = buffer is not None and (buffer.shape, buffer.dtype, buffer.device) == (v.shape, v.dtype, v.device)
-            copies.append(buffer.copy_(v) if fits else v.clone())  # type: ignore[union-attr]
-        self._kept[id(optimizer)] = [c if c.device.type == "cpu" else None for c in copies]
-        return copies
 
     def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
         snap = self._snapshots.pop(id(optimizer), None)
@@ -350,7 +329,7 @@ class OptimizerWatch:
         with torch.no_grad():
             for rows in _groups(snap, optimizer):
                 self._measure(slot, snap, optimizer, rows, applied)
-        snap.before.clear()  # the snapshot goes now (on the CPU its buffers stay for the next measured step)
+        snap.before.clear()  # the snapshot goes now
         if all(id(o) in slot.stepped for o in self.optimizers):
             slot.stats.complete = True
             self.last = slot.stats
@@ -452,7 +431,6 @@ class OptimizerWatch:
             handle.remove()
         self._handles.clear()
         self._snapshots.clear()
-        self._kept.clear()
         for slot in self._slots.values():
             self._complete(slot)
         self._slots.clear()
