@@ -247,22 +247,30 @@ def count_loop(instrs: list[tuple[int, str]], head: int, elements: int | None = 
     return LoopCount(elements, loads, len(path), one, worst, pipes)
 
 
-def spills(log: str) -> dict[tuple[str, int, str], tuple[int, int, int]]:
-    """(mode, formats, dtype) -> (registers, spill store bytes, spill load bytes), from ptxas -v output."""
-    found = {}
+def ptxas_kernels(log: str, kernel: re.Pattern) -> list[tuple[re.Match, int, int, int]]:
+    """(name match, registers, spill store bytes, spill load bytes) of each kernel ``kernel`` matches, from ptxas -v
+    output: the one reading of that output the three kernel families share."""
+    found = []
     name = None
     stores = loads = 0
     for line in log.splitlines():
         if "Function properties for" in line:
-            name = KERNEL.search(line)
+            name = kernel.search(line)
         elif name and "spill stores" in line:
             numbers = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
             stores, loads = int(numbers.group(1)), int(numbers.group(2))
         elif name and "Used" in line and "registers" in line:
-            registers = int(re.search(r"Used (\d+) registers", line).group(1))
-            mode, formats, dtype = (int(g) for g in name.groups())
-            found[(MODES[mode], formats, DTYPES[dtype])] = (registers, stores, loads)
+            found.append((name, int(re.search(r"Used (\d+) registers", line).group(1)), stores, loads))
             name = None
+    return found
+
+
+def spills(log: str) -> dict[tuple[str, int, str], tuple[int, int, int]]:
+    """(mode, formats, dtype) -> (registers, spill store bytes, spill load bytes), from ptxas -v output."""
+    found = {}
+    for name, registers, stores, loads in ptxas_kernels(log, KERNEL):
+        mode, formats, dtype = (int(g) for g in name.groups())
+        found[(MODES[mode], formats, DTYPES[dtype])] = (registers, stores, loads)
     return found
 
 
@@ -331,20 +339,10 @@ def readiness_build(
 
 def readiness_registers(log: str) -> dict[str, tuple[int, int]]:
     """dtype -> (registers, spill store + load bytes) of the readiness kernels, from ptxas -v output."""
-    found, name, spilled = {}, None, 0
-    for line in log.splitlines():
-        if "Function properties for" in line:
-            name = READINESS_KERNEL.search(line)
-        elif name and "spill stores" in line:
-            numbers = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-            spilled = int(numbers.group(1)) + int(numbers.group(2))
-        elif name and "Used" in line and "registers" in line:
-            found[READINESS_DTYPES[int(name.group(1))]] = (
-                int(re.search(r"Used (\d+) registers", line).group(1)),
-                spilled,
-            )
-            name = None
-    return found
+    return {
+        READINESS_DTYPES[int(name.group(1))]: (registers, stores + loads)
+        for name, registers, stores, loads in ptxas_kernels(log, READINESS_KERNEL)
+    }
 
 
 def readiness_main(cuobjdump: str) -> int:
@@ -415,17 +413,10 @@ def update_hot_loop(instrs: list[tuple[int, str]]) -> tuple[int, int] | None:
 
 def update_registers(log: str) -> dict[str, tuple[int, int]]:
     """kernel variant ("fp32 fp32 -", or "runtime" for one kernel of all dtypes) -> (registers, spill bytes)."""
-    found, name, spilled = {}, None, 0
-    for line in log.splitlines():
-        if "Function properties for" in line:
-            name = UPDATE_KERNEL.search(line)
-        elif name and "spill stores" in line:
-            numbers = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-            spilled = int(numbers.group(1)) + int(numbers.group(2))
-        elif name and "Used" in line and "registers" in line:
-            found[update_variant(name)] = (int(re.search(r"Used (\d+) registers", line).group(1)), spilled)
-            name = None
-    return found
+    return {
+        update_variant(name): (registers, stores + loads)
+        for name, registers, stores, loads in ptxas_kernels(log, UPDATE_KERNEL)
+    }
 
 
 def update_variant(match: re.Match) -> str:
