@@ -391,6 +391,19 @@ def final_checks(trainers: list[Trainer], init_scale: float) -> list[dict[str, o
     return checks
 
 
+@contextmanager
+def reporting_to(results: Any, rank: int) -> Iterator[None]:
+    """The body of a benchmark rank: an error goes to the parent through ``results`` (then raised), and the
+    process group is destroyed either way."""
+    try:
+        yield
+    except BaseException as error:
+        results.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
 def rank_main(rank: int, world: int, port: int, config: BenchConfig, results: Any) -> None:
     """One rank: build every configuration, run them interleaved, send the records to the parent."""
     torch.set_num_threads(config.threads_per_rank)
@@ -401,7 +414,7 @@ def rank_main(rank: int, world: int, port: int, config: BenchConfig, results: An
         world_size=world,
         timeout=timedelta(seconds=PG_TIMEOUT_S),
     )
-    try:
+    with reporting_to(results, rank):
         counter, timer = CollectiveCounter(), CallTimer()
         counter.install()
         timer.install()
@@ -433,11 +446,6 @@ def rank_main(rank: int, world: int, port: int, config: BenchConfig, results: An
             }
         )
         dist.barrier()
-    except BaseException as error:
-        results.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
-        raise
-    finally:
-        dist.destroy_process_group()
 
 
 def free_port() -> int:
@@ -762,7 +770,7 @@ def traffic_rank_main(rank: int, world: int, family: str, port: int, results: An
     dist.init_process_group(
         BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
-    try:
+    with reporting_to(results, rank):
         sent: list[tuple[str, int]] = []
         originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather")}
 
@@ -810,11 +818,6 @@ def traffic_rank_main(rank: int, world: int, family: str, port: int, results: An
         tensors = len(list(model.parameters()))
         results.put({"rank": rank, "steps": by_step, "named": named, "tensors": tensors})
         dist.barrier()
-    except BaseException as error:
-        results.put({"rank": rank, "error": f"{type(error).__name__}: {error}"})
-        raise
-    finally:
-        dist.destroy_process_group()
 
 
 def traffic_formula(family: str, world: int, tensors: int, step: int) -> tuple[int, int]:
