@@ -8,6 +8,13 @@ GradScaler on CUDA), timing ``insp.check()`` alone with ``perf_counter`` after a
 check() time of each checkout, the ratio after / before with a 95% interval over the rounds' ratios, and whether
 the ratio is within noise (the interval holds 1). Both checkouts must hold a built extension (``make setup``, or
 copy ``amp_inspect/_C*.so`` into a worktree of an older commit whose C++ is the same).
+
+With ``--distributed``, each round runs this checkout's ``bench/bench_distributed.py`` (two gloo ranks, DDP and
+FSDP2, every configuration interleaved with its bare baseline in one run) once against each checkout's package, and
+compares what that run measures side by side: the step of ``ddp_check`` and ``fsdp_check`` over the family's bare
+step (the median of per-round ratios), and the time inside the inspection's own parts (the comm hook, reduce_stats).
+
+    python bench/compare_checkouts.py --before /path/to/old/checkout --distributed [--rounds 3] [--bench-rounds 20]
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -82,6 +91,59 @@ def measure(tree: Path, device: str, steps: int, warmup: int) -> float:
     return out["check_us"]
 
 
+# What --distributed reads of each bench_distributed.py run: per configuration, its step over the family's bare step
+# (the median of per-round paired ratios) and the medians of the time spent in the comm hook and in reduce_stats.
+DIST_CONFIGS = ("ddp_check", "ddp_check_nohook", "fsdp_check")
+DIST_FIELDS = ("x_bare_paired", "check_median_ms", "hook_median_ms", "combine_median_ms")
+
+
+def measure_distributed(tree: Path, bench_rounds: int) -> dict[str, dict[str, float]]:
+    """One run of this checkout's bench_distributed.py against ``tree``'s package: DIST_FIELDS of each of
+    DIST_CONFIGS. The benchmark puts the checkout above its own folder first on the path, so its folder is copied
+    into ``tree`` for the run (a hidden folder, removed after)."""
+    bench = Path(__file__).resolve().parent
+    with (
+        tempfile.TemporaryDirectory(dir=tree, prefix=".compare_bench_") as folder,
+        tempfile.TemporaryDirectory() as out,
+    ):
+        copy = Path(folder) / "bench"
+        shutil.copytree(bench, copy, ignore=shutil.ignore_patterns("results", "__pycache__"))
+        probe = f"import sys; sys.path[:0] = [{str(tree)!r}]; import amp_inspect; print(amp_inspect.__file__)"
+        source = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+        if not source.startswith(str(tree)):
+            raise SystemExit(f"{tree}: amp_inspect is imported from {source.strip()}, not from this checkout")
+        # bench_distributed.py puts parent.parent of its own file first: the copy's is ``folder``, so link the
+        # package there.
+        (Path(folder) / "amp_inspect").symlink_to(tree / "amp_inspect")
+        command = [sys.executable, str(copy / "bench_distributed.py"), "--rounds", str(bench_rounds), "--out", out]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+        if result.returncode != 0:
+            raise SystemExit(f"{tree}: bench_distributed.py failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        (written,) = Path(out).glob("*.json")
+        measurements = json.loads(written.read_text())["measurements"]
+    by_config = {m["config"]: m for m in measurements}
+    return {c: {f: float(by_config[c][f]) for f in DIST_FIELDS} for c in DIST_CONFIGS}
+
+
+def compare_distributed(before_tree: Path, after_tree: Path, rounds: int, bench_rounds: int) -> None:
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {"before": [], "after": []}
+    order = (("before", before_tree), ("after", after_tree))
+    for round_ in range(rounds):
+        for name, tree in order if round_ % 2 == 0 else order[::-1]:
+            runs[name].append(measure_distributed(tree.resolve(), bench_rounds))
+            print(f"round {round_ + 1}/{rounds} {name}: {json.dumps(runs[name][-1])}", flush=True)
+    print(f"bench_distributed.py, {rounds} runs per checkout x {bench_rounds} rounds, alternating; medians over runs:")
+    print(f"  before: {before_tree}\n  after:  {after_tree}")
+    for config in DIST_CONFIGS:
+        for field in DIST_FIELDS:
+            old = [r[config][field] for r in runs["before"]]
+            new = [r[config][field] for r in runs["after"]]
+            print(
+                f"  {config:18s} {field:18s} before {statistics.median(old):8.3f} ({min(old):.3f}-{max(old):.3f})"
+                f"   after {statistics.median(new):8.3f} ({min(new):.3f}-{max(new):.3f})"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, required=True)
@@ -90,7 +152,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--distributed", action="store_true", help="bench_distributed.py per checkout (DDP, FSDP2)")
+    parser.add_argument("--bench-rounds", type=int, default=20, help="--distributed: bench_distributed.py's --rounds")
     args = parser.parse_args()
+    if args.distributed:
+        compare_distributed(args.before.resolve(), args.after.resolve(), args.rounds, args.bench_rounds)
+        return
     before, after, ratios = [], [], []
     for round_ in range(args.rounds):
         order = ((before, args.before), (after, args.after))

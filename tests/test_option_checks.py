@@ -34,6 +34,31 @@ def test_bad_scaler_numbers_are_one_sentence(kwargs, name) -> None:
         InspectingGradScaler("cpu", **kwargs)
 
 
+def _scaler_after_one_step() -> tuple[InspectingGradScaler, TwoLayer]:
+    model = TwoLayer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = InspectingGradScaler("cpu", init_scale=256.0)
+    scaler.scale(model(torch.randn(4, 4)).sum()).backward()
+    scaler.step(opt)
+    return scaler, model
+
+
+@pytest.mark.parametrize("new_scale", [math.nan, math.inf, -4.0, 0.0, 1e39, "2"])
+def test_a_bad_new_scale_given_to_update_is_one_sentence(new_scale) -> None:
+    """Before, GradScaler filled its float32 scale with it and went on (NaN, 0, -4, Inf), or failed in fill_."""
+    scaler, _ = _scaler_after_one_step()
+    with pytest.raises(ValueError, match=r"InspectingGradScaler.update: new_scale must be a finite number above 0"):
+        scaler.update(new_scale)
+    assert scaler.get_scale() == 256.0  # nothing applied
+
+
+@pytest.mark.parametrize("new_scale", [512.0, 3, torch.tensor(128.0)])
+def test_a_good_new_scale_given_to_update_is_applied(new_scale) -> None:
+    scaler, _ = _scaler_after_one_step()
+    scaler.update(new_scale)
+    assert scaler.get_scale() == float(new_scale if not isinstance(new_scale, torch.Tensor) else new_scale.item())
+
+
 def test_good_scaler_options_and_positional_arguments_pass() -> None:
     scaler = InspectingGradScaler("cpu", 1024.0, 2.0, 0.5, 100, policy="headroom")
     assert scaler.state_dict()["growth_interval"] == 100

@@ -330,6 +330,10 @@ class InspectingGradScaler(torch.amp.GradScaler):
         return decision
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        # A number given here is checked as a policy's scale is (GradScaler would fill its float32 scale with a NaN,
+        # 0 or Inf and go on); a tensor is GradScaler's to check: reading its value would be a host sync.
+        if new_scale is not None and not isinstance(new_scale, torch.Tensor):
+            new_scale = loss_scale("InspectingGradScaler.update", "new_scale", new_scale)
         decision = None
         report = self.last_report
         if self._policy is not None and self.is_enabled() and new_scale is None and self._unscaled_this_step:
