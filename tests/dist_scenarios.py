@@ -507,6 +507,36 @@ def shards(world: int, out: Path) -> None:
     assert merged.ranks_with_inf.tolist() == [r == world - 1 for r in range(world)]
 
 
+def shards_cuda(world: int, out: Path) -> None:
+    """reduce_stats on CUDA tensors (issue 32, item 5: the code path NCCL takes; gloo carries the CUDA tensors here,
+    the ranks sharing GPU 0): each rank's slice combines into the whole tensors' statistics; the record stays on
+    the device; every rank holds Infs in one tensor (rank r: r + 1), so on three ranks the per-rank counts are
+    fetched; read at once, and through the Combiner at its next combine (no host sync in between)."""
+    rank = dist.get_rank()
+    torch.cuda.set_device(0)
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(n, generator=g) * 10.0 ** torch.randint(-8, 6, (n,), generator=g) for n in (10, 4097, 33)]
+    pieces = [t.tensor_split(world) for t in full]
+    for r in range(world):
+        pieces[1][r][: r + 1] = float("inf")  # a view: the whole tensor holds them too
+    formats = ("fp16", "bf16")
+    mine = [p[rank].cuda() for p in pieces]
+    whole = amp_inspect.tensor_stats(full, formats=formats)
+    expected = torch.zeros(world, 3, dtype=torch.int64)
+    expected[:, 1] = torch.arange(1, world + 1)
+    merged = reduce_stats(amp_inspect.tensor_stats(mine, formats=formats))
+    combiner = Combiner(None, TIMEOUT_S)
+    deferred = combiner.combine(amp_inspect.tensor_stats(mine, formats=formats), [t.shape for t in full])
+    assert deferred.totals.device.type == mine[0].device.type  # the record's sums stay on the device
+    combiner.combine(amp_inspect.tensor_stats(mine, formats=formats), [t.shape for t in full])  # decides the first
+    for result in (merged, deferred):
+        for name in ("numel", "nan", "posinf", "neginf", "zero", "overflow", "subnormal", "underflow", "amax"):
+            assert torch.equal(getattr(result.stats, name).cpu(), getattr(whole, name)), name
+        assert torch.equal(result.stats.hist.cpu(), whole.hist)
+        torch.testing.assert_close(result.stats.sumsq.cpu(), whole.sumsq, rtol=1e-6, atol=0)
+        assert torch.equal(result.nonfinite_by_rank, expected), result.nonfinite_by_rank
+
+
 def record_bytes(tensors: int, formats: int) -> list[tuple[str, int]]:
     """reduce_stats' collectives over one group (amp_inspect/distributed/combine.py), whatever the world: SUM of the
     float64 buffer (counts 5 + 3F, histogram 256, sum of squares 1, this rank's NaN/Inf count 1, per tensor), MAX of
@@ -711,7 +741,21 @@ def ddp_sparse(world: int, out: Path) -> None:
     insp.detach()
 
 
-ALL = (shards, ddp, ddp_views, ddp_more, ddp_teardown, ddp_cuda, ddp_groups, fsdp2, hsdp, mesh_2d, mismatch, dead)
+ALL = (
+    shards,
+    shards_cuda,
+    ddp,
+    ddp_views,
+    ddp_more,
+    ddp_teardown,
+    ddp_cuda,
+    ddp_groups,
+    fsdp2,
+    hsdp,
+    mesh_2d,
+    mismatch,
+    dead,
+)
 ALL += (absent, ddp_sparse, ddp_traffic, fsdp_traffic)
 SCENARIOS = {f.__name__: f for f in ALL}
 

@@ -110,6 +110,12 @@ def test_ddp_hook_on_cuda_tensors(tmp_path) -> None:
     run_scenario("ddp_cuda", 2, tmp_path)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("world", [2, 3])
+def test_shards_combine_on_cuda_tensors(tmp_path, world: int) -> None:
+    run_scenario("shards_cuda", world, tmp_path)
+
+
 @pytest.mark.parametrize("scenario", ["ddp_groups", "hsdp", "mesh_2d"])
 def test_subgroups_name_global_ranks(tmp_path, scenario: str) -> None:
     # DDP over two process groups of 2, HSDP on a (2, 2) mesh, and DTensors sharded along both dimensions of
