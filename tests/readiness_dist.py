@@ -26,7 +26,7 @@ def _operand(t: torch.Tensor) -> OperandStats:
 
 def ddp_readiness(world: int, out: Path) -> None:
     """DDP, each rank its own batch: the readiness table is every rank's X merged (counts add, amax the max), the
-    same table on every rank, and W counted once per rank."""
+    same table on every rank, and W and dW (the same on every rank) counted once: those of one process."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
@@ -47,7 +47,15 @@ def ddp_readiness(world: int, out: Path) -> None:
         want.blocks,
     ), (x, want)
     assert x.amax == want.amax
-    assert report.readiness.modules["0"]["W"].numel == world * 16 * 32
+    for operand, tensor in (("W", model[0].weight), ("dW", model[0].weight.grad)):
+        got, alone = report.readiness.modules["0"][operand], _operand(tensor.detach())
+        assert (got.numel, got.flushed, got.saturated, got.amax) == (
+            alone.numel,
+            alone.flushed,
+            alone.saturated,
+            alone.amax,
+        )
+        assert got.sq_error == alone.sq_error, operand  # was world times the weight's own: counted once per rank
     mine = torch.tensor([x.sq_error[0], float(report.readiness.modules["2"]["dY"].flushed[6])], dtype=torch.float64)
     everyone = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,8 @@ NOT_MEASURED = (
     "amp_inspect: readiness_every does not measure {named}: a tensor subclass whose values no plain tensor holds (its "
     "own dequantization makes them); the modules' other operands are measured"
 )
+# Operands a plain tensor holds alike on every rank of a data-parallel group (see _measure).
+SAME_ON_EVERY_RANK = ("W", "dW")
 SHOWN_OPERANDS = 10  # operands the warning names before "..."
 
 NO_OPERAND = (
@@ -371,32 +373,44 @@ class ReadinessHooks:
         # rank's local piece: the op has no sharding rule, and the table adds every rank's pieces (_across_ranks).
         # One replicated along a dimension of its mesh is measured at coordinate 0 of it alone (the colwise layer's
         # input: counted once, not once per tensor-parallel rank); the others add a row of zeros.
-        elsewhere = [(op, t) for op, t in operands if not added_here(t)]
-        for operand, t in elsewhere:
-            self._add_row(name, operand, self._zero_row(t.device))
-        operands = [(op, t) for op, t in operands if added_here(t)]
-        if not operands:
-            return
-        tensors = [to_local(t).detach().contiguous() for _, t in operands]
-        try:
-            with torch.no_grad():
-                stats = format_readiness(tensors, self.recipes)
-        except Exception as error:  # noqa: BLE001 - a probe never breaks the user's forward or backward
-            if not self._failed:
-                self._failed = True
-                warnings.warn(
-                    MEASURE_FAILED.format(
-                        step=self.step,
-                        module=name,
-                        operands=", ".join(op for op, _ in operands),
-                        error=f"{type(error).__name__}: {error}",
-                    ),
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            return
-        for (operand, _), row in zip(operands, _rows(stats), strict=True):
-            self._add_row(name, operand, row)
+        # A plain weight is the same on every rank (DDP's replicas, FSDP2's all-gathered weight), and so is a plain
+        # dW after DDP's all-reduce: measured by the group's first rank alone, so the table counts the model's W once.
+        # Rows are added in the operands' order whichever this rank measures: the merge adds them by position.
+        counted = [self._counted_here(op, t) for op, t in operands]
+        measured = [(op, t) for (op, t), here in zip(operands, counted, strict=True) if here]
+        rows: Iterator[_Row] = iter(())
+        if measured:
+            tensors = [to_local(t).detach().contiguous() for _, t in measured]
+            try:
+                with torch.no_grad():
+                    rows = iter(_rows(format_readiness(tensors, self.recipes)))
+            except Exception as error:  # noqa: BLE001 - a probe never breaks the user's forward or backward
+                if not self._failed:
+                    self._failed = True
+                    warnings.warn(
+                        MEASURE_FAILED.format(
+                            step=self.step,
+                            module=name,
+                            operands=", ".join(op for op, _ in measured),
+                            error=f"{type(error).__name__}: {error}",
+                        ),
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                operands = [(op, t) for (op, t), here in zip(operands, counted, strict=True) if not here]
+                counted = [False] * len(operands)
+        for (operand, t), here in zip(operands, counted, strict=True):
+            self._add_row(name, operand, next(rows) if here else self._zero_row(t.device))
+
+    def _counted_here(self, operand: str, t: torch.Tensor) -> bool:
+        """Whether this rank adds its ``operand`` to the table merged across ranks (see _measure)."""
+        if not added_here(t):
+            return False
+        if operand not in SAME_ON_EVERY_RANK or to_local(t) is not t or not is_distributed(self.group):  # type: ignore[arg-type]
+            return True
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group) == 0  # type: ignore[arg-type]
 
     def _add_row(self, name: str, operand: str, row: _Row) -> None:
         key = (name, operand)
