@@ -179,6 +179,14 @@ class BenchConfig:
     steps_per_round: int  # per configuration and round
     init_scale: float
     amp_dtype: str = "bfloat16"
+    configs: tuple[str, ...] = ()  # --configs: those run (with their families' bare ones); empty: all
+
+    def chosen(self) -> tuple[DistConfig, ...]:
+        """The configurations this run times: ``configs`` and their families' bare baselines, in CONFIGS' order."""
+        if not self.configs:
+            return CONFIGS
+        names = set(self.configs) | {BARE_OF[c.family] for c in CONFIGS if c.name in self.configs}
+        return tuple(c for c in CONFIGS if c.name in names)
 
 
 # ------------------------------------------------------------------------------------------ the counter
@@ -420,7 +428,7 @@ def rank_main(rank: int, world: int, port: int, config: BenchConfig, results: An
         timer.install()
         base = make_gpt(MODEL, "cpu", SEED)
         batches = token_batches(MODEL, DISTINCT_BATCHES, SEED + 1 + rank)  # each rank its own
-        trainers = [Trainer(c, base, world, config.init_scale) for c in CONFIGS]
+        trainers = [Trainer(c, base, world, config.init_scale) for c in config.chosen()]
         warm, timed = interleave(
             trainers,
             lambda t: t.step(batches, counter, timer),
@@ -597,7 +605,7 @@ def summarize(by_rank: dict[int, dict[str, Any]], config: BenchConfig) -> list[D
     rank0, rank1 = by_rank[0], by_rank[1]
     tensors = rank0["parameter_tensors"]
     rows: list[DistMeasurement] = []
-    for c in CONFIGS:
+    for c in config.chosen():
         rounds = rank0["rounds"][c.name]
         steps = [s for rs in rounds for s in rs]
         warmup = rank0["warmup"][c.name]
@@ -904,6 +912,13 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         action="store_true",
         help="only the inspection's bytes per step (DDP hook, FSDP2 and TP combine) at 2-8 ranks (no JSON)",
     )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=[c.name for c in CONFIGS],
+        default=[],
+        help="time only these (and their families' bare baselines; default: all)",
+    )
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
     rounds, steps, warmup = (2, 1, 2) if args.quick else (60, 1, 3)
@@ -916,6 +931,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         rounds=args.rounds or rounds,
         steps_per_round=args.steps_per_round or steps,
         init_scale=INIT_SCALE,
+        configs=tuple(args.configs),
     )
 
 
@@ -939,8 +955,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     print(
-        f"# {len(CONFIGS)} configs interleaved: {config.warmup_steps} warmup steps each, then {config.rounds} rounds "
-        f"x {config.steps_per_round} steps each; load average before {machine['load_average_before']}",
+        f"# {len(config.chosen())} configs interleaved: {config.warmup_steps} warmup steps each, then "
+        f"{config.rounds} rounds x {config.steps_per_round} steps each; "
+        f"load average before {machine['load_average_before']}",
         flush=True,
     )
     start = time.perf_counter()

@@ -93,7 +93,7 @@ def measure(tree: Path, device: str, steps: int, warmup: int) -> float:
 
 # What --distributed reads of each bench_distributed.py run: per configuration, its step over the family's bare step
 # (the median of per-round paired ratios) and the medians of the time spent in the comm hook and in reduce_stats.
-DIST_CONFIGS = ("ddp_check", "ddp_check_nohook", "fsdp_check")
+DIST_CONFIGS = ("ddp_check", "fsdp_check")
 DIST_FIELDS = ("x_bare_paired", "check_median_ms", "hook_median_ms", "combine_median_ms")
 
 
@@ -116,6 +116,7 @@ def measure_distributed(tree: Path, bench_rounds: int) -> dict[str, dict[str, fl
         # package there.
         (Path(folder) / "amp_inspect").symlink_to(tree / "amp_inspect")
         command = [sys.executable, str(copy / "bench_distributed.py"), "--rounds", str(bench_rounds), "--out", out]
+        command += ["--configs", *DIST_CONFIGS]  # with their bare baselines
         result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
         if result.returncode != 0:
             raise SystemExit(f"{tree}: bench_distributed.py failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
