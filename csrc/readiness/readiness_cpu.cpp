@@ -254,12 +254,16 @@ bool avx2_path() {
   return ok;
 }
 
-// A unit's elements for the AVX2 loops: float32 bits (non-finite ones set to 0) and x as float64, exactly; both
-// zero past the unit's n up to a multiple of 8, so that every vector load is whole (a zero counts nothing and adds
-// nothing, and the partial vector's lanes past n are never added).
+// A unit's elements for the AVX2 loops: |x| as float32 bits (non-finite ones set to 0) and as float64, exactly;
+// both zero past the unit's n up to a multiple of 8, so that every vector load is whole (a zero counts nothing and
+// adds nothing, and the partial vector's lanes past n are never added). Magnitudes, since no verdict or term depends
+// on x's sign: q takes x's sign, so (x - dequant)^2 is (|x| - |dequant|)^2 bit for bit (IEEE's negation is exact and
+// its rounding symmetric). zero_lanes: the zeros among the lanes of those vectors, padding included, so that
+// a recipe counts flushed elements as its q = 0 lanes less these (x = 0 gives q = 0 under every scale).
 struct alignas(32) UnitData {
   uint32_t bits[kLargestBlock];
   double x[kLargestBlock];
+  int32_t zero_lanes;
 };
 
 // Lanes 0-3 and 4-7 (acc_lo, acc_hi) added from lane 0 to 7, then the partial vector's first `rest` squares: the
@@ -290,7 +294,7 @@ AMPI_AVX2 inline __m256d square_apart(__m256d e) {
   return sq;
 }
 
-// scan_unit on the AVX2 path: fills d.x (x exactly: the hardware's widening, and for a vector holding a float32
+// scan_unit on the AVX2 path: sets d.bits to |x| and fills d.x (|x| exactly: the hardware's widening, and for a vector holding a float32
 // subnormal float32_bits_to_double's, which no DAZ mode touches) beside scan_unit's counts, zeroing and sub-block
 // amaxes. d.bits holds the unit's n elements and zeros up to 128.
 AMPI_AVX2 UnitScan scan_unit_avx2(UnitData& d, int64_t n, uint32_t* sub_amax) {
@@ -298,7 +302,7 @@ AMPI_AVX2 UnitScan scan_unit_avx2(UnitData& d, int64_t n, uint32_t* sub_amax) {
   const __m256i largest_finite = _mm256_set1_epi32(static_cast<int32_t>(kInfBits32 - 1));
   const __m256i smallest_normal = _mm256_set1_epi32(static_cast<int32_t>(kImplicitBit32));
   const __m256i zero = _mm256_setzero_si256();
-  __m256i nonzero = zero, nonfinite = zero, subnormal = zero;
+  __m256i nonzero = zero, nonfinite = zero, subnormal = zero, zeros = zero;
   __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
   alignas(32) double tail[8];
   for (int64_t i = 0; i < n; i += 8) {
@@ -311,7 +315,8 @@ AMPI_AVX2 UnitScan scan_unit_avx2(UnitData& d, int64_t n, uint32_t* sub_amax) {
     nonzero = _mm256_sub_epi32(nonzero, _mm256_andnot_si256(_mm256_or_si256(is_zero, not_finite), _mm256_set1_epi32(-1)));
     const __m256i sub = _mm256_andnot_si256(is_zero, tiny);
     subnormal = _mm256_sub_epi32(subnormal, sub);
-    b = _mm256_andnot_si256(not_finite, b);
+    zeros = _mm256_sub_epi32(zeros, _mm256_or_si256(is_zero, not_finite));
+    b = _mm256_andnot_si256(not_finite, a);
     _mm256_store_si256(reinterpret_cast<__m256i*>(d.bits + i), b);
     const __m256 x = _mm256_castsi256_ps(b);
     __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
@@ -332,10 +337,10 @@ AMPI_AVX2 UnitScan scan_unit_avx2(UnitData& d, int64_t n, uint32_t* sub_amax) {
       _mm256_store_pd(tail + 4, sq_hi);
     }
   }
+  d.zero_lanes = lanes_int_total(zeros);
   for (int64_t first = 0; first < n; first += kSmallestBlock) {  // zeros past n leave a maximum as it is
-    const __m256i m = _mm256_max_epu32(
-        _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(d.bits + first)), abs_mask),
-        _mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(d.bits + first + 8)), abs_mask));
+    const __m256i m = _mm256_max_epu32(_mm256_load_si256(reinterpret_cast<const __m256i*>(d.bits + first)),
+                                       _mm256_load_si256(reinterpret_cast<const __m256i*>(d.bits + first + 8)));
     __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
     h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E));
     h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1));
@@ -374,8 +379,6 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
                                         const BlockScaleAvx2* scales) {
   const int32_t shift = kMantissaBits32 - g.mbits;
   const __m128i shift_count = _mm_cvtsi32_si128(shift);
-  const __m256i abs_mask = _mm256_set1_epi32(static_cast<int32_t>(kAbsMask32));
-  const __m256i sign_mask = _mm256_set1_epi32(static_cast<int32_t>(kSignMask32));
   const __m256i one = _mm256_set1_epi32(1);
   const __m256i max_bits = _mm256_set1_epi32(static_cast<int32_t>(g.max_bits));
   const __m256i half_less_one = _mm256_set1_epi32(static_cast<int32_t>((1u << (shift - 1)) - 1u));
@@ -387,7 +390,7 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
       _mm256_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(g.emin + kExponentBias32) << kMantissaBits32) - 1u));
   const __m256i below_clip = _mm256_set1_epi32(static_cast<int32_t>(clip_bits(g) - 1u));
   const __m256i zero = _mm256_setzero_si256();
-  __m256i flushed = zero, saturated = zero;
+  __m256i q_zero = zero, saturated = zero;
   __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
   alignas(32) double tail[8];
   for (int64_t first = 0, b = 0; first < n; first += block, ++b) {
@@ -396,10 +399,9 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
     const __m256d reciprocal = _mm256_set1_pd(scales[b].reciprocal);
     const int64_t end = std::min(n, first + block);
     for (int64_t i = first; i < end; i += 8) {
-      const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.bits + i));
-      const __m256 x = _mm256_castsi256_ps(bits);
+      const __m256 x = _mm256_load_ps(reinterpret_cast<const float*>(d.bits + i));  // |x|
       const __m256 v = kKind == kKindDivide ? _mm256_div_ps(x, scale32) : _mm256_mul_ps(x, scale32);
-      const __m256i v_abs = _mm256_and_si256(_mm256_castps_si256(v), abs_mask);
+      const __m256i v_abs = _mm256_castps_si256(v);
       // cast_abs_bits: on the bits in the grid's normal range, float32's rounding below it
       const __m256i a = _mm256_min_epu32(v_abs, max_bits);
       const __m256i last_kept = _mm256_and_si256(_mm256_srl_epi32(a, shift_count), one);
@@ -408,9 +410,8 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
       const __m256i q_abs = _mm256_blendv_epi8(_mm256_castps_si256(below), rounded,
                                                _mm256_cmpgt_epi32(a, below_lowest_normal));
       saturated = _mm256_sub_epi32(saturated, _mm256_cmpgt_epi32(v_abs, below_clip));
-      const __m256i x_zero = _mm256_cmpeq_epi32(_mm256_and_si256(bits, abs_mask), zero);
-      flushed = _mm256_sub_epi32(flushed, _mm256_andnot_si256(x_zero, _mm256_cmpeq_epi32(q_abs, zero)));
-      const __m256 q = _mm256_castsi256_ps(_mm256_or_si256(q_abs, _mm256_and_si256(bits, sign_mask)));
+      q_zero = _mm256_sub_epi32(q_zero, _mm256_cmpeq_epi32(q_abs, zero));
+      const __m256 q = _mm256_castsi256_ps(q_abs);
       const __m256d q_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(q));
       const __m256d q_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(q, 1));
       const __m256d x_lo = _mm256_load_pd(d.x + i);
@@ -433,7 +434,7 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
       }
     }
   }
-  return {lanes_int_total(flushed), lanes_int_total(saturated), lanes_total(acc_lo, acc_hi, tail, n % 8)};
+  return {lanes_int_total(q_zero) - d.zero_lanes, lanes_int_total(saturated), lanes_total(acc_lo, acc_hi, tail, n % 8)};
 }
 // judge_recipe on the AVX2 path, the scale rule fixed at compile time: each block's scale (block_scale, counted as
 // judge_recipe counts it) and its broadcast form; judge_fast_avx2 over the unit where judge_recipe would take the fast
@@ -486,7 +487,7 @@ AMPI_AVX2 void judge_recipe_avx2(const UnitData& d, int64_t n, bool has_subnorma
     constexpr int kKind = kPowerOfTwo ? kKindPowerOfTwo : kRule == kScaleNvfp4 ? kKindDivide : kKindFp32;
     v = judge_fast_avx2<kKind>(d, n, g, block, per_block);
   } else {
-    for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t b = 0; b < blocks; ++b) {  // on |x|: the same verdicts and squares (UnitData)
       const BlockVerdicts part = judge_exact(d.bits + b * block, std::min(block, n - b * block), g, scales[b]);
       v.flushed += part.flushed;
       v.saturated += part.saturated;
