@@ -372,22 +372,40 @@ AMPI_AVX2 inline __m256d dequantize_fp32(__m256d q, __m256d s, __m256d r) {
   return _mm256_fmadd_pd(remainder, r, y);
 }
 
+// cast_abs_bits of eight |v| (float32 bits, finite or Inf) on grid g: on the bits in the grid's normal range,
+// float32's rounding below it, as cast_abs_bits does.
+struct CastAvx2 {
+  __m128i shift_count;
+  __m256i one, max_bits, half_less_one, keep, below_lowest_normal;
+  __m256 quantum_shift;
+  AMPI_AVX2 explicit CastAvx2(const ElementGrid& g) {
+    const int32_t shift = kMantissaBits32 - g.mbits;
+    shift_count = _mm_cvtsi32_si128(shift);
+    one = _mm256_set1_epi32(1);
+    max_bits = _mm256_set1_epi32(static_cast<int32_t>(g.max_bits));
+    half_less_one = _mm256_set1_epi32(static_cast<int32_t>((1u << (shift - 1)) - 1u));
+    keep = _mm256_set1_epi32(static_cast<int32_t>(~((1u << shift) - 1u)));
+    quantum_shift = _mm256_castsi256_ps(_mm256_set1_epi32(
+        static_cast<int32_t>(static_cast<uint32_t>(g.emin - g.mbits + kMantissaBits32 + kExponentBias32)
+                             << kMantissaBits32)));
+    below_lowest_normal = _mm256_set1_epi32(
+        static_cast<int32_t>((static_cast<uint32_t>(g.emin + kExponentBias32) << kMantissaBits32) - 1u));
+  }
+  AMPI_AVX2 __m256i of(__m256i v_abs) const {
+    const __m256i a = _mm256_min_epu32(v_abs, max_bits);
+    const __m256i last_kept = _mm256_and_si256(_mm256_srl_epi32(a, shift_count), one);
+    const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(a, half_less_one), last_kept), keep);
+    const __m256 below = _mm256_sub_ps(_mm256_add_ps(_mm256_castsi256_ps(a), quantum_shift), quantum_shift);
+    return _mm256_blendv_epi8(_mm256_castps_si256(below), rounded, _mm256_cmpgt_epi32(a, below_lowest_normal));
+  }
+};
+
 // judge_fast on the AVX2 path: one recipe over a unit, block by block (`block` elements, a multiple of 16; a
 // tensor scale is one 128-element block), with judge_element_fast's verdicts and float64 terms.
 template <int kKind>
 AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const ElementGrid& g, int64_t block,
                                         const BlockScaleAvx2* scales) {
-  const int32_t shift = kMantissaBits32 - g.mbits;
-  const __m128i shift_count = _mm_cvtsi32_si128(shift);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i max_bits = _mm256_set1_epi32(static_cast<int32_t>(g.max_bits));
-  const __m256i half_less_one = _mm256_set1_epi32(static_cast<int32_t>((1u << (shift - 1)) - 1u));
-  const __m256i keep = _mm256_set1_epi32(static_cast<int32_t>(~((1u << shift) - 1u)));
-  const __m256 quantum_shift = _mm256_castsi256_ps(_mm256_set1_epi32(
-      static_cast<int32_t>(static_cast<uint32_t>(g.emin - g.mbits + kMantissaBits32 + kExponentBias32)
-                           << kMantissaBits32)));
-  const __m256i below_lowest_normal =
-      _mm256_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(g.emin + kExponentBias32) << kMantissaBits32) - 1u));
+  const CastAvx2 cast(g);
   const __m256i below_clip = _mm256_set1_epi32(static_cast<int32_t>(clip_bits(g) - 1u));
   const __m256i zero = _mm256_setzero_si256();
   __m256i q_zero = zero, saturated = zero;
@@ -402,13 +420,7 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
       const __m256 x = _mm256_load_ps(reinterpret_cast<const float*>(d.bits + i));  // |x|
       const __m256 v = kKind == kKindDivide ? _mm256_div_ps(x, scale32) : _mm256_mul_ps(x, scale32);
       const __m256i v_abs = _mm256_castps_si256(v);
-      // cast_abs_bits: on the bits in the grid's normal range, float32's rounding below it
-      const __m256i a = _mm256_min_epu32(v_abs, max_bits);
-      const __m256i last_kept = _mm256_and_si256(_mm256_srl_epi32(a, shift_count), one);
-      const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(a, half_less_one), last_kept), keep);
-      const __m256 below = _mm256_sub_ps(_mm256_add_ps(_mm256_castsi256_ps(a), quantum_shift), quantum_shift);
-      const __m256i q_abs = _mm256_blendv_epi8(_mm256_castps_si256(below), rounded,
-                                               _mm256_cmpgt_epi32(a, below_lowest_normal));
+      const __m256i q_abs = cast.of(v_abs);
       saturated = _mm256_sub_epi32(saturated, _mm256_cmpgt_epi32(v_abs, below_clip));
       q_zero = _mm256_sub_epi32(q_zero, _mm256_cmpeq_epi32(q_abs, zero));
       const __m256 q = _mm256_castsi256_ps(q_abs);
@@ -439,6 +451,57 @@ AMPI_AVX2 BlockVerdicts judge_fast_avx2(const UnitData& d, int64_t n, const Elem
 // judge_recipe on the AVX2 path, the scale rule fixed at compile time: each block's scale (block_scale, counted as
 // judge_recipe counts it) and its broadcast form; judge_fast_avx2 over the unit where judge_recipe would take the fast
 // loop, else the same exact path, block by block.
+// NVFP4's block scales of a unit's eight 16-element blocks at once (nvfp4_scale, per block), for a unit that takes the
+// fast loop: where every float32 operation of nvfp4_scale is the hardware's (fl32_divide, fl32_multiply: operands
+// and results normal) and every total scale is normal or 0; else false, and nothing is counted or written.
+// Blocks past the unit's end have amax 0 (judge_unit): they take no part.
+AMPI_AVX2 bool nvfp4_scales_avx2(const uint32_t* sub_amax, int64_t blocks, uint32_t decode_bits,
+                                 BlockScaleAvx2* per_block, int64_t* counts) {
+  static_assert(kSubBlocks == 8, "one vector of sub-block amaxes");
+  if (decode_bits < kImplicitBit32 || decode_bits >= kInfBits32) return false;
+  const __m256i below_normal = _mm256_set1_epi32(static_cast<int32_t>(kImplicitBit32 - 1u));
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i amax = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub_amax));
+  const __m256 decode = _mm256_set1_ps(bits_as_float32(decode_bits));
+  const __m256i nonzero = _mm256_cmpgt_epi32(amax, zero);
+  const __m256 per_six = _mm256_div_ps(_mm256_castsi256_ps(amax), _mm256_set1_ps(bits_as_float32(e2m1_grid().max_bits)));
+  const __m256 wanted = _mm256_div_ps(per_six, decode);  // +Inf where it overflows, as fl32_divide gives
+  const __m256i s_b = CastAvx2(e4m3_grid()).of(_mm256_castps_si256(wanted));
+  const __m256 total = _mm256_mul_ps(decode, _mm256_castsi256_ps(s_b));
+  const __m256i s_b_zero = _mm256_cmpeq_epi32(s_b, zero);
+  __m256i ok = _mm256_and_si256(_mm256_cmpgt_epi32(amax, below_normal),
+                                _mm256_cmpgt_epi32(_mm256_castps_si256(per_six), below_normal));
+  ok = _mm256_and_si256(ok, _mm256_cmpgt_epi32(_mm256_castps_si256(wanted), below_normal));
+  ok = _mm256_and_si256(ok, _mm256_or_si256(s_b_zero, _mm256_cmpgt_epi32(_mm256_castps_si256(total), below_normal)));
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(ok, nonzero))) != 0) return false;
+  const __m256i flushed = _mm256_and_si256(
+      nonzero, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(kE4M3MinNormalBits)), s_b));
+  const __m256i all_zero = _mm256_or_si256(s_b_zero, _mm256_cmpeq_epi32(nonzero, zero));
+  alignas(32) float totals[kSubBlocks];
+  _mm256_store_ps(totals, total);
+  const int zero_mask = _mm256_movemask_ps(_mm256_castsi256_ps(all_zero));
+  for (int64_t b = 0; b < blocks; ++b) {
+    per_block[b] = (zero_mask >> b) & 1 ? BlockScaleAvx2{__builtin_inff(), 0.0, 0.0}
+                                        : BlockScaleAvx2{totals[b], static_cast<double>(totals[b]), 0.0};
+  }
+  counts[2] += blocks;
+  counts[3] += __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(flushed))));
+  return true;
+}
+
+// The block of each scale rule, at compile time (kRecipes says the same: checked below), so that a unit's blocks are
+// counted without an integer division.
+constexpr int64_t rule_block(int32_t rule) {
+  return rule == kScaleNvfp4 ? 16 : rule == kScaleE8M0Floor || rule == kScaleE8M0Rceil ? 32 : kLargestBlock;
+}
+constexpr bool rule_blocks_match_recipes() {
+  for (const RecipeSpec& r : kRecipes) {
+    if ((r.block == 0 ? kLargestBlock : r.block) != rule_block(r.scale)) return false;
+  }
+  return true;
+}
+static_assert(rule_blocks_match_recipes(), "each scale rule has one block size (rule_block)");
+
 template <int kRule>
 AMPI_AVX2 void judge_recipe_avx2(const UnitData& d, int64_t n, bool has_subnormal, const RecipeSpec& spec,
                                  const ElementGrid& g, const uint32_t* sub_amax, const BlockScale& tensor_scale,
@@ -447,20 +510,27 @@ AMPI_AVX2 void judge_recipe_avx2(const UnitData& d, int64_t n, bool has_subnorma
   constexpr bool kPowerOfTwo = kRule == kScaleE8M0Floor || kRule == kScaleE8M0Rceil;
   BlockScale scales[kMaxBlocks];
   BlockScaleAvx2 per_block[kMaxBlocks];
-  const int64_t block = spec.block == 0 ? kLargestBlock : spec.block;
-  const int64_t subs_per_block = block / kSmallestBlock;
-  const int64_t subs = (n + kSmallestBlock - 1) / kSmallestBlock;
+  (void)spec;
+  constexpr int64_t block = rule_block(kRule);
+  constexpr int64_t subs_per_block = block / kSmallestBlock;
   const int64_t blocks = (n + block - 1) / block;
+  if constexpr (kRule == kScaleNvfp4) {
+    if (!has_subnormal && nvfp4_scales_avx2(sub_amax, blocks, decode_bits, per_block, counts)) {
+      const BlockVerdicts v = judge_fast_avx2<kKindDivide>(d, n, g, block, per_block);
+      counts[0] += v.flushed;
+      counts[1] += v.saturated;
+      sq_error += v.sq_error;
+      return;
+    }
+  }
   bool fast = !has_subnormal;
   for (int64_t b = 0; b < blocks; ++b) {
     BlockScale s;
     if constexpr (kRule == kScaleFp32Tensor) {
       s = tensor_scale;
     } else {
-      uint32_t amax = 0;
-      for (int64_t k = b * subs_per_block; k < std::min(subs, (b + 1) * subs_per_block); ++k) {
-        amax = std::max(amax, sub_amax[k]);
-      }
+      uint32_t amax = 0;  // sub-blocks past the unit's end are 0 (judge_unit)
+      for (int64_t k = b * subs_per_block; k < (b + 1) * subs_per_block; ++k) amax = std::max(amax, sub_amax[k]);
       s = block_scale(kRule, g, amax, decode_bits);
       counts[2] += 1;
       counts[3] += s.scale_flushed;
