@@ -6,7 +6,9 @@
 // amax is the max of its sub-blocks'), and then every recipe asked for quantizes the buffer's elements while they
 // are in L1. The per-element logic is readiness.h's: judge_element_fast in vectorised loops (AVX-512 / AVX2 clones)
 // where a unit holds no float32 subnormal and its scales are normal floats, else the exact judge_element (the one the
-// CUDA kernel runs); the two give the same verdicts. Units are grouped into chunks of about kChunkElems elements,
+// CUDA kernel runs); the two give the same verdicts. On a CPU with AVX2 and FMA but not AVX-512 the fast loops, the
+// unit scan and the block scales take an AVX2 path instead (intrinsics, below: the same verdicts and float64 terms in
+// the same order). Units are grouped into chunks of about kChunkElems elements,
 // split across threads with torch::stable::parallel_for (torch's pool). Cost: bench/README.md.
 //
 // Tensor-scaled recipes (fp8_*_tensor, nvfp4) need the tensor's amax before the pass: given (tensor_amax, delayed
@@ -591,9 +593,7 @@ void judge_recipe_avx2(const UnitData& d, int64_t n, bool has_subnormal, const R
                                             sq_error);
   }
 }
-#else
-bool avx2_path() { return false; }
-#endif
+#endif  // AMPI_AVX2_PATH
 
 // One recipe on a unit (finite elements; non-finite ones were set to 0, which counts nothing): each block's scale
 // (one for a tensor-scaled recipe), then judge_element_fast over the whole unit where its conditions hold for every
