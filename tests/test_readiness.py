@@ -198,6 +198,66 @@ def test_nvfp4_blocks_whose_scale_is_zero_equal_the_reference(dtype) -> None:
     assert_matches_reference(tensors, [RECIPE_NAMES.index("nvfp4")])
 
 
+def vector_edge_units() -> list[torch.Tensor]:
+    """Units for the CPU kernel's vector loops (readiness_cpu.cpp, the AVX2 path on x86-64-v3): rows whose length
+    leaves a partial last vector of 8 elements, both signs, and NVFP4 units whose eight block scales are taken
+    together, mixing zero blocks, blocks whose E4M3 scale is subnormal or 0, and blocks where a step of nvfp4_scale
+    is no normal float32 (an amax near 2^-126, whose amax / 6 is subnormal), which send the unit to the scalar rule."""
+    g = torch.Generator().manual_seed(33)
+    rows = torch.randn(12, 45, generator=g) * 2.0 ** torch.randint(-12, 12, (12, 1), generator=g).float()
+    x = torch.randn(8, 141, generator=g)
+    x[0, :2] = 2.0**20  # the tensor amax: small blocks' E4M3 scales go subnormal, then to 0
+    x[1, 16:32] = 0.0
+    x[2, 32:48] *= 2.0**-12
+    x[3, 48:64] *= 2.0**-22
+    x[4, 64:80] = torch.randn(16, generator=g) * 2.0**-125  # amax / 6 below float32's normal range
+    x[5, ::2] = -x[5, ::2].abs()
+    return [rows, x, x[1:].clone()]
+
+
+def test_vector_loops_partial_vectors_and_nvfp4_block_scales_equal_the_reference() -> None:
+    """(Flush-to-zero on: test_flush_to_zero_mode_does_not_change_the_results, which holds these units too; the
+    float64 reference itself would see its float32 subnormals flushed.)"""
+    tensors = vector_edge_units()
+    nvfp4 = RECIPE_NAMES.index("nvfp4")
+    assert_matches_reference(tensors)
+    assert_matches_reference(tensors, [nvfp4])
+    counts, _, _ = OP(tensors, [nvfp4], None)
+    blocks = [12 * 3, 8 * 9, 7 * 9]  # ceil(45 / 16) and ceil(141 / 16) blocks per row
+    assert counts[:, 3 + 2].tolist() == blocks
+    assert counts[1, 3 + 3] > 0  # scales flushed: the small blocks beside the 2^20 outlier
+
+
+def lane_ordered_sum(squares: np.ndarray) -> float:
+    """readiness_cpu.cpp's order for a unit's float64 sum: 8 lanes (element i into lane i mod 8) while 8 remain,
+    the lanes added from 0 to 7, then the rest in element order."""
+    full = len(squares) // 8 * 8
+    lanes = [0.0] * 8
+    for i in range(full):
+        lanes[i % 8] += float(squares[i])
+    total = 0.0
+    for lane in lanes:
+        total += lane
+    for v in squares[full:]:
+        total += float(v)
+    return total
+
+
+@pytest.mark.parametrize("length", [45, 128, 141])
+def test_sq_signal_is_added_in_the_kernels_stated_order(length) -> None:
+    """The sums are bit for bit the file header's order, whichever loops run (the cloned or the AVX2 ones): per unit
+    (128 elements of a row, or the row) in lanes, the units of a chunk in order, from 0."""
+    g = torch.Generator().manual_seed(length)
+    x = torch.randn(9, length, generator=g) * 2.0 ** torch.randint(-40, 40, (9, 1), generator=g).float()
+    x[0, -1] = -3.0
+    want = 0.0
+    for row in x.double().numpy():
+        for start in range(0, length, 128):
+            want += lane_ordered_sum(row[start : start + 128] ** 2)
+    _, sums, _ = OP([x], [RECIPE_NAMES.index("mxfp8_e4m3")], None)
+    assert sums[0, 0].item() == want
+
+
 def test_flush_to_zero_mode_does_not_change_the_results() -> None:
     """readiness.h never hands a float32 subnormal to the FPU where it would matter: with the CPU's flush-to-zero
     and denormals-are-zero on (torch.set_flush_denormal), float32 subnormal inputs and scales give the same bits."""
@@ -207,7 +267,7 @@ def test_flush_to_zero_mode_does_not_change_the_results() -> None:
     rng = np.random.default_rng(14)
     tensors += [random_tensor(rng, 40 * 96, dtype).reshape(40, 96) for dtype in DTYPES]  # every binade
     tensors += [(torch.randn(16, 64, generator=torch.Generator().manual_seed(e)) * 2.0**e) for e in (-140, -125, -100)]
-    tensors += nvfp4_zero_scale_units()
+    tensors += nvfp4_zero_scale_units() + vector_edge_units()
     normal = OP(tensors, ALL, None)
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot set flush-to-zero")
