@@ -18,9 +18,10 @@
 // amax into the amax output (the only second read, and only when such a recipe is asked). Without a
 // tensor-scaled recipe the main pass measures the amax itself, from the amaxes it computes anyway.
 //
-// One kernel per input dtype (fp32, fp16, bf16), each register-allocated for its dtype; recipes are unrolled
-// in table order with compile-time block sizes and rules, each skipped (a branch uniform over the grid) when
-// not asked.
+// One kernel per input dtype (fp32, fp16, bf16) and recipe set, each register-allocated for both: every recipe
+// (unrolled in table order with compile-time block sizes and rules, each skipped by a branch uniform over the grid
+// when not asked), each recipe alone (a one-recipe call runs only its code, and only the amax levels it needs),
+// and none.
 #pragma once
 
 #include <cstdint>
@@ -139,15 +140,6 @@ __device__ __forceinline__ void load_group(const void* data, int64_t at, int cou
 
 __device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
-// The max of `value` over the aligned group of `lanes` lanes (a power of two) this lane is in: every lane
-// of the group gets it. Every lane of the warp must call it with the same `lanes`.
-__device__ __forceinline__ uint32_t group_max(uint32_t value, int from_lanes, int to_lanes) {
-  for (int offset = from_lanes; offset < to_lanes; offset *= 2) {
-    value = max_u32(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
-  }
-  return value;
-}
-
 template <typename V>
 __device__ __forceinline__ V warp_sum(V value) {
 #pragma unroll
@@ -165,45 +157,88 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t value) {
 
 // ---- one task: a warp's 256 elements (or fewer, of packed short rows) ----
 
-// Calls fn(RecipeIndex<r>{}) for every recipe r of the table, in order: r is a compile-time constant in fn,
+// The recipe set a kernel is compiled for, one bit per table recipe: the library instantiates every recipe (kAllRecipes,
+// each recipe then skipped at run time where not asked), each recipe alone and none (run_readiness picks one by the
+// call's recipes), so that a one-recipe call runs a kernel holding only that recipe's code, registers and amaxes.
+constexpr int kAllRecipes = (1 << kRecipeCount) - 1;
+AMPI_HD constexpr bool recipe_in(int mask, int r) { return ((mask >> r) & 1) != 0; }
+// Whether a recipe of `mask` has blocks of at least `block` elements (the butterfly levels it needs), or the rule.
+AMPI_HD constexpr bool mask_needs_block(int mask, int block) {
+  for (int r = 0; r < kRecipeCount; ++r) {
+    if (recipe_in(mask, r) && kRecipes[r].block >= block) return true;
+  }
+  return false;
+}
+AMPI_HD constexpr bool mask_has_rule(int mask, int rule) {
+  for (int r = 0; r < kRecipeCount; ++r) {
+    if (recipe_in(mask, r) && kRecipes[r].scale == rule) return true;
+  }
+  return false;
+}
+// The kernel a call runs: its one recipe alone, none, or every recipe.
+inline int kernel_recipe_mask(const ReadinessLaunchPlan& plan) {
+  if (plan.num_recipes == 0) return 0;
+  if (plan.num_recipes > 1) return kAllRecipes;
+  for (int r = 0; r < kRecipeCount; ++r) {
+    if (plan.slot_of_recipe[r] >= 0) return 1 << r;
+  }
+  return kAllRecipes;
+}
+
+// Calls fn(RecipeIndex<r>{}) for every recipe r of kMask, in table order: r is a compile-time constant in fn,
 // so each recipe's block size, rule and element grid are constants of its own code and its counters are
 // registers (a runtime loop over recipes would index the counters, sending them to local memory).
 template <int R>
 struct RecipeIndex {
   static constexpr int value = R;
 };
-// For bench/sass_per_element.py --readiness only: the table recipes whose code is compiled, one bit each (its
-// per-recipe instruction counts are differences of builds). The library's builds compile every recipe.
-#if !defined(AMPI_READINESS_COMPILED_RECIPES)
-#define AMPI_READINESS_COMPILED_RECIPES 0xFF
-#endif
-// Likewise bench-only: 1 compiles the lanes' common path alone (judge_element_fast), whose length it counts.
+// Bench-only (bench/sass_per_element.py --readiness): 1 compiles the common path alone (judge_element_fast; no
+// NaN/Inf or float32 subnormal in the lane), whose length it counts. The library's builds compile both paths.
 #if !defined(AMPI_READINESS_FAST_PATH_ONLY)
 #define AMPI_READINESS_FAST_PATH_ONLY 0
 #endif
-template <int R = 0, class Fn>
+template <int kMask, int R = 0, class Fn>
 __device__ __forceinline__ void for_each_recipe(Fn&& fn) {
   if constexpr (R < kRecipeCount) {
-    if constexpr (((AMPI_READINESS_COMPILED_RECIPES >> R) & 1) != 0) fn(RecipeIndex<R>{});
-    for_each_recipe<R + 1>(fn);
+    if constexpr (recipe_in(kMask, R)) fn(RecipeIndex<R>{});
+    for_each_recipe<kMask, R + 1>(fn);
   }
 }
 
+// The max of `value` over the aligned group of `lanes` lanes this lane is in, from groups of `from` lanes
+// (powers of two): every lane shuffles at every offset (the warp stays converged, no loop), and a lane keeps
+// only its own row's partners (offsets < lanes; a row shorter than a block is its one block).
+template <int kFrom, int kTo>
+__device__ __forceinline__ uint32_t group_max_to(uint32_t value, int lanes) {
+#pragma unroll
+  for (int offset = kFrom; offset < kTo; offset *= 2) {
+    const uint32_t other = __shfl_xor_sync(0xFFFFFFFFu, value, offset);
+    value = offset < lanes ? max_u32(value, other) : value;
+  }
+  return value;
+}
 
-template <int kDtype>
-__device__ __forceinline__ void measure_task(const ReadinessParams& p, const ReadinessKernelView& view, int64_t task,
-                                             uint32_t tensor_amax_bits, Counters& c) {
+// 1 / d for d a power of two 2^-X (|X| <= 1022), exactly, on the bits: 2^X.
+__device__ __forceinline__ double power_of_two_reciprocal(double d) {
+  return bits_as_float64((uint64_t{2 * kExponentBias64} << kMantissaBits64) - float64_as_bits(d));
+}
+
+// Where a warp's task lies: its row group (a row of long rows, a pack of short ones) and its tile within the row.
+// measure_piece advances it by the warp count without a division per task.
+struct TaskPlace {
+  int64_t row_group;
+  int64_t tile;
+};
+
+template <int kDtype, int kMask>
+__device__ __forceinline__ void measure_task(const ReadinessParams& p, const ReadinessKernelView& view,
+                                             const TaskPlace& place, int lane_shift, uint32_t tensor_amax_bits,
+                                             uint32_t nvfp4_decode_bits, Counters& c) {
   const int lane = threadIdx.x % kWarpSize;
   const int lanes = view.lanes_per_row;
-  int64_t row_group = task;
-  int64_t tile = 0;
-  if (view.tiles_per_row > 1) {  // long rows: task = row * tiles_per_row + tile
-    row_group = task / view.tiles_per_row;
-    tile = task - row_group * view.tiles_per_row;
-  }
-  const int64_t row = row_group * view.rows_per_task + lane / lanes;
-  const int64_t group = tile * kReadinessTileGroups + lane % lanes;  // this lane's group within its row
-  const int64_t first = group * kGroup;                              // its first element within the row
+  const int64_t row = place.row_group * view.rows_per_task + (lane >> lane_shift);
+  const int64_t group = place.tile * kReadinessTileGroups + (lane & (lanes - 1));  // this lane's group in its row
+  const int64_t first = group * kGroup;                                            // its first element in the row
   int count = 0;
   if (row < view.rows && first < view.row_length) {
     const int64_t left = view.row_length - first;
@@ -212,42 +247,73 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
   uint32_t bits[kGroup];
   load_group<kDtype>(view.data, row * view.row_length + first, count, bits);
 
-  // NaN/Inf are counted, then replaced by +0 in the registers: they take no part in any amax or sum, and a
-  // zero adds nothing to any recipe's counts or error, so the recipes below need no test per element.
+  // Per lane, not per element where it can be: the finite amax, the nonzero count ((a + 2^31 - 1) >> 31 is 1 for
+  // a > 0) and whether a float32 subnormal is present (min of a - 1: 0 wraps to the top). A lane holding NaN or Inf
+  // (max >= Inf's bits; rare) counts them and replaces them by +0 in the registers: they take no part in any amax
+  // or sum, and a zero adds nothing to any recipe's counts or error, so the recipes below need no test per element.
   uint32_t lane_amax = 0;
-  bool has_subnormal = false;  // a float32 subnormal x: the recipes take readiness.h's exact judge_element
+  uint32_t nonzero = 0;
+  uint32_t below_normal = ~0u;
 #pragma unroll
   for (int k = 0; k < kGroup; ++k) {
     const uint32_t a = bits[k] & kAbsMask32;
-    const bool finite = is_finite32(a);
-    c.n[kNonfinite] += !finite;
-    c.n[kNonzero] += finite && a != 0u;
-    has_subnormal |= a != 0u && a < kImplicitBit32;
-    bits[k] = finite ? bits[k] : 0u;
-    lane_amax = max_u32(lane_amax, finite ? a : 0u);
-    const double x = float32_bits_to_double(bits[k]);
-    c.sums[0] += x * x;
+    lane_amax = max_u32(lane_amax, a);
+    nonzero += (a + kAbsMask32) >> 31;
+    if constexpr (kDtype != kFloat16) below_normal = below_normal < a - 1u ? below_normal : a - 1u;
   }
+  if (!AMPI_READINESS_FAST_PATH_ONLY && lane_amax >= kInfBits32) {
+    lane_amax = 0;
+    nonzero = 0;
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const uint32_t a = bits[k] & kAbsMask32;
+      const bool finite = is_finite32(a);
+      c.n[kNonfinite] += !finite;
+      nonzero += finite && a != 0u;
+      bits[k] = finite ? bits[k] : 0u;
+      lane_amax = max_u32(lane_amax, finite ? a : 0u);
+    }
+  }
+  c.n[kNonzero] += nonzero;
   c.n[kNumel] += static_cast<uint32_t>(count);
   c.amax_bits = max_u32(c.amax_bits, lane_amax);
-  // Block amaxes: a row of `lanes` lanes is never left (offsets < lanes), and a row shorter than a block is
-  // its one block, so capping the butterfly at `lanes` is exactly "the short last block is its own block".
-  const uint32_t amax16 = group_max(lane_amax, 1, lanes < kLanesPerBlock16 ? lanes : kLanesPerBlock16);
-  const uint32_t amax32 = group_max(amax16, kLanesPerBlock16, lanes < kLanesPerBlock32 ? lanes : kLanesPerBlock32);
-  const uint32_t amax128 =
-      group_max(amax32, kLanesPerBlock32, lanes < kLanesPerBlock128 ? lanes : kLanesPerBlock128);
+  // A float32 subnormal x (a in [1, 2^23 - 1]; never a float16 value): the recipes take readiness.h's exact
+  // judge_element and the squares the exact widening on the bits.
+  const bool has_subnormal = kDtype != kFloat16 && below_normal < kImplicitBit32 - 1u;
+  if (AMPI_READINESS_FAST_PATH_ONLY || !has_subnormal) {
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const double x = static_cast<double>(bits_as_float32(bits[k]));  // exact: x is 0 or a normal float32
+      c.sums[0] += x * x;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const double x = float32_bits_to_double(bits[k]);
+      c.sums[0] += x * x;
+    }
+  }
+  if constexpr (kMask == 0) return;
+  // Block amaxes, only the levels the kernel's recipes use: a row of `lanes` lanes is never left (offsets <
+  // lanes), and a row shorter than a block is its one block, so capping at `lanes` is exactly "the short last
+  // block is its own block".
+  uint32_t amax16 = 0, amax32 = 0, amax128 = 0;
+  if constexpr (mask_needs_block(kMask, 16)) amax16 = group_max_to<1, kLanesPerBlock16>(lane_amax, lanes);
+  if constexpr (mask_needs_block(kMask, 32)) amax32 = group_max_to<kLanesPerBlock16, kLanesPerBlock32>(amax16, lanes);
+  if constexpr (mask_needs_block(kMask, 128)) {
+    amax128 = group_max_to<kLanesPerBlock32, kLanesPerBlock128>(amax32, lanes);
+  }
 
   const bool tensor_first = count > 0 && row == 0 && group == 0;  // counts the tensor-scaled recipes' block
-  // The tensor-level scales are recomputed per task (a few float64 operations per 256 elements) rather than
-  // held across tasks: registers are what this kernel is short of.
-  const uint32_t nvfp4_decode_bits = nvfp4_decode_scale_bits(tensor_amax_bits);
-  for_each_recipe([&](auto recipe) {
+  for_each_recipe<kMask>([&](auto recipe) {
     constexpr int r = decltype(recipe)::value;
     constexpr RecipeSpec spec = kRecipes[r];
     constexpr ElementGrid grid = kElementGrids[spec.element];
     static_assert(spec.block == 0 || spec.block == 16 || spec.block == 32 || spec.block == 128,
                   "the butterfly measures 16-, 32- and 128-element blocks");
-    if (p.slot_of_recipe[r] < 0) return;  // uniform over the grid
+    if constexpr (kMask != (1 << r)) {
+      if (p.slot_of_recipe[r] < 0) return;  // uniform over the grid
+    }
     BlockScale scale;
     bool block_first;  // this lane starts its block (a block exists where its first group does)
     if constexpr (spec.block == 0) {
@@ -260,23 +326,32 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     }
     uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
     w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kScaleFlushedUnit : 0u) : 0u;
-    // readiness.h's judge_element_fast (float32 where the rule says fl32, the integer cast, dequantized by a
-    // multiplication where the scale is a power of two) gives judge_element's verdict where no x is a float32
-    // subnormal and the scale is a normal float32: almost every lane. The others take judge_element. The
-    // choice is per lane (8 elements), as the CPU kernel's is per unit; both are exact.
+    // readiness.h's cast_element_fast (judge_element_fast's float32 where the rule says fl32 and integer cast;
+    // dequantized by a multiplication where the scale is a power of two or NVFP4's total, the fp32 rules' q / s by
+    // grid_quotient from one reciprocal per lane) gives judge_element's verdict where no x is a float32 subnormal
+    // and the scale is a normal float32: almost every lane. The others take judge_element. The choice is per lane
+    // (8 elements), as the CPU kernel's is per unit; both are exact. Counted per lane, not per element: the
+    // flushed are the lane's nonzero elements less its nonzero casts (a nonzero cast has a nonzero x), the
+    // saturated its 8 elements less those with |v| < clip (the padding's zeros among them).
     if (AMPI_READINESS_FAST_PATH_ONLY || (!has_subnormal && scale_is_normal_float(scale))) {
       constexpr bool kDivide = spec.scale == kScaleNvfp4;  // v = x / total
       constexpr bool kPowerOfTwo = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
-      constexpr bool kDequantDivides = !kDivide && !kPowerOfTwo;  // the fp32 rules: q / s
-      const float scale32 = static_cast<float>(scale.scale);           // exact: a float32 value
-      const double dequant = kPowerOfTwo ? 1.0 / scale.scale : scale.scale;  // 2^X exactly, for 2^-X
+      constexpr bool kFp32Rule = !kDivide && !kPowerOfTwo;
+      constexpr uint32_t kClip = clip_bits(grid);
+      const double dequant = kPowerOfTwo ? power_of_two_reciprocal(scale.scale)  // 2^X for 2^-X
+                                         : (kFp32Rule ? 1.0 / scale.scale : scale.scale);
+      const float scale32 = static_cast<float>(scale.scale);  // exact: a float32 value
+      uint32_t nonzero_casts = 0;
+      uint32_t unsaturated = 0;
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
-        const ElementVerdict verdict = judge_element_fast(bits[k], grid, kDivide, scale32, kDequantDivides, dequant);
-        w[kFlushed] += verdict.flushed;
-        w[kSaturated] += verdict.saturated;
-        c.sums[1 + r] += verdict.sq_error;
+        const ElementCast e = cast_element_fast(bits[k], grid, kDivide, scale32, kFp32Rule, scale.scale, dequant);
+        nonzero_casts += (e.q_abs + kAbsMask32) >> 31;
+        unsaturated += (e.v_abs - kClip) >> 31;  // both below 2^31: the difference's sign is v_abs < clip
+        c.sums[1 + r] += e.sq_error;
       }
+      w[kFlushed] += nonzero - nonzero_casts;
+      w[kSaturated] += kGroup - unsaturated;
     } else {
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
@@ -322,19 +397,21 @@ __device__ __forceinline__ uint32_t merged_word(const Counters& c, int k) {
 
 // Adds the block's counters to output row `out_row` (warp shuffles, one shared exchange, then one thread per
 // column does the global atomic). Every thread of the block must call it.
+template <int kMask>
 __device__ __forceinline__ void flush(const Counters& c, const ReadinessParams& p, int64_t out_row,
                                       FlushScratch& scratch) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int k = 0; k < kWords; ++k) {
+    if (k >= kFixedWords && !recipe_in(kMask, (k - kFixedWords) / kWordsPerRecipe)) continue;  // not compiled
     if (!recipe_word_asked(p, k)) continue;  // uniform: an unasked recipe's words are all zero
     const uint32_t total = warp_sum(merged_word(c, k));
     if (lane == 0) scratch.words[warp][k] = total;
   }
 #pragma unroll
   for (int k = 0; k < kSums; ++k) {
-    if (k > 0 && p.slot_of_recipe[k - 1] < 0) continue;
+    if (k > 0 && (!recipe_in(kMask, k - 1) || p.slot_of_recipe[k - 1] < 0)) continue;
     const double total = warp_sum(c.sums[k]);
     if (lane == 0) scratch.sums[warp][k] = total;
   }
@@ -369,20 +446,37 @@ __device__ __forceinline__ void flush(const Counters& c, const ReadinessParams& 
 }
 
 // Tasks [begin, begin + n) of one view, then their counts into its output row. Every thread must call it.
-template <int kDtype>
+template <int kDtype, int kMask>
 __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const ReadinessKernelView& view, int64_t begin,
                                               int64_t n, FlushScratch& scratch) {
   // The tensor amax: given, or measured by amax_kernel before this launch (read at L2, where it was written);
   // its magnitude, as readiness.h's rules take it (a given -0 is 0; negative amaxes are refused where the op
-  // can read them without a sync).
+  // can read them without a sync). NVFP4's decode scale follows from it, once per piece.
   const uint32_t tensor_amax_bits =
       p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) & kAbsMask32 : 0u;
+  const uint32_t nvfp4_decode_bits = mask_has_rule(kMask, kScaleNvfp4) ? nvfp4_decode_scale_bits(tensor_amax_bits) : 0u;
   Counters c;
   c.clear();
   const int warp = threadIdx.x / kWarpSize;
+  const int lane_shift = highest_bit(static_cast<uint32_t>(view.lanes_per_row));  // lanes is a power of two
+  // The warp's tasks are begin + warp, then every kWarps-th: one division here, then steps of whole rows and tiles.
+  const int64_t tiles = view.tiles_per_row;
+  const int64_t first_task = begin + warp;
+  TaskPlace place{first_task / tiles, 0};
+  place.tile = first_task - place.row_group * tiles;
+  const int64_t step_rows = kWarps / tiles;
+  const int64_t step_tiles = kWarps - step_rows * tiles;
   // Warp-uniform: the butterfly's shuffles are reached by the whole warp.
-  for (int64_t task = begin + warp; task < begin + n; task += kWarps) measure_task<kDtype>(p, view, task, tensor_amax_bits, c);
-  flush(c, p, view.out_row, scratch);
+  for (int64_t task = first_task; task < begin + n; task += kWarps) {
+    measure_task<kDtype, kMask>(p, view, place, lane_shift, tensor_amax_bits, nvfp4_decode_bits, c);
+    place.row_group += step_rows;
+    place.tile += step_tiles;
+    if (place.tile >= tiles) {
+      place.tile -= tiles;
+      ++place.row_group;
+    }
+  }
+  flush<kMask>(c, p, view.out_row, scratch);
 }
 
 // Index of the view holding `chunk` (views ordered by first_chunk; few per launch: a linear walk).
@@ -394,7 +488,7 @@ __device__ __forceinline__ int64_t view_of_chunk(const ReadinessParams& p, int64
 
 // The quantization pass over the views of one launch (one input dtype). Block b takes chunks
 // [first_chunk + b * n / grid, first_chunk + (b + 1) * n / grid) and walks them view by view.
-template <int kDtype>
+template <int kDtype, int kMask>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     readiness_kernel(const __grid_constant__ ReadinessParams p) {
   static_assert(kWords + kSums + 1 <= kThreads, "one thread per merged column");
@@ -414,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     if (end > view.tasks) end = view.tasks;
     for (int64_t piece = begin; piece < end; piece += kMaxFlushTasks) {
       const int64_t n = end - piece < kMaxFlushTasks ? end - piece : kMaxFlushTasks;
-      measure_piece<kDtype>(p, view, piece, n, scratch);
+      measure_piece<kDtype, kMask>(p, view, piece, n, scratch);
     }
     chunk = last;
     ++v;
@@ -447,12 +541,30 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const __grid_constant__ 
 // A Backend runs the kernels somewhere: common/cuda_launch.cuh's CudaBackend on the GPU, common/cuda_emu.h's
 // Backend on the CPU (zero, copy, blocks, launch).
 
+// fn(the quantization kernel of `dtype` for the recipe set `mask` (kernel_recipe_mask), the amax kernel of `dtype`).
+template <int kDtype, class Fn>
+void with_recipe_mask(int mask, Fn&& fn) {
+  switch (mask) {
+    case 0: return fn(readiness_kernel<kDtype, 0>, amax_kernel<kDtype>);
+    case 1 << 0: return fn(readiness_kernel<kDtype, 1 << 0>, amax_kernel<kDtype>);
+    case 1 << 1: return fn(readiness_kernel<kDtype, 1 << 1>, amax_kernel<kDtype>);
+    case 1 << 2: return fn(readiness_kernel<kDtype, 1 << 2>, amax_kernel<kDtype>);
+    case 1 << 3: return fn(readiness_kernel<kDtype, 1 << 3>, amax_kernel<kDtype>);
+    case 1 << 4: return fn(readiness_kernel<kDtype, 1 << 4>, amax_kernel<kDtype>);
+    case 1 << 5: return fn(readiness_kernel<kDtype, 1 << 5>, amax_kernel<kDtype>);
+    case 1 << 6: return fn(readiness_kernel<kDtype, 1 << 6>, amax_kernel<kDtype>);
+    case 1 << 7: return fn(readiness_kernel<kDtype, 1 << 7>, amax_kernel<kDtype>);
+    default: return fn(readiness_kernel<kDtype, kAllRecipes>, amax_kernel<kDtype>);
+  }
+}
+static_assert(kRecipeCount == 8, "with_recipe_mask has a case per recipe");
+
 template <class Fn>
-void with_dtype(int dtype, Fn&& fn) {
+void with_dtype(int dtype, int mask, Fn&& fn) {
   switch (dtype) {
-    case kFloat32: return fn(readiness_kernel<kFloat32>, amax_kernel<kFloat32>);
-    case kFloat16: return fn(readiness_kernel<kFloat16>, amax_kernel<kFloat16>);
-    default: return fn(readiness_kernel<kBFloat16>, amax_kernel<kBFloat16>);
+    case kFloat32: return with_recipe_mask<kFloat32>(mask, fn);
+    case kFloat16: return with_recipe_mask<kFloat16>(mask, fn);
+    default: return with_recipe_mask<kBFloat16>(mask, fn);
   }
 }
 
@@ -471,6 +583,7 @@ void run_readiness(const ReadinessLaunchPlan& plan, Backend& backend) {
     backend.zero(plan.amax, plan.num_tensors * static_cast<int64_t>(sizeof(float)));
   }
   const bool measure_first = plan.tensor_amax == nullptr && plan.tensor_scaled_asked;
+  const int recipe_mask = kernel_recipe_mask(plan);
   ReadinessParams params{};
   params.chunk_tasks = plan.chunk_tasks;
   for (int r = 0; r < kRecipeCount; ++r) params.slot_of_recipe[r] = plan.slot_of_recipe[r];
@@ -497,7 +610,7 @@ void run_readiness(const ReadinessLaunchPlan& plan, Backend& backend) {
       }
       params.first_chunk = 0;
       params.num_chunks = chunks;
-      with_dtype(dtype, [&](auto main_kernel, auto amax_kernel_of_dtype) {
+      with_dtype(dtype, recipe_mask, [&](auto main_kernel, auto amax_kernel_of_dtype) {
         if (amax_pass) {
           // Work in units of a main-pass chunk's elements, so both passes get grids of the same scale.
           const int64_t work = (elements + kThreads * kGroup - 1) / (kThreads * kGroup);
