@@ -43,9 +43,12 @@ constexpr int kMinBlocksPerSm = 2;
 constexpr int kVectorBytes = 16;
 constexpr int kRecipeCount = kReadinessMaxRecipes;
 // A block flushes a tensor's counts at least every this many tasks, so that per-thread counts never wrap: a
-// warp then does at most 65535 tasks per flush, so each lane counts at most 65535 blocks of a recipe (they
-// share a uint32 with the flushed-scale count, 16 bits each: 8 registers fewer) and 8 * 65535 elements.
-constexpr int64_t kMaxFlushTasks = int64_t{kThreads / kReadinessWarpLanes} * 0xFFFF;
+// warp then does at most 8191 tasks per flush, so each lane counts at most 8 * 8191 = 65528 elements of any kind
+// (numel, nonzero, flushed, saturated) and 8191 blocks: two counts share a uint32, 16 bits each (the every-recipe
+// kernel's counters are 18 registers, not 35, which is what keeps it from spilling).
+constexpr int64_t kMaxWarpTasksPerFlush = 8191;
+static_assert(kReadinessGroupElems * kMaxWarpTasksPerFlush < (1 << 16), "a lane's count per flush fits 16 bits");
+constexpr int64_t kMaxFlushTasks = int64_t{kThreads / kReadinessWarpLanes} * kMaxWarpTasksPerFlush;
 // Lane offsets of the amax butterfly: after offset 1 a lane holds its 16-element block's amax, after 2 its
 // 32-element block's, after 4 and 8 its 128-element block's.
 constexpr int kLanesPerBlock16 = 16 / kGroup;
@@ -60,11 +63,14 @@ constexpr int kWords = kFixedWords + kWordsPerRecipe * kRecipeCount;
 constexpr int kNumel = 0, kNonzero = 1, kNonfinite = 2;
 constexpr int kFlushed = 0, kSaturated = 1, kBlocks = 2, kScaleFlushed = 3;  // within a recipe's words
 constexpr int kSums = 1 + kRecipeCount;  // sq_signal, then sq_error per table recipe
-// The per-thread counters hold three words per recipe: flushed, saturated, and blocks + 2^16 * scale_flushed.
-constexpr int kCounterWordsPerRecipe = 3;
-constexpr int kCounterWords = kFixedWords + kCounterWordsPerRecipe * kRecipeCount;
-constexpr int kBlocksAndScaleFlushed = 2;
-constexpr uint32_t kScaleFlushedUnit = 1u << 16;
+// The per-thread counters pack two counts per word (kMaxWarpTasksPerFlush): numel + 2^16 * nonzero, nonfinite, then
+// per recipe flushed + 2^16 * saturated and blocks + 2^16 * scale_flushed.
+constexpr int kCounterFixedWords = 2;
+constexpr int kNumelAndNonzero = 0, kNonfiniteWord = 1;
+constexpr int kCounterWordsPerRecipe = 2;
+constexpr int kCounterWords = kCounterFixedWords + kCounterWordsPerRecipe * kRecipeCount;
+constexpr int kFlushedAndSaturated = 0, kBlocksAndScaleFlushed = 1;
+constexpr uint32_t kHighUnit = 1u << 16;  // the second count of a word
 
 struct Counters {
   uint32_t n[kCounterWords];
@@ -230,10 +236,26 @@ struct TaskPlace {
   int64_t tile;
 };
 
+// A tensor-scaled recipe's scale, the same for every block of a piece (one tensor): computed once per piece, not per
+// lane and task (a float32 division and a float64 reciprocal each), and read from shared memory.
+struct PieceScale {
+  BlockScale scale;
+  double dequant;  // what cast_element_fast multiplies or corrects by: 1 / s for the fp32 rules
+};
+
+// Shared scratch of a block: per warp, every counter word, every sum and the amax (the block reduction), and the
+// tensor-scaled recipes' scales of the piece (indexed by table recipe; only those are written).
+struct FlushScratch {
+  uint32_t words[kWarps][kWords];
+  double sums[kWarps][kSums];
+  uint32_t amax[kWarps];
+  PieceScale tensor_scales[kRecipeCount];
+};
+
 template <int kDtype, int kMask>
 __device__ __forceinline__ void measure_task(const ReadinessParams& p, const ReadinessKernelView& view,
-                                             const TaskPlace& place, int lane_shift, uint32_t tensor_amax_bits,
-                                             uint32_t nvfp4_decode_bits, Counters& c) {
+                                             const TaskPlace& place, int lane_shift,
+                                             uint32_t nvfp4_decode_bits, const FlushScratch& scratch, Counters& c) {
   const int lane = threadIdx.x % kWarpSize;
   const int lanes = view.lanes_per_row;
   const int64_t row = place.row_group * view.rows_per_task + (lane >> lane_shift);
@@ -268,14 +290,13 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     for (int k = 0; k < kGroup; ++k) {
       const uint32_t a = bits[k] & kAbsMask32;
       const bool finite = is_finite32(a);
-      c.n[kNonfinite] += !finite;
+      c.n[kNonfiniteWord] += !finite;
       nonzero += finite && a != 0u;
       bits[k] = finite ? bits[k] : 0u;
       lane_amax = max_u32(lane_amax, finite ? a : 0u);
     }
   }
-  c.n[kNonzero] += nonzero;
-  c.n[kNumel] += static_cast<uint32_t>(count);
+  c.n[kNumelAndNonzero] += static_cast<uint32_t>(count) + nonzero * kHighUnit;
   c.amax_bits = max_u32(c.amax_bits, lane_amax);
   // A float32 subnormal x (a in [1, 2^23 - 1]; never a float16 value): the recipes take readiness.h's exact
   // judge_element and the squares the exact widening on the bits.
@@ -317,15 +338,15 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     BlockScale scale;
     bool block_first;  // this lane starts its block (a block exists where its first group does)
     if constexpr (spec.block == 0) {
-      scale = block_scale(spec.scale, grid, tensor_amax_bits, 0u);
+      scale = scratch.tensor_scales[r].scale;
       block_first = tensor_first;
     } else {
       const uint32_t block_amax = spec.block == 16 ? amax16 : (spec.block == 32 ? amax32 : amax128);
       scale = block_scale(spec.scale, grid, block_amax, nvfp4_decode_bits);
       block_first = count > 0 && group % (spec.block / kGroup) == 0;
     }
-    uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
-    w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kScaleFlushedUnit : 0u) : 0u;
+    uint32_t* w = c.n + kCounterFixedWords + kCounterWordsPerRecipe * r;
+    w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kHighUnit : 0u) : 0u;
     // readiness.h's cast_element_fast (judge_element_fast's float32 where the rule says fl32 and integer cast;
     // dequantized by a multiplication where the scale is a power of two or NVFP4's total, the fp32 rules' q / s by
     // grid_quotient from one reciprocal per lane) gives judge_element's verdict where no x is a float32 subnormal
@@ -338,8 +359,13 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
       constexpr bool kPowerOfTwo = spec.scale == kScaleE8M0Floor || spec.scale == kScaleE8M0Rceil;
       constexpr bool kFp32Rule = !kDivide && !kPowerOfTwo;
       constexpr uint32_t kClip = clip_bits(grid);
-      const double dequant = kPowerOfTwo ? power_of_two_reciprocal(scale.scale)  // 2^X for 2^-X
-                                         : (kFp32Rule ? 1.0 / scale.scale : scale.scale);
+      double dequant;
+      if constexpr (spec.block == 0) {
+        dequant = scratch.tensor_scales[r].dequant;
+      } else {
+        dequant = kPowerOfTwo ? power_of_two_reciprocal(scale.scale)  // 2^X for 2^-X
+                              : (kFp32Rule ? 1.0 / scale.scale : scale.scale);
+      }
       const float scale32 = static_cast<float>(scale.scale);  // exact: a float32 value
       uint32_t nonzero_casts = 0;
       uint32_t unsaturated = 0;
@@ -350,14 +376,12 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
         unsaturated += (e.v_abs - kClip) >> 31;  // both below 2^31: the difference's sign is v_abs < clip
         c.sums[1 + r] += e.sq_error;
       }
-      w[kFlushed] += nonzero - nonzero_casts;
-      w[kSaturated] += kGroup - unsaturated;
+      w[kFlushedAndSaturated] += (nonzero - nonzero_casts) + (kGroup - unsaturated) * kHighUnit;
     } else {
 #pragma unroll
       for (int k = 0; k < kGroup; ++k) {
         const ElementVerdict verdict = judge_element(bits[k], grid, scale);
-        w[kFlushed] += verdict.flushed;
-        w[kSaturated] += verdict.saturated;
+        w[kFlushedAndSaturated] += static_cast<uint32_t>(verdict.flushed) + (verdict.saturated ? kHighUnit : 0u);
         c.sums[1 + r] += verdict.sq_error;
       }
     }
@@ -365,13 +389,6 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
 }
 
 // ---- block-level merge ----
-
-// Shared scratch of the block reduction: per warp, every counter word, every sum and the amax.
-struct FlushScratch {
-  uint32_t words[kWarps][kWords];
-  double sums[kWarps][kSums];
-  uint32_t amax[kWarps];
-};
 
 __device__ __forceinline__ bool recipe_word_asked(const ReadinessParams& p, int word) {
   return word < kFixedWords || p.slot_of_recipe[(word - kFixedWords) / kWordsPerRecipe] >= 0;
@@ -386,13 +403,14 @@ __device__ __forceinline__ int count_column(const ReadinessParams& p, int word) 
 
 // Counter word k of the merged order (kWords), from the per-thread counters.
 __device__ __forceinline__ uint32_t merged_word(const Counters& c, int k) {
-  if (k < kFixedWords) return c.n[k];
+  if (k == kNumel) return c.n[kNumelAndNonzero] % kHighUnit;
+  if (k == kNonzero) return c.n[kNumelAndNonzero] / kHighUnit;
+  if (k == kNonfinite) return c.n[kNonfiniteWord];
   const int r = (k - kFixedWords) / kWordsPerRecipe;
   const int field = (k - kFixedWords) % kWordsPerRecipe;
-  const uint32_t* w = c.n + kFixedWords + kCounterWordsPerRecipe * r;
-  if (field == kBlocks) return w[kBlocksAndScaleFlushed] % kScaleFlushedUnit;
-  if (field == kScaleFlushed) return w[kBlocksAndScaleFlushed] / kScaleFlushedUnit;
-  return w[field];
+  const uint32_t word = c.n[kCounterFixedWords + kCounterWordsPerRecipe * r +
+                            (field == kBlocks || field == kScaleFlushed ? kBlocksAndScaleFlushed : kFlushedAndSaturated)];
+  return field == kFlushed || field == kBlocks ? word % kHighUnit : word / kHighUnit;
 }
 
 // Adds the block's counters to output row `out_row` (warp shuffles, one shared exchange, then one thread per
@@ -455,6 +473,21 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
   const uint32_t tensor_amax_bits =
       p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) & kAbsMask32 : 0u;
   const uint32_t nvfp4_decode_bits = mask_has_rule(kMask, kScaleNvfp4) ? nvfp4_decode_scale_bits(tensor_amax_bits) : 0u;
+  if (threadIdx.x == 0) {
+    for_each_recipe<kMask>([&](auto recipe) {
+      constexpr int r = decltype(recipe)::value;
+      constexpr RecipeSpec spec = kRecipes[r];
+      if constexpr (spec.block == 0) {
+        static_assert(spec.scale == kScaleFp32Tensor, "the tensor-scaled recipes take an fp32 rule");
+        constexpr ElementGrid grid = kElementGrids[spec.element];
+        const BlockScale scale = block_scale(spec.scale, grid, tensor_amax_bits, 0u);
+        scratch.tensor_scales[r].scale = scale;
+        // Its fast path (scale_is_normal_float) takes the reciprocal: the fp32 scale is 1, FLT_MAX or in between.
+        scratch.tensor_scales[r].dequant = 1.0 / scale.scale;
+      }
+    });
+  }
+  __syncthreads();  // the piece's scales written (flush's last barrier ended the reads of the previous piece's)
   Counters c;
   c.clear();
   const int warp = threadIdx.x / kWarpSize;
@@ -468,7 +501,7 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
   const int64_t step_tiles = kWarps - step_rows * tiles;
   // Warp-uniform: the butterfly's shuffles are reached by the whole warp.
   for (int64_t task = first_task; task < begin + n; task += kWarps) {
-    measure_task<kDtype, kMask>(p, view, place, lane_shift, tensor_amax_bits, nvfp4_decode_bits, c);
+    measure_task<kDtype, kMask>(p, view, place, lane_shift, nvfp4_decode_bits, scratch, c);
     place.row_group += step_rows;
     place.tile += step_tiles;
     if (place.tile >= tiles) {
