@@ -211,6 +211,22 @@ __device__ __forceinline__ void for_each_recipe(Fn&& fn) {
   }
 }
 
+// Whether a recipe of `mask` casts to an 8-bit element format (E4M3, E5M2): those take the in-range lane path.
+AMPI_HD constexpr bool mask_has_8bit_element(int mask) {
+  for (int r = 0; r < kRecipeCount; ++r) {
+    if (recipe_in(mask, r) && kElementGrids[kRecipes[r].element].mbits >= 2) return true;
+  }
+  return false;
+}
+
+// cast_abs_bits's rounding of a float32 v (bits, either sign) whose |v| lies in [2^emin, clip_bits(g)): to g's
+// mantissa on the bits, ties to even (a carry moves into the exponent; |v| below the clip rounds to at most max_E).
+template <int kMbits>
+__device__ __forceinline__ uint32_t round_in_range(uint32_t v) {
+  constexpr int kShift = kMantissaBits32 - kMbits;
+  return (v + ((1u << (kShift - 1)) - 1u) + ((v >> kShift) & 1u)) & ~((1u << kShift) - 1u);
+}
+
 // The max of `value` over the aligned group of `lanes` lanes this lane is in, from groups of `from` lanes
 // (powers of two): every lane shuffles at every offset (the warp stays converged, no loop), and a lane keeps
 // only its own row's partners (offsets < lanes; a row shorter than a block is its one block).
@@ -281,7 +297,9 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     const uint32_t a = bits[k] & kAbsMask32;
     lane_amax = max_u32(lane_amax, a);
     nonzero += (a + kAbsMask32) >> 31;
-    if constexpr (kDtype != kFloat16) below_normal = below_normal < a - 1u ? below_normal : a - 1u;
+    if constexpr (kDtype != kFloat16 || mask_has_8bit_element(kMask)) {
+      below_normal = below_normal < a - 1u ? below_normal : a - 1u;
+    }
   }
   if (!AMPI_READINESS_FAST_PATH_ONLY && lane_amax >= kInfBits32) {
     lane_amax = 0;
@@ -367,6 +385,30 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
                               : (kFp32Rule ? 1.0 / scale.scale : scale.scale);
       }
       const float scale32 = static_cast<float>(scale.scale);  // exact: a float32 value
+      // 8-bit formats: a lane whose |v| all lie in [2^emin, clip) or are 0 (its least nonzero |x| and its amax
+      // scaled: fl32(|x| s) is monotonic in |x|) has nothing flushed or saturated and every cast is the rounding on
+      // the bits (round_in_range): almost every lane of E4M3 and E5M2, whose normal ranges reach 2^14 and 2^29 below
+      // max_E. E2M1's [1, 6] holds a whole lane rarely: the FP4 recipes keep the path below alone. An all-zero lane
+      // (least nonzero taken as 0) and a product flushed to 0 take the path below as well.
+      constexpr bool kInRangePath = grid.mbits >= 2 && !kDivide;
+      bool in_range = false;
+      if constexpr (kInRangePath) {
+        constexpr uint32_t kLowestNormal = static_cast<uint32_t>(grid.emin + kExponentBias32) << kMantissaBits32;
+        const uint32_t lo = float32_as_bits(bits_as_float32(below_normal + 1u) * scale32);
+        const uint32_t hi = float32_as_bits(bits_as_float32(lane_amax) * scale32);
+        in_range = AMPI_READINESS_FAST_PATH_ONLY || (lo >= kLowestNormal && hi < kClip);
+      }
+      if (kInRangePath && in_range) {
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const float x = bits_as_float32(bits[k]);
+          const double q = static_cast<double>(bits_as_float32(round_in_range<grid.mbits>(float32_as_bits(x * scale32))));
+          const double dequantized = kFp32Rule ? grid_quotient(q, scale.scale, dequant) : q * dequant;
+          const double error = static_cast<double>(x) - dequantized;
+          c.sums[1 + r] += error * error;
+        }
+        return;
+      }
       uint32_t nonzero_casts = 0;
       uint32_t unsaturated = 0;
 #pragma unroll
