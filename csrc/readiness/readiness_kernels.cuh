@@ -63,10 +63,11 @@ constexpr int kWords = kFixedWords + kWordsPerRecipe * kRecipeCount;
 constexpr int kNumel = 0, kNonzero = 1, kNonfinite = 2;
 constexpr int kFlushed = 0, kSaturated = 1, kBlocks = 2, kScaleFlushed = 3;  // within a recipe's words
 constexpr int kSums = 1 + kRecipeCount;  // sq_signal, then sq_error per table recipe
-// The per-thread counters pack two counts per word (kMaxWarpTasksPerFlush): numel + 2^16 * nonzero, nonfinite, then
-// per recipe flushed + 2^16 * saturated and blocks + 2^16 * scale_flushed.
-constexpr int kCounterFixedWords = 2;
-constexpr int kNumelAndNonzero = 0, kNonfiniteWord = 1;
+// The per-thread counters pack two counts per word (kMaxWarpTasksPerFlush): numel + 2^16 * nonzero, then per recipe
+// flushed + 2^16 * saturated and blocks + 2^16 * scale_flushed. Nonfinite elements are rare: a lane holding some adds
+// them to the output at once (one global atomic), keeping a register free for the common path.
+constexpr int kCounterFixedWords = 1;
+constexpr int kNumelAndNonzero = 0;
 constexpr int kCounterWordsPerRecipe = 2;
 constexpr int kCounterWords = kCounterFixedWords + kCounterWordsPerRecipe * kRecipeCount;
 constexpr int kFlushedAndSaturated = 0, kBlocksAndScaleFlushed = 1;
@@ -266,6 +267,9 @@ struct FlushScratch {
   double sums[kWarps][kSums];
   uint32_t amax[kWarps];
   PieceScale tensor_scales[kRecipeCount];
+  // NVFP4's decode scale of the piece, read per lane by the every-recipe kernel (no register held through the task
+  // loop: that register is what keeps its fp16 build from spilling); the nvfp4 kernel keeps it in a register.
+  uint32_t nvfp4_decode_bits;
 };
 
 template <int kDtype, int kMask>
@@ -304,15 +308,18 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
   if (!AMPI_READINESS_FAST_PATH_ONLY && lane_amax >= kInfBits32) {
     lane_amax = 0;
     nonzero = 0;
+    uint32_t nonfinite = 0;
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
       const uint32_t a = bits[k] & kAbsMask32;
       const bool finite = is_finite32(a);
-      c.n[kNonfiniteWord] += !finite;
+      nonfinite += !finite;
       nonzero += finite && a != 0u;
       bits[k] = finite ? bits[k] : 0u;
       lane_amax = max_u32(lane_amax, finite ? a : 0u);
     }
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.counts + view.out_row * p.count_columns + kNonfinite),
+              static_cast<unsigned long long>(nonfinite));
   }
   c.n[kNumelAndNonzero] += static_cast<uint32_t>(count) + nonzero * kHighUnit;
   c.amax_bits = max_u32(c.amax_bits, lane_amax);
@@ -360,7 +367,9 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
       block_first = tensor_first;
     } else {
       const uint32_t block_amax = spec.block == 16 ? amax16 : (spec.block == 32 ? amax32 : amax128);
-      scale = block_scale(spec.scale, grid, block_amax, nvfp4_decode_bits);
+      scale = block_scale(spec.scale, grid, block_amax, spec.scale != kScaleNvfp4  ? 0u
+                                                          : kMask == kAllRecipes ? scratch.nvfp4_decode_bits
+                                                                                 : nvfp4_decode_bits);
       block_first = count > 0 && group % (spec.block / kGroup) == 0;
     }
     uint32_t* w = c.n + kCounterFixedWords + kCounterWordsPerRecipe * r;
@@ -447,7 +456,7 @@ __device__ __forceinline__ int count_column(const ReadinessParams& p, int word) 
 __device__ __forceinline__ uint32_t merged_word(const Counters& c, int k) {
   if (k == kNumel) return c.n[kNumelAndNonzero] % kHighUnit;
   if (k == kNonzero) return c.n[kNumelAndNonzero] / kHighUnit;
-  if (k == kNonfinite) return c.n[kNonfiniteWord];
+  if (k == kNonfinite) return 0u;  // added by the lanes that hold them (measure_task)
   const int r = (k - kFixedWords) / kWordsPerRecipe;
   const int field = (k - kFixedWords) % kWordsPerRecipe;
   const uint32_t word = c.n[kCounterFixedWords + kCounterWordsPerRecipe * r +
@@ -516,6 +525,7 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
       p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) & kAbsMask32 : 0u;
   const uint32_t nvfp4_decode_bits = mask_has_rule(kMask, kScaleNvfp4) ? nvfp4_decode_scale_bits(tensor_amax_bits) : 0u;
   if (threadIdx.x == 0) {
+    scratch.nvfp4_decode_bits = nvfp4_decode_bits;
     for_each_recipe<kMask>([&](auto recipe) {
       constexpr int r = decltype(recipe)::value;
       constexpr RecipeSpec spec = kRecipes[r];
@@ -543,7 +553,7 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
   const int64_t step_tiles = kWarps - step_rows * tiles;
   // Warp-uniform: the butterfly's shuffles are reached by the whole warp.
   for (int64_t task = first_task; task < begin + n; task += kWarps) {
-    measure_task<kDtype, kMask>(p, view, place, lane_shift, nvfp4_decode_bits, scratch, c);
+    measure_task<kDtype, kMask>(p, view, place, lane_shift, kMask == kAllRecipes ? 0u : nvfp4_decode_bits, scratch, c);
     place.row_group += step_rows;
     place.tile += step_tiles;
     if (place.tile >= tiles) {
