@@ -19,16 +19,19 @@ Each is divided by the elements of a batch (the loop's histogram atomics, one pe
 --check exits 1 when a variant misses its target or any kernel spills. cuobjdump: CUDA's own, or the one in
 triton's wheel (triton/backends/nvidia/bin/cuobjdump).
 
-Format readiness's kernel (csrc/readiness/readiness_kernels.cuh, one per input dtype), with --readiness: its task loop
-(one warp task: 8 elements per lane, all recipes' code unrolled; the largest loop with the 16-byte loads and no
-block barrier) is counted statically, every instruction of its body once, per element. "common" is a build with
-the lanes' common path alone (AMPI_READINESS_FAST_PATH_ONLY: judge_element_fast, no float32 subnormal in the
-lane; its remaining branches are rare: zero blocks, E8M0 clamps; float64 divisions' slow paths are calls out of
-the loop, not counted); "static" the library's build, both paths. The source is also compiled with no recipe
-(loads, NaN/Inf, squares, the amax butterfly) and with each recipe alone (AMPI_READINESS_COMPILED_RECIPES), on
-the common path: a recipe's cost is its build's count less the no-recipe build's.
+Format readiness's kernels (csrc/readiness/readiness_kernels.cuh, one per input dtype and recipe set: every recipe,
+each recipe alone, none), with --readiness: each one's task loop (one warp task: 8 elements per lane, its recipes'
+code unrolled; the largest loop with the global loads and no block barrier) is counted statically, every
+instruction of its body once, per element. "common" is a build with the lanes' common path alone
+(AMPI_READINESS_FAST_PATH_ONLY: judge_element_fast, no NaN/Inf and no float32 subnormal in the lane; its remaining
+branches are rare: short or unaligned groups, zero blocks, E8M0 clamps; float64 divisions' slow paths are calls
+out of the loop, not counted); "static" the library's build, both paths. A recipe's figure is its own kernel's
+(the library's, which a one-recipe call runs), "none" the no-recipe kernel's (loads, counts, squares).
 
-    python bench/sass_per_element.py --readiness          # nvcc -O3 for sm_90, 11 builds of readiness_cuda.cu
+    python bench/sass_per_element.py --readiness [--check]   # nvcc -O3 for sm_90, 2 builds of readiness_cuda.cu
+
+--check (with --readiness) exits 1 when a target is missed (every recipe <= 200, each recipe's kernel <= 60) or a
+kernel spills.
 
 Update statistics' kernel (csrc/update_stats/update_stats_kernels.cuh, one per weight, gradient and exp_avg_sq
 dtype), with --update: its hot loop is the innermost loop with the most 16-byte global loads (the loop over units of
@@ -285,7 +288,7 @@ def compile_object(folder: Path) -> tuple[Path, str]:
     return obj, done.stdout + done.stderr
 
 
-READINESS_KERNEL = re.compile(r"readiness_kernelILi(\d)E")
+READINESS_KERNEL = re.compile(r"readiness_kernelILi(\d)ELi(\d+)E")
 READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/common/numerics.h InputDtype order
 READINESS_GROUP = 8  # elements per lane per task (csrc/readiness/readiness.h kReadinessGroupElems)
 RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness/readiness.h kRecipes)
@@ -298,11 +301,15 @@ RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness/re
     "mxfp4",
     "nvfp4",
 )
+ALL_RECIPES = (1 << len(RECIPE_NAMES)) - 1  # readiness_kernels.cuh kAllRecipes
+# Issue 33's targets, common path per element: every recipe, and one recipe's kernel.
+READINESS_TARGET_ALL = 200
+READINESS_TARGET_ONE = 60
 
 
 def readiness_task_loop(instrs: list[tuple[int, str]]) -> list[str]:
-    """The body of the readiness kernel's task loop: the largest backward-branch range holding a 16-byte global
-    load and no block barrier (the flush, with its barriers, is outside it)."""
+    """The body of the readiness kernel's task loop: the largest backward-branch range holding a global load and no
+    block barrier (the flush, with its barriers, is outside it)."""
     best: list[str] = []
     for addr, text in instrs:
         match = BRANCH.match(text)
@@ -315,16 +322,16 @@ def readiness_task_loop(instrs: list[tuple[int, str]]) -> list[str]:
 
 
 def readiness_build(
-    folder: Path, mask: int, cuobjdump: str, common_path: bool = True
-) -> tuple[dict[str, list[str]], str]:
-    """The task-loop bodies per dtype and the ptxas log of readiness_cuda.cu built with the recipes of `mask`
-    (and only the lanes' common path, or both paths as the library is built)."""
+    folder: Path, cuobjdump: str, common_path: bool, arch: str = "90"
+) -> tuple[dict[tuple[str, int], list[str]], str]:
+    """The task-loop bodies per (dtype, recipe mask) of the library's kernels (every recipe: 0xff, each recipe
+    alone, none: 0) and the ptxas log of readiness_cuda.cu, built as the library is or with the lanes' common path
+    alone."""
     from torch.utils.cpp_extension import include_paths
 
-    obj = folder / f"readiness_{mask:02x}_{int(common_path)}.o"
-    command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", "arch=compute_90,code=sm_90"]
-    command += ["-Xptxas", "-v", f"-DAMPI_READINESS_COMPILED_RECIPES={mask}"]
-    command += [f"-DAMPI_READINESS_FAST_PATH_ONLY={int(common_path)}", "-c"]
+    obj = folder / f"readiness_{int(common_path)}_{arch}.o"
+    command = ["/usr/local/cuda/bin/nvcc", "-O3", "-std=c++20", "-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    command += ["-Xptxas", "-v", f"-DAMPI_READINESS_FAST_PATH_ONLY={int(common_path)}", "-c"]
     command += [str(REPO / "csrc" / "readiness" / "readiness_cuda.cu"), "-o", str(obj)]
     command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -333,53 +340,65 @@ def readiness_build(
     for function in re.split(r"\n\s*Function : ", sass)[1:]:
         variant = READINESS_KERNEL.search(function.split("\n", 1)[0])
         if variant:
-            loops[READINESS_DTYPES[int(variant.group(1))]] = readiness_task_loop(parse(function))
+            key = (READINESS_DTYPES[int(variant.group(1))], int(variant.group(2)))
+            loops[key] = readiness_task_loop(parse(function))
     return loops, done.stdout + done.stderr
 
 
-def readiness_registers(log: str) -> dict[str, tuple[int, int]]:
-    """dtype -> (registers, spill store + load bytes) of the readiness kernels, from ptxas -v output."""
+def readiness_registers(log: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(dtype, recipe mask) -> (registers, spill store + load bytes) of the readiness kernels, from ptxas -v."""
     return {
-        READINESS_DTYPES[int(name.group(1))]: (registers, stores + loads)
+        (READINESS_DTYPES[int(name.group(1))], int(name.group(2))): (registers, stores + loads)
         for name, registers, stores, loads in ptxas_kernels(log, READINESS_KERNEL)
     }
 
 
-def readiness_main(cuobjdump: str) -> int:
-    """Instructions per element of the readiness kernels' task loop, all recipes and each alone (module doc)."""
+def float64_ops(body: list[str]) -> int:
+    return sum(t.split(" ")[0].split(".")[0] in ("DADD", "DMUL", "DFMA") for t in body)
+
+
+def readiness_main(cuobjdump: str, check: bool = False) -> int:
+    """Instructions per element of the readiness kernels' task loop: the every-recipe kernel, the no-recipe kernel
+    and each recipe's own kernel (module doc), against issue 33's targets."""
     with tempfile.TemporaryDirectory() as folder:
-        library, log = readiness_build(Path(folder), 0xFF, cuobjdump, common_path=False)
-        every, _ = readiness_build(Path(folder), 0xFF, cuobjdump)
-        none, _ = readiness_build(Path(folder), 0x00, cuobjdump)
-        alone = [readiness_build(Path(folder), 1 << r, cuobjdump)[0] for r in range(len(RECIPE_NAMES))]
+        library, log = readiness_build(Path(folder), cuobjdump, common_path=False)
+        common, _ = readiness_build(Path(folder), cuobjdump, common_path=True)
     registers = readiness_registers(log)
+    per = {key: len(body) / READINESS_GROUP for key, body in common.items()}
+    missed = 0
     print("readiness_kernel task loop, static SASS instructions per element (8 per lane per task)")
     print(
         f"{'dtype':5} {'regs':>4} {'spill B':>7} {'static':>6} {'common':>6} {'none':>5}  "
-        "common by pipe: mem/fp/int/other  calls"
+        f"common by pipe: mem/fp/int/other  calls  (target: common <= {READINESS_TARGET_ALL})"
     )
     for dtype in READINESS_DTYPES:
-        body = every[dtype]
+        body = common[(dtype, ALL_RECIPES)]
         pipes = {name: 0 for name in (*PIPES, "other")}
         for text in body:
             pipes[pipe(text)] += 1
-        regs, spilled = registers.get(dtype, ("-", 0))
+        regs, spilled = registers.get((dtype, ALL_RECIPES), ("-", 0))
         calls = sum("CALL" in t for t in body)
+        missed += per[(dtype, ALL_RECIPES)] > READINESS_TARGET_ALL
         print(
-            f"{dtype:5} {regs:>4} {spilled:7} {len(library[dtype]) / READINESS_GROUP:6.1f} "
-            f"{len(body) / READINESS_GROUP:6.1f} "
-            f"{len(none[dtype]) / READINESS_GROUP:5.1f}  "
+            f"{dtype:5} {regs:>4} {spilled:7} {len(library[(dtype, ALL_RECIPES)]) / READINESS_GROUP:6.1f} "
+            f"{per[(dtype, ALL_RECIPES)]:6.1f} {per[(dtype, 0)]:5.1f}  "
             + "/".join(f"{n / READINESS_GROUP:.1f}" for n in pipes.values())
             + f"  {calls}"
         )
-    print("each recipe alone, less the none build (per element):")
-    print(f"{'recipe':18} " + " ".join(f"{d:>6}" for d in READINESS_DTYPES) + "   float64 ops (fp32)")
+    print(f"each recipe's own kernel, common path per element (target <= {READINESS_TARGET_ONE}); registers, spills:")
+    print(f"{'recipe':18} " + " ".join(f"{d:>6}" for d in READINESS_DTYPES) + "   float64 ops (fp32)  regs  spill B")
     for r, name in enumerate(RECIPE_NAMES):
-        costs = [(len(alone[r][d]) - len(none[d])) / READINESS_GROUP for d in READINESS_DTYPES]
-        doubles = sum(t.split(" ")[0].split(".")[0] in ("DADD", "DMUL", "DFMA") for t in alone[r]["fp32"])
-        doubles -= sum(t.split(" ")[0].split(".")[0] in ("DADD", "DMUL", "DFMA") for t in none["fp32"])
-        print(f"{name:18} " + " ".join(f"{c:6.1f}" for c in costs) + f"   {doubles / READINESS_GROUP:.1f}")
-    return 0
+        mask = 1 << r
+        costs = [per[(d, mask)] for d in READINESS_DTYPES]
+        missed += max(costs) > READINESS_TARGET_ONE
+        doubles = float64_ops(common[("fp32", mask)]) / READINESS_GROUP
+        regs = "/".join(str(registers.get((d, mask), ("-", 0))[0]) for d in READINESS_DTYPES)
+        spilled = sum(registers.get((d, mask), (0, 0))[1] for d in READINESS_DTYPES)
+        print(f"{name:18} " + " ".join(f"{c:6.1f}" for c in costs) + f"   {doubles:17.1f}  {regs}  {spilled}")
+    spilled = sum(bytes_ for _, bytes_ in registers.values())
+    print(f"ptxas spill bytes (stores + loads), all {len(registers)} readiness kernels: {spilled}")
+    missed += spilled > 0
+    return 1 if check and missed else 0
 
 
 UPDATE_KERNEL = re.compile(r"update_stats_kernel(?:ILi(n?\d)ELi(n?\d)ELi(n?\d)E)?")
@@ -507,7 +526,7 @@ def main() -> int:
         log = Path(args.ptxas_log).read_text() if args.ptxas_log else None
         return update_main(args.object, log, args.cuobjdump, args.check)
     if args.readiness:
-        return readiness_main(args.cuobjdump)
+        return readiness_main(args.cuobjdump, args.check)
     log = Path(args.ptxas_log).read_text() if args.ptxas_log else None
     with tempfile.TemporaryDirectory() as folder:
         if args.compile:

@@ -285,3 +285,34 @@ def test_bad_arguments_are_one_sentence():
         emulated([x.double()], [1])
     with pytest.raises(RuntimeError, match="tensor_amax must be a float32 tensor of shape"):
         emulated([x], [0], torch.ones(2))
+
+
+# ---- issue 33: the kernels specialised by recipe, and the fp32 rules' dequantization without a division ----
+
+
+@pytest.mark.parametrize("mbits", (3, 2, 1), ids=("e4m3", "e5m2", "e2m1"))
+def test_grid_quotient_is_the_division_for_every_scale_mantissa(mbits):
+    """readiness.h's grid_quotient (one reciprocal per block, Markstein's correction per element) equals the
+    float64 division q / s for every element-grid significand q and every float32 mantissa of s: all the cases."""
+    assert torch.ops.amp_inspect._readiness_quotient_mismatches(mbits) == 0
+    with pytest.raises(RuntimeError, match="mbits must be 1, 2 or 3"):
+        torch.ops.amp_inspect._readiness_quotient_mismatches(4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_each_recipes_own_kernel_equals_its_columns_of_every_recipe(dtype, rng):
+    """A one-recipe call runs that recipe's own kernel, a call of none the no-recipe kernel: the same counts and
+    sums as the every-recipe kernel's columns, on data with NaN, Inf, subnormals and zeros, packed short rows
+    and long ones."""
+    tensors = [random_bits(rng, (3, 300), dtype), gaussian(rng, (9, 20), dtype), edge_rows(dtype)]
+    full_counts, full_sums, full_amax = emulated(tensors, ALL)
+    for r in ALL:
+        counts, sums, amax = check(tensors, (r,))
+        assert torch.equal(counts[:, :3], full_counts[:, :3])
+        assert torch.equal(counts[:, 3:], full_counts[:, 3 + 4 * r : 7 + 4 * r])
+        assert torch.equal(sums[:, 0], full_sums[:, 0]) and torch.equal(sums[:, 1], full_sums[:, 1 + r])
+        if r in BLOCK_SCALED:
+            assert torch.equal(amax, full_amax)
+    counts, sums, amax = check(tensors, ())
+    assert counts.shape == (3, 3) and torch.equal(counts, full_counts[:, :3])
+    assert torch.equal(sums[:, 0], full_sums[:, 0]) and torch.equal(amax, full_amax)

@@ -30,6 +30,7 @@
 // the host copies what a call needs into the kernels' arguments, as tensor_stats does with its kFormatBounds.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "common/numerics.h"
@@ -405,6 +406,40 @@ AMPI_HD ElementVerdict judge_element_fast(uint32_t bits, const ElementGrid& g, b
   const double error = static_cast<double>(x) - dequantized;
   return ElementVerdict{((bits & kAbsMask32) != 0) & ((q_bits & kAbsMask32) == 0), v_abs >= clip_bits(g),
                         error * error};
+}
+
+// fl64(q / s) without a division per element, for the fp32 rules' dequantization (the CUDA kernels): q an element
+// grid's value as float64 (0 or a float32 of at most 4 significant bits, its sign included), s a normal float32 scale
+// as float64 and r = fl64(1 / s), computed once per block. y = fl64(q * r) is within an ulp of q / s, the remainder
+// q - y * s is exact in one fused multiply-add, and y + remainder * r rounds to fl64(q / s) (Markstein's correction).
+// Checked for every case: scaling q or s by a power of two scales every step exactly (no float64 here is near
+// under- or overflow: |q / s| lies in [2^-144, 2^142]), so the cases are q's 1 + mbits leading bits (mbits <= 3)
+// times s's 2^23 mantissas, all tried by tests/test_readiness_emu.py (_readiness_quotient_mismatches).
+AMPI_HD double grid_quotient(double q, double s, double r) {
+  const double y = q * r;
+  return fma(fma(-y, s, q), r, y);
+}
+
+// judge_element_fast's quantities before its verdict, for kernels that count per lane (the CUDA kernels): |v| and
+// |q| as float32 bits and the squared error, under the same conditions (x no float32 subnormal, the scale a normal
+// float32) and with the same values, but the fp32 rules' q / s computed as grid_quotient (`fp32_rule`: `dequant` is
+// then fl64(1 / s), `scale` s). An element is flushed where x != 0 and q_abs == 0, saturated where
+// v_abs >= clip_bits(g), as judge_element_fast says.
+struct ElementCast {
+  uint32_t v_abs;
+  uint32_t q_abs;
+  double sq_error;
+};
+AMPI_HD ElementCast cast_element_fast(uint32_t bits, const ElementGrid& g, bool divide, float scale32, bool fp32_rule,
+                                      double scale, double dequant) {
+  const float x = bits_as_float32(bits);
+  const float v = divide ? x / scale32 : x * scale32;
+  const uint32_t v_abs = float32_as_bits(v) & kAbsMask32;
+  const uint32_t q_abs = cast_abs_bits(v_abs, g);
+  const double q = static_cast<double>(bits_as_float32(q_abs | (bits & kSignMask32)));
+  const double dequantized = fp32_rule ? grid_quotient(q, scale, dequant) : q * dequant;
+  const double error = static_cast<double>(x) - dequantized;
+  return ElementCast{v_abs, q_abs, error * error};
 }
 
 // ---- the CUDA kernels' launch plan ----
