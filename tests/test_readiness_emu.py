@@ -316,3 +316,21 @@ def test_each_recipes_own_kernel_equals_its_columns_of_every_recipe(dtype, rng):
     counts, sums, amax = check(tensors, ())
     assert counts.shape == (3, 3) and torch.equal(counts, full_counts[:, :3])
     assert torch.equal(sums[:, 0], full_sums[:, 0]) and torch.equal(amax, full_amax)
+
+
+def test_counts_of_a_lane_past_sixteen_bits_between_flushes():
+    """The kernels keep two counts per 32-bit word, 16 bits each, and flush them at least every
+    kMaxWarpTasksPerFlush (8191) tasks of a warp. One block of 8 warps over 17M elements (8200 tasks a warp,
+    65,600 elements a lane): counts that wrapped at 2^16, or spilled into the other half of their word, would
+    differ from the CPU kernel's. Nearly every element flushes in the block-scaled recipes (2^-20 beside a 1 in
+    every 32), so flushed counts reach the most."""
+    rows = 8 * 8200
+    x = torch.full((rows, WARP_TASK), 2.0**-20, dtype=torch.float16)
+    x[:, ::32] = 1.0
+    x[::7, 5] = 0.0
+    for recipes in (ALL, (RECIPE_NAMES.index("mxfp8_e4m3"),)):
+        counts, _, amax = emulated([x], recipes, chunk_tasks=1 << 20, blocks=1)
+        cpu_counts, _, cpu_amax = torch.ops.amp_inspect.format_readiness([x], list(recipes), None)
+        assert torch.equal(counts, cpu_counts), (counts, cpu_counts)
+        assert int(counts[0, 0]) == x.numel() and torch.equal(amax, cpu_amax)
+        assert int(counts[0, 3 + 4 * recipes.index(RECIPE_NAMES.index("mxfp8_e4m3"))]) > 2**23  # flushed
