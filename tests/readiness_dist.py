@@ -93,9 +93,47 @@ def tp_readiness(world: int, out: Path) -> None:
     insp.detach()
 
 
+def readiness_fails_on_one_rank(world: int, out: Path) -> None:
+    """One rank's measurement of the first layer's X and W raises (as an out-of-memory would): that rank warns,
+    its pieces add zero rows, and the ranks still hold the same rows, so the merge neither raises nor shifts the
+    later rows: the table is the other ranks' X of that layer and every rank's rows elsewhere."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    wrapped = nn.parallel.DistributedDataParallel(model)
+    insp = amp_inspect.attach(wrapped, readiness_every=1, timeout=30.0)
+    batches = [torch.randn(4, 16, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    real = readiness_hooks.format_readiness
+    calls = []
+
+    def failing_first_call(tensors, recipes=None):
+        calls.append(len(tensors))
+        if rank == 1 and len(calls) == 1:
+            raise RuntimeError("planted failure")
+        return real(tensors, recipes)
+
+    readiness_hooks.format_readiness = failing_first_call
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapped(batches[rank]).square().mean().backward()
+            report = insp.check()
+    finally:
+        readiness_hooks.format_readiness = real
+    said = [str(w.message) for w in caught if "could not measure" in str(w.message)]
+    assert (len(said) == 1) == (rank == 1), said
+    table = report.readiness.modules
+    assert table["0"]["X"].numel == 16 * 4 * (world - 1)  # rank 1's X added nothing
+    assert table["2"]["X"].numel == 32 * 4 * world  # the rows after it are not shifted
+    assert table["0"]["W"].numel == 16 * 32  # W: measured by rank 0 alone, as without the failure
+    assert table["2"]["dY"].numel == 8 * 4 * world
+    insp.detach()
+
+
 dist_scenarios.SCENARIOS = {
     "ddp_readiness": ddp_readiness,
     "tp_readiness": tp_readiness,
+    "readiness_fails_on_one_rank": readiness_fails_on_one_rank,
 }  # the runner reads its module's table
 
 if __name__ == "__main__":

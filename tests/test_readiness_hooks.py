@@ -244,6 +244,13 @@ def test_ddp_ranks_merge_into_one_table(tmp_path) -> None:
     run_scenario("ddp_readiness", 2, tmp_path, module="tests.readiness_dist")
 
 
+def test_a_measurement_failing_on_one_rank_keeps_the_ranks_rows_in_step(tmp_path) -> None:
+    # Before, the failing rank left its rows out while the others added theirs: the merge's buffers differed.
+    from tests.test_distributed import run_scenario
+
+    run_scenario("readiness_fails_on_one_rank", 2, tmp_path, module="tests.readiness_dist")
+
+
 def test_tensor_parallel_weights_are_measured_by_their_local_pieces(tmp_path) -> None:
     # DTensor weights of parallelize_module: format_readiness on the DTensor raised NotImplementedError from
     # inside the user's forward pass (issue 31, item 11).

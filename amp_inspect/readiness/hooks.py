@@ -93,7 +93,8 @@ NO_OPERAND = (
 
 MEASURE_FAILED = (
     "amp_inspect: the readiness hooks could not measure {operands} of {module} on step {step} ({error}); those "
-    "operands are left out of the readiness table (said once)"
+    "operands are left out of the readiness table (in a distributed run: this rank's pieces of them add nothing to "
+    "the table merged across ranks) (said once)"
 )
 
 
@@ -397,7 +398,10 @@ class ReadinessHooks:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-                operands = [(op, t) for (op, t), here in zip(operands, counted, strict=True) if not here]
+                if not is_distributed(self.group):  # type: ignore[arg-type]
+                    operands = [(op, t) for (op, t), here in zip(operands, counted, strict=True) if not here]
+                # Across ranks, zero rows in their place: every rank must hold the same rows for the merge (a
+                # missing row on one rank would shift every later one), so this rank's pieces add nothing.
                 counted = [False] * len(operands)
         for (operand, t), here in zip(operands, counted, strict=True):
             self._add_row(name, operand, next(rows) if here else self._zero_row(t.device))
