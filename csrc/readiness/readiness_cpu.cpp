@@ -230,6 +230,20 @@ BlockVerdicts judge_exact(const uint32_t* bits, int64_t n, const ElementGrid& g,
   return v;
 }
 
+// A unit's blocks of `block` elements each judged exactly, their verdicts added in block order: the path of a unit
+// where judge_element_fast's conditions fail (float32 subnormals, a scale that is not a normal float).
+BlockVerdicts judge_exact_blocks(const uint32_t* bits, int64_t n, int64_t block, const ElementGrid& g,
+                                 const BlockScale* scales) {
+  BlockVerdicts v{0, 0, 0.0};
+  for (int64_t b = 0; b * block < n; ++b) {
+    const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
+    v.flushed += part.flushed;
+    v.saturated += part.saturated;
+    v.sq_error += part.sq_error;
+  }
+  return v;
+}
+
 // What a unit's first look (scan_unit) finds.
 struct UnitScan {
   int32_t nonzero, nonfinite, subnormal;
@@ -560,12 +574,7 @@ AMPI_AVX2 void judge_recipe_avx2(const UnitData& d, int64_t n, bool has_subnorma
     constexpr int kKind = kPowerOfTwo ? kKindPowerOfTwo : kRule == kScaleNvfp4 ? kKindDivide : kKindFp32;
     v = judge_fast_avx2<kKind>(d, n, g, block, per_block);
   } else {
-    for (int64_t b = 0; b < blocks; ++b) {  // on |x|: the same verdicts and squares (UnitData)
-      const BlockVerdicts part = judge_exact(d.bits + b * block, std::min(block, n - b * block), g, scales[b]);
-      v.flushed += part.flushed;
-      v.saturated += part.saturated;
-      v.sq_error += part.sq_error;
-    }
+    v = judge_exact_blocks(d.bits, n, block, g, scales);  // on |x|: the same verdicts and squares (UnitData)
   }
   counts[0] += v.flushed;
   counts[1] += v.saturated;
@@ -651,12 +660,7 @@ AMPI_CPU_CLONES void judge_recipe(const uint32_t* bits, int64_t n, bool has_subn
       v = (wide ? judge_fast_fp32_wide : judge_fast_fp32)(bits, n, g, per_element);
     }
   } else {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const BlockVerdicts part = judge_exact(bits + b * block, std::min(block, n - b * block), g, scales[b]);
-      v.flushed += part.flushed;
-      v.saturated += part.saturated;
-      v.sq_error += part.sq_error;
-    }
+    v = judge_exact_blocks(bits, n, block, g, scales);
   }
   counts[0] += v.flushed;
   counts[1] += v.saturated;
