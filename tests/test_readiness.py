@@ -11,6 +11,9 @@ the exact sum relative to itself, so the two agree to a relative ``sums_rtol(n) 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -277,6 +280,49 @@ def test_flush_to_zero_mode_does_not_change_the_results() -> None:
         torch.set_flush_denormal(False)
     for a, b in zip(normal, flushed, strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+CLONES_ONLY = """
+import sys, torch
+from amp_inspect.core import ops
+assert ops.extension_loaded()
+tensors = torch.load(sys.argv[1])
+op = torch.ops.amp_inspect.format_readiness
+torch.save([op(tensors, recipes, None) for recipes in eval(sys.argv[2])], sys.argv[3])
+"""
+
+
+def test_the_avx2_path_and_the_cloned_loops_give_the_same_bits(tmp_path) -> None:
+    """Where the CPU has AVX2 and FMA, every unit takes the AVX2 path, so the cloned loops (CPUs without AVX2, other
+    architectures) would go untested: a second process runs them (AMP_INSPECT_TEST_READINESS_CLONES, read by
+    readiness_cpu.cpp) on the same tensors, and every output, each recipe alone and all together, is the same bits."""
+    tensors = [t for t in edge_tensors() if t.numel()] + nvfp4_zero_scale_units() + vector_edge_units()
+    tensors.append(torch.tensor([2.0**-130, 2.0**-135, 2.0**-149] * 40))
+    rng = np.random.default_rng(33)
+    tensors += [random_tensor(rng, 40 * 96, dtype).reshape(40, 96) for dtype in DTYPES]
+    g = torch.Generator().manual_seed(33)
+    for length in (1, 7, 8, 9, 15, 16, 17, 31, 33, 127, 129, 1000):
+        tensors.append(
+            torch.randn(3, length, generator=g) * 10.0 ** torch.empty(3, length).uniform_(-12, 6, generator=g)
+        )
+    recipe_sets = [ALL] + [[r] for r in range(len(RECIPE_NAMES))]
+    here = [OP(tensors, recipes, None) for recipes in recipe_sets]
+    torch.save(tensors, tmp_path / "tensors.pt")
+    env = {**os.environ, "AMP_INSPECT_TEST_READINESS_CLONES": "1"}
+    command = [
+        sys.executable,
+        "-c",
+        CLONES_ONLY,
+        str(tmp_path / "tensors.pt"),
+        repr(recipe_sets),
+        str(tmp_path / "out.pt"),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    there = torch.load(tmp_path / "out.pt")
+    for recipes, mine, theirs in zip(recipe_sets, here, there, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), recipes
 
 
 # ---------------------------------------------------------------------------------------------------------

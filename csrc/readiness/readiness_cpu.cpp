@@ -34,6 +34,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -265,9 +266,15 @@ struct UnitScan {
 #define AMPI_AVX2_PATH 1
 #define AMPI_AVX2 __attribute__((target("avx2,fma")))
 
+// Set (to anything) in the environment, the cloned loops run even where the AVX2 path could: for the test that holds
+// the two paths' outputs equal bit for bit on one machine (tests/test_readiness.py), since every machine with AVX2
+// would otherwise run the AVX2 path alone. Read once, at the first call.
+constexpr const char* kClonesOnlyVariable = "AMP_INSPECT_TEST_READINESS_CLONES";
+
 // Whether a unit takes the AVX2 path: AVX2 and FMA present (AVX-512 machines included: see above).
 bool avx2_path() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = std::getenv(kClonesOnlyVariable) == nullptr && __builtin_cpu_supports("avx2") &&
+                         __builtin_cpu_supports("fma");
   return ok;
 }
 
