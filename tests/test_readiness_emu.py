@@ -369,17 +369,19 @@ def test_nvfp4_block_scale_without_division_equals_nvfp4_scale(decode):
 
 def test_nvfp4_elements_at_and_beside_every_e2m1_tie():
     """The nvfp4 kernel's v = fl32(x / total), now fl32(x * fl64(1 / total)), where it matters most: x / total at
-    and one or two float32 steps beside every E2M1 rounding tie and the saturation bound, under many irregular totals.
-    Equal to the reference and the CPU kernel; and the data is such that a float32 reciprocal would cast some of these
-    elements differently (the guard has teeth)."""
+    and one or two float32 steps beside every E2M1 rounding tie and the saturation bound, under many irregular totals
+    (s_b saturated at 448, normal, and E4M3-subnormal). Equal to the reference and the CPU kernel; and the data is
+    such that a float32 reciprocal would cast some of these elements differently (the guard has teeth)."""
     rng = np.random.default_rng(33)
     tensor_amax = np.float32(1000.0)
     d = tensor_amax / np.float32(2688.0)
     ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0], dtype=np.float64)  # 7: E2M1's clip_bits
     blocks, planted_differs = [], 0
     e2m1 = ELEMENT_FORMATS["e2m1"]
-    # amax_b above tensor_amax (a stale given amax) saturates s_b at 448: x / total then reaches the clip.
-    for amax_b in rng.uniform(0.01, 3000.0, 600).astype(np.float32):
+    # amax_b above tensor_amax (a stale given amax) saturates s_b at 448: x / total then reaches the clip; below about
+    # 0.035, s_b is an E4M3 subnormal (a flushed scale).
+    amaxes = np.concatenate([rng.uniform(0.01, 3000.0, 600), 2.0 ** rng.uniform(-8.0, 12.0, 200)]).astype(np.float32)
+    for amax_b in amaxes:
         wanted = np.minimum(amax_b / np.float32(6.0) / d, np.float32(448.0))
         s_b = torch.tensor(wanted).to(torch.float8_e4m3fn).float().numpy()
         total = np.float32(np.float64(d) * np.float64(s_b))
@@ -400,5 +402,6 @@ def test_nvfp4_elements_at_and_beside_every_e2m1_tie():
     blocks += [np.zeros(16, dtype=np.float32)] * (-len(blocks) % 4)
     data = torch.from_numpy(np.concatenate(blocks)).reshape(-1, 64)
     assert planted_differs > 0
-    check([data], (NVFP4,), torch.tensor([float(tensor_amax)]))
+    counts, _, _ = check([data], (NVFP4,), torch.tensor([float(tensor_amax)]))
+    assert counts[0, 4] > 0 and counts[0, 6] > 0  # saturated elements and flushed scales are among them
     check([data], ALL, torch.tensor([float(tensor_amax)]))
