@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from amp_inspect.core.recipes import ELEMENT_FORMATS, RECIPE_NAMES, RECIPES
-from amp_inspect.core.references.format_readiness import format_readiness_reference
+from amp_inspect.core.references.format_readiness import cast_element, format_readiness_reference
 
 pytestmark = pytest.mark.cuda_emu
 
@@ -334,3 +334,74 @@ def test_counts_of_a_lane_past_sixteen_bits_between_flushes():
         assert torch.equal(counts, cpu_counts), (counts, cpu_counts)
         assert int(counts[0, 0]) == x.numel() and torch.equal(amax, cpu_amax)
         assert int(counts[0, 3 + 4 * recipes.index(RECIPE_NAMES.index("mxfp8_e4m3"))]) > 2**23  # flushed
+
+
+# ---- issue 33: NVFP4 without a float32 division per element ----
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+NVFP4 = RECIPE_NAMES.index("nvfp4")
+
+
+def float32_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float32).view(np.uint32))
+
+
+def test_divide_by_reciprocal_is_the_float32_division():
+    """readiness.h's divide_by_reciprocal, fl32(a * fl64(1 / b)), equals the float32 division a / b for every
+    float32 mantissa of b against a's nearest two random midpoints of fl32 each (and their neighbours), and for a
+    million random pairs; a planted rounding too many (a float32 reciprocal) is found, so the check has teeth."""
+    assert torch.ops.amp_inspect._readiness_divide_mismatches(2, 10**6, 33, False) == 0
+    assert torch.ops.amp_inspect._readiness_divide_mismatches(1, 10**5, 33, True) > 0
+
+
+@pytest.mark.parametrize("decode", (1.0, 2.0**-126, 0.0123456789, FLOAT32_MAX / 2688), ids=("one", "min", "odd", "max"))
+def test_nvfp4_block_scale_without_division_equals_nvfp4_scale(decode):
+    """nvfp4_block_scale_bits, where the kernels take it (total a normal float32), gives nvfp4_scale's scale and
+    scale_flushed for every amax_b whose wanted scale amax_b / 6 / d lies within 2^-12 .. 2^11 (E4M3's subnormals,
+    normals and saturation, with a binade's margin), all 2^23 mantissas of each binade."""
+    d = float32_bits(decode)
+    centre = int(np.floor(np.log2(6.0 * np.float32(decode)))) + 127
+    first, last = max(1, centre - 12), min(254, centre + 11)
+    mismatches, lane_path = torch.ops.amp_inspect._readiness_nvfp4_scale_mismatches(d, first, last)
+    assert mismatches == 0
+    assert lane_path > (last - first) * 2**22  # most blocks take the lane path
+
+
+def test_nvfp4_elements_at_and_beside_every_e2m1_tie():
+    """The nvfp4 kernel's v = fl32(x / total), now fl32(x * fl64(1 / total)), where it matters most: x / total at
+    and one or two float32 steps beside every E2M1 rounding tie and the saturation bound, under many irregular totals
+    (s_b saturated at 448, normal, and E4M3-subnormal). Equal to the reference and the CPU kernel; and the data is
+    such that a float32 reciprocal would cast some of these elements differently (the guard has teeth)."""
+    rng = np.random.default_rng(33)
+    tensor_amax = np.float32(1000.0)
+    d = tensor_amax / np.float32(2688.0)
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0], dtype=np.float64)  # 7: E2M1's clip_bits
+    blocks, planted_differs = [], 0
+    e2m1 = ELEMENT_FORMATS["e2m1"]
+    # amax_b above tensor_amax (a stale given amax) saturates s_b at 448: x / total then reaches the clip; below about
+    # 0.035, s_b is an E4M3 subnormal (a flushed scale).
+    amaxes = np.concatenate([rng.uniform(0.01, 3000.0, 600), 2.0 ** rng.uniform(-8.0, 12.0, 200)]).astype(np.float32)
+    for amax_b in amaxes:
+        wanted = np.minimum(amax_b / np.float32(6.0) / d, np.float32(448.0))
+        s_b = torch.tensor(wanted).to(torch.float8_e4m3fn).float().numpy()
+        total = np.float32(np.float64(d) * np.float64(s_b))
+        near = np.float32(ties * np.float64(total))
+        steps = np.arange(-2, 3, dtype=np.int32)
+        x = (near.view(np.int32)[:, None] + steps[None, :]).reshape(-1).view(np.float32)
+        x = x[x < amax_b]
+        x = np.where(rng.integers(0, 2, x.size) == 1, -x, x).astype(np.float32)
+        v = torch.from_numpy(x / total)
+        planted = torch.from_numpy(x * np.float32(1.0 / np.float64(total)))
+        planted_differs += int((cast_element(v, e2m1) != cast_element(planted, e2m1)).sum())
+        for start in range(0, x.size, 15):
+            block = np.zeros(16, dtype=np.float32)
+            block[0] = amax_b
+            chunk = x[start : start + 15]
+            block[1 : 1 + chunk.size] = chunk
+            blocks.append(block)
+    blocks += [np.zeros(16, dtype=np.float32)] * (-len(blocks) % 4)
+    data = torch.from_numpy(np.concatenate(blocks)).reshape(-1, 64)
+    assert planted_differs > 0
+    counts, _, _ = check([data], (NVFP4,), torch.tensor([float(tensor_amax)]))
+    assert counts[0, 4] > 0 and counts[0, 6] > 0  # saturated elements and flushed scales are among them
+    check([data], ALL, torch.tensor([float(tensor_amax)]))

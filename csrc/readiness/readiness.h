@@ -442,6 +442,41 @@ AMPI_HD ElementCast cast_element_fast(uint32_t bits, const ElementGrid& g, bool 
   return ElementCast{v_abs, q_abs, error * error};
 }
 
+// ---- NVFP4 without a float32 division per element (the CUDA kernels) ----
+
+// fl32(a / b) for a float32 a (0 or normal, either sign) and a normal float32 b > 0, from r = fl64(1 / b) (one
+// reciprocal per lane or piece): fl32(fl64(a * r)), one float64 multiplication and one rounding to float32 in place
+// of the float32 division. Equal to fl32(a / b) wherever a / b is in float32's normal range or overflows it (both
+// then Inf); below 2^-126 the two may differ (a subnormal step, or 0 under flush-to-zero), which no caller sees:
+// such a quotient casts to 0 in every element format (their smallest subnormal is 2^-16 or more).
+// Why. Let a = A 2^i, b = B 2^j (A, B integers below 2^24) and a / b in the binade [2^e, 2^(e+1)), e >= -126.
+// fl32 rounds at the midpoints M = K 2^(e-24), K odd in (2^24, 2^25) (the overflow threshold is one of them, at
+// e = 127). a / b is never a midpoint: a = M b makes the odd K divide A, yet K > 2^24 > A. Otherwise
+// a - M b = A 2^i - K B 2^(j+e-24) is a nonzero multiple of 2^min(i, j+e-24), so |a / b - M| / (a / b) is at least
+// 2^(j+e-24) / a > 2^(j+e-24) / (2^(e+1) B 2^j) > 2^-49 (or 2^i / a > 2^-24); the last midpoint of the binade
+// below, K 2^(e-25), likewise more than 2^-50: every midpoint is more than 2^-50 of a / b away, relatively. And
+// fl64(a * r) is within (2^-53 + 2^-53 (1 + 2^-53)) a / b < 2^-51 a / b of a / b (r correctly rounded, then the
+// product's rounding). So a / b and fl64(a * r) lie between the same two midpoints and
+// round to the same float32 (53 >= 2 * 24 + 2 bits make the one double rounding innocuous). No exhaustive check is
+// possible (2^46 pairs of significands); tests/test_readiness_emu.py checks it besides (_readiness_divide_mismatches:
+// every b mantissa against the a nearest to random midpoints and its neighbours, and random pairs), as did, outside
+// the suite, 2.6e9 more pairs (bench/README.md).
+AMPI_HD float divide_by_reciprocal(float a, double r) { return static_cast<float>(static_cast<double>(a) * r); }
+
+// NVFP4's block scale where every step is a quotient in float32's normal range (divide_by_reciprocal): amax_b at
+// least 6 * 2^-126 (so amax_b / 6 is normal; `amax_b_bits` finite) and the decode scale d a normal float32
+// (`decode`, with `decode_reciprocal` fl64(1 / d)). Then s_b = cast_E4M3(fl32(fl32(amax_b / 6) / d)), as
+// nvfp4_scale's, with no float32 division: the second quotient may leave the normal range, but one below 2^-126
+// casts to E4M3's 0 and one that overflows saturates to 448 either way. Returned as float32 bits; total =
+// fl32(d * s_b) is then the float32 of the exact float64 product (24 bits times 4), a normal float32 or not (the
+// caller checks: a subnormal or zero total takes nvfp4_scale's path).
+constexpr uint32_t kNvfp4ExactAmaxBits = 0x01C00000u;  // 6 * 2^-126 = 1.5 * 2^-124
+constexpr double kOneSixth = 1.0 / 6.0;                // fl64(1 / 6): E2M1's max, correctly rounded
+AMPI_HD uint32_t nvfp4_block_scale_bits(uint32_t amax_b_bits, double decode_reciprocal) {
+  const float per_six = divide_by_reciprocal(bits_as_float32(amax_b_bits), kOneSixth);
+  return cast_abs_bits(float32_as_bits(divide_by_reciprocal(per_six, decode_reciprocal)), e4m3_grid());
+}
+
 // ---- the CUDA kernels' launch plan ----
 // What the host hands the CUDA kernels of format readiness (readiness_kernels.cuh) for one call, the work geometry
 // both sides agree on, and the launcher of their GPU build: shared by the host side (readiness_call.h, for the CUDA

@@ -267,15 +267,24 @@ struct FlushScratch {
   double sums[kWarps][kSums];
   uint32_t amax[kWarps];
   PieceScale tensor_scales[kRecipeCount];
-  // NVFP4's decode scale of the piece, read per lane by the every-recipe kernel (no register held through the task
-  // loop: that register is what keeps its fp16 build from spilling); the nvfp4 kernel keeps it in a register.
+  // NVFP4's decode scale of the piece and its reciprocal fl64(1 / d) (0 where d is no normal float32), read per lane
+  // by the every-recipe kernel (no register held through the task loop: that register is what keeps its fp16 build
+  // from spilling); the nvfp4 kernel keeps them in registers.
   uint32_t nvfp4_decode_bits;
+  double nvfp4_decode_reciprocal;
 };
+
+// NVFP4's decode scale's reciprocal for nvfp4_block_scale_bits: fl64(1 / d) where d is a normal float32, else 0
+// (such a piece takes nvfp4_scale's path).
+__device__ __forceinline__ double nvfp4_decode_reciprocal(uint32_t decode_bits) {
+  return decode_bits >= kImplicitBit32 ? 1.0 / static_cast<double>(bits_as_float32(decode_bits)) : 0.0;
+}
 
 template <int kDtype, int kMask>
 __device__ __forceinline__ void measure_task(const ReadinessParams& p, const ReadinessKernelView& view,
                                              const TaskPlace& place, int lane_shift,
-                                             uint32_t nvfp4_decode_bits, const FlushScratch& scratch, Counters& c) {
+                                             uint32_t nvfp4_decode_bits, double nvfp4_decode_reciprocal,
+                                             const FlushScratch& scratch, Counters& c) {
   const int lane = threadIdx.x % kWarpSize;
   const int lanes = view.lanes_per_row;
   const int64_t row = place.row_group * view.rows_per_task + (lane >> lane_shift);
@@ -360,6 +369,46 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
     if constexpr (kMask != (1 << r)) {
       if (p.slot_of_recipe[r] < 0) return;  // uniform over the grid
     }
+    uint32_t* w = c.n + kCounterFixedWords + kCounterWordsPerRecipe * r;
+    if constexpr (spec.scale == kScaleNvfp4) {
+      // NVFP4's lane path, without a float32 division: where the lane holds no float32 subnormal, its block's amax is
+      // at least 6 * 2^-126 and the decode scale d a normal float32, s_b comes from nvfp4_block_scale_bits (d's
+      // reciprocal taken once per piece) and, where total = fl32(d * s_b) is a normal float32, every v = fl32(x /
+      // total) is divide_by_reciprocal's fl32(x * fl64(1 / total)), one reciprocal per lane (readiness.h proves
+      // both equal to the divisions). Anything else (zero or tiny blocks, a subnormal or zero total) takes the
+      // general path below, nvfp4_scale's.
+      const uint32_t decode = kMask == kAllRecipes ? scratch.nvfp4_decode_bits : nvfp4_decode_bits;
+      const double decode_reciprocal = kMask == kAllRecipes ? scratch.nvfp4_decode_reciprocal : nvfp4_decode_reciprocal;
+      if (AMPI_READINESS_FAST_PATH_ONLY || (!has_subnormal && amax16 >= kNvfp4ExactAmaxBits && decode >= kImplicitBit32)) {
+        const uint32_t s_b = nvfp4_block_scale_bits(amax16, decode_reciprocal);
+        // Exact in float64 (24 bits times 4), then one rounding: fl32(d * s_b).
+        const float total = static_cast<float>(static_cast<double>(bits_as_float32(decode)) *
+                                               static_cast<double>(bits_as_float32(s_b)));
+        const uint32_t total_bits = float32_as_bits(total);
+        if (AMPI_READINESS_FAST_PATH_ONLY || (total_bits >= kImplicitBit32 && total_bits < kInfBits32)) {
+          const bool block_first = count > 0 && group % (spec.block / kGroup) == 0;
+          w[kBlocksAndScaleFlushed] += block_first ? 1u + (s_b < kE4M3MinNormalBits ? kHighUnit : 0u) : 0u;
+          const double dequant = static_cast<double>(total);
+          const double reciprocal = 1.0 / dequant;
+          constexpr uint32_t kClip = clip_bits(grid);
+          uint32_t nonzero_casts = 0;
+          uint32_t unsaturated = 0;
+#pragma unroll
+          for (int k = 0; k < kGroup; ++k) {
+            const float x = bits_as_float32(bits[k]);
+            const uint32_t v_abs = float32_as_bits(divide_by_reciprocal(x, reciprocal)) & kAbsMask32;
+            const uint32_t q_abs = cast_abs_bits(v_abs, grid);
+            const double q = static_cast<double>(bits_as_float32(q_abs | (bits[k] & kSignMask32)));
+            const double error = static_cast<double>(x) - q * dequant;  // q * total: exact (2 bits times 24)
+            nonzero_casts += (q_abs + kAbsMask32) >> 31;
+            unsaturated += (v_abs - kClip) >> 31;
+            c.sums[1 + r] += error * error;
+          }
+          w[kFlushedAndSaturated] += (nonzero - nonzero_casts) + (kGroup - unsaturated) * kHighUnit;
+          return;
+        }
+      }
+    }
     BlockScale scale;
     bool block_first;  // this lane starts its block (a block exists where its first group does)
     if constexpr (spec.block == 0) {
@@ -372,7 +421,6 @@ __device__ __forceinline__ void measure_task(const ReadinessParams& p, const Rea
                                                                                  : nvfp4_decode_bits);
       block_first = count > 0 && group % (spec.block / kGroup) == 0;
     }
-    uint32_t* w = c.n + kCounterFixedWords + kCounterWordsPerRecipe * r;
     w[kBlocksAndScaleFlushed] += block_first ? 1u + (scale.scale_flushed ? kHighUnit : 0u) : 0u;
     // readiness.h's cast_element_fast (judge_element_fast's float32 where the rule says fl32 and integer cast;
     // dequantized by a multiplication where the scale is a power of two or NVFP4's total, the fp32 rules' q / s by
@@ -524,8 +572,10 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
   const uint32_t tensor_amax_bits =
       p.amax_mode == kAmaxRead ? float32_as_bits(__ldcg(p.amax + view.out_row)) & kAbsMask32 : 0u;
   const uint32_t nvfp4_decode_bits = mask_has_rule(kMask, kScaleNvfp4) ? nvfp4_decode_scale_bits(tensor_amax_bits) : 0u;
+  const double decode_reciprocal = mask_has_rule(kMask, kScaleNvfp4) ? nvfp4_decode_reciprocal(nvfp4_decode_bits) : 0.0;
   if (threadIdx.x == 0) {
     scratch.nvfp4_decode_bits = nvfp4_decode_bits;
+    scratch.nvfp4_decode_reciprocal = decode_reciprocal;
     for_each_recipe<kMask>([&](auto recipe) {
       constexpr int r = decltype(recipe)::value;
       constexpr RecipeSpec spec = kRecipes[r];
@@ -553,7 +603,8 @@ __device__ __forceinline__ void measure_piece(const ReadinessParams& p, const Re
   const int64_t step_tiles = kWarps - step_rows * tiles;
   // Warp-uniform: the butterfly's shuffles are reached by the whole warp.
   for (int64_t task = first_task; task < begin + n; task += kWarps) {
-    measure_task<kDtype, kMask>(p, view, place, lane_shift, kMask == kAllRecipes ? 0u : nvfp4_decode_bits, scratch, c);
+    measure_task<kDtype, kMask>(p, view, place, lane_shift, kMask == kAllRecipes ? 0u : nvfp4_decode_bits,
+                                kMask == kAllRecipes ? 0.0 : decode_reciprocal, scratch, c);
     place.row_group += step_rows;
     place.tile += step_tiles;
     if (place.tile >= tiles) {
