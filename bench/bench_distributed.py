@@ -566,9 +566,10 @@ def ddp_table_bytes_before(world: int, tensors: int) -> int:
 
 
 def reduce_stats_bytes(tensors: int, formats: int) -> int:
-    """amp_inspect/distributed/combine.py: 8 * T * (266 + 3F) bytes per reduce_stats call and mesh dimension,
-    whatever the world (SUM float64 [T, 5 + 3F + 256 + 1 + 1], MAX float32 [2, T], MAX int64 [2, T])."""
-    return 8 * tensors * (266 + 3 * formats)
+    """amp_inspect/distributed/combine.py: 8 * T * (267 + 3F) bytes per reduce_stats call and mesh dimension,
+    whatever the world (SUM float64 [T, 5 + 3F + 256 + 1 + 1]; MAX int64 [4 * T]: amax and -amin_nonzero as
+    ordered integers, the record's two keys)."""
+    return 8 * tensors * (267 + 3 * formats)
 
 
 def reduce_stats_fetch_bytes(world: int, fetched_tensors: int) -> int:
@@ -886,7 +887,7 @@ def traffic_main() -> int:
     print()
     print(
         "# formula per healthy step (T = tensors, F = formats): DDP hook 24 * T (before: 8 * W * T); combine "
-        f"8 * T * (266 + 3F) per mesh dimension (before: 8 * T * (263 + 3F + W)). F = {len(FORMATS)} here."
+        f"8 * T * (267 + 3F) per mesh dimension (before: 8 * T * (263 + 3F + W)). F = {len(FORMATS)} here."
     )
     for family, tensors in (*tensors_of.items(), (DDP, FORMULA_TENSORS), (FSDP, FORMULA_TENSORS)):
         for world in FORMULA_WORLDS:
@@ -976,7 +977,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     formulas = {
         "ddp_hook_per_step": f"24 * T = 24 * {tensors} = {ddp_table_bytes(config.world, tensors)}",
         "reduce_stats_per_step": (
-            f"8 * T * (266 + 3F) with T={tensors}, F={len(FORMATS)} = {reduce_stats_bytes(tensors, len(FORMATS))}"
+            f"8 * T * (267 + 3F) with T={tensors}, F={len(FORMATS)} = {reduce_stats_bytes(tensors, len(FORMATS))}"
         ),
         "layout_check_once": f"8 * 2 * W = {layout_check_bytes(config.world)}",
     }

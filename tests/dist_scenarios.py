@@ -540,9 +540,9 @@ def shards_cuda(world: int, out: Path) -> None:
 def record_bytes(tensors: int, formats: int) -> list[tuple[str, int]]:
     """reduce_stats' collectives over one group (amp_inspect/distributed/combine.py), whatever the world: SUM of the
     float64 buffer (counts 5 + 3F, histogram 256, sum of squares 1, this rank's NaN/Inf count 1, per tensor), MAX of
-    float32 amax and -amin_nonzero, MAX of the record's two int64 keys: 8 * T * (266 + 3F) bytes in all."""
+    one int64 buffer (amax and -amin_nonzero as ordered integers, the record's two keys): 8 * T * (267 + 3F) bytes."""
     summed = 8 * tensors * (5 + 3 * formats + 256 + 1 + 1)
-    return [("all_reduce", summed), ("all_reduce", 8 * tensors), ("all_reduce", 16 * tensors)]
+    return [("all_reduce", summed), ("all_reduce", 32 * tensors)]
 
 
 def fsdp_traffic(world: int, out: Path) -> None:

@@ -6,6 +6,7 @@ never a hang. Each scenario runs in a subprocess with a timeout."""
 from __future__ import annotations
 
 import ast
+import math
 import socket
 import subprocess
 import sys
@@ -279,27 +280,50 @@ def test_ddp_hook_traffic_per_step_does_not_grow_with_the_world(tmp_path, world:
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp2_combine_traffic_per_step_does_not_grow_with_the_world(tmp_path, world: int) -> None:
     # Issue 32: the scenario asserts each step's collectives on every rank; here: the healthy and one-rank steps'
-    # bytes are 8 * T * (266 + 3F) = 8,608 (T = 4 tensors, F = 1) on 2 ranks and on 4, and only the every-rank
+    # bytes are 8 * T * (267 + 3F) = 8,640 (T = 4 tensors, F = 1) on 2 ranks and on 4, and only the every-rank
     # step on 4 ranks fetches each rank's count of one tensor (32 B), once. On 4 ranks also two mesh dimensions.
     run_scenario("fsdp_traffic", world, tmp_path)
-    healthy = [("all_reduce", 8 * 4 * 266), ("all_reduce", 8 * 4), ("all_reduce", 16 * 4)]
+    healthy = [("all_reduce", 8 * 4 * 266), ("all_reduce", 32 * 4)]  # SUM float64, MAX int64 (extremes, keys)
     for at_once in (1, 0):
         measured = ast.literal_eval((tmp_path / f"traffic.fsdp.{at_once}.{world}").read_text())
-        assert measured[INF_STEP] == healthy and sum(b for _, b in healthy) == 8608, measured
+        assert measured[INF_STEP] == healthy and sum(b for _, b in healthy) == 8640, measured
         assert measured[0] == [("all_reduce", 16 * world), *healthy], measured  # the layout check, once
         fetch = [("all_reduce", 8 * world)] if world >= 3 else []  # at step 2's combine, or step 3's (CUDA's way)
         assert measured[2] + measured[3] == healthy + fetch + healthy, measured
     if world == 4:  # over both groups of a (2, 2) mesh: the record twice, and the fetch of one tensor twice
         calls = ast.literal_eval((tmp_path / "traffic.fsdp.2d.4").read_text())
-        record = [("all_reduce", 8 * 2 * 266), ("all_reduce", 8 * 2), ("all_reduce", 16 * 2)]
+        record = [("all_reduce", 8 * 2 * 266), ("all_reduce", 32 * 2)]
         assert calls == record * 2 + [("all_reduce", 8 * 4)] * 2, calls
 
 
 def test_tensor_parallel_combine_traffic_is_the_fixed_size_record(tmp_path) -> None:
-    # Issue 32: tensor parallel on 2 ranks sends the same 8 * T * (266 + 3F) bytes per step as FSDP2, healthy or not.
+    # Issue 32: tensor parallel on 2 ranks sends the same 8 * T * (267 + 3F) bytes per step as FSDP2, healthy or not.
     run_scenario("tp_traffic", 2, tmp_path, module="tests.tp_dist")
     measured = ast.literal_eval((tmp_path / "traffic.tp.2").read_text())
-    assert measured[1] == [("all_reduce", 8 * 4 * 266), ("all_reduce", 8 * 4), ("all_reduce", 16 * 4)], measured
+    assert measured[1] == [("all_reduce", 8 * 4 * 266), ("all_reduce", 32 * 4)], measured
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_extremes_travel_as_integers_in_the_floats_order_and_come_back_exact(dtype) -> None:
+    # reduce_stats sends amax and -amin_nonzero in its int64 MAX buffer beside the record's keys (one collective).
+    from amp_inspect.distributed.combine import from_ordered_bits, ordered_bits
+
+    info = torch.finfo(dtype)
+    edges = [-math.inf, -info.max, -1.5, -info.tiny, -info.smallest_normal / 2**20, -0.0, 0.0]
+    edges += [info.smallest_normal / 2**20, info.tiny, 1.0, 1.0 + info.eps, info.max, math.inf]
+    g = torch.Generator().manual_seed(32)
+    values = torch.cat([torch.tensor(edges, dtype=dtype), torch.randn(2000, generator=g, dtype=dtype) * 1e3])
+    reach = 120 if dtype == torch.float32 else 1000  # scale factors inside the format: no inf * 0
+    powers = torch.randint(-reach, reach, (values.numel(),), generator=g).to(dtype)
+    values = torch.cat([values, values * 2.0**powers])  # subnormals, overflow to inf
+    ordered = ordered_bits(values)
+    assert ordered.dtype == torch.int64
+    back = from_ordered_bits(ordered, dtype)
+    assert torch.equal(back.view(torch.uint8), values.view(torch.uint8))  # -0.0 stays -0.0
+    by_int, by_float = torch.argsort(ordered, stable=True), torch.argsort(values, stable=True)
+    assert torch.equal(values[by_int], values[by_float])  # one order (ties: equal values, -0 before +0 as ints)
+    pairs = torch.stack([values[:-1], values[1:]])
+    assert torch.equal(from_ordered_bits(ordered_bits(pairs).amax(0), dtype), pairs.amax(0))
 
 
 def test_the_ddp_record_names_one_or_two_ranks_and_asks_for_each_ranks_count_beyond() -> None:

@@ -10,12 +10,13 @@ all-reduce); replicated gradients (after DDP's all-reduce) would be counted once
 never combines those (see amp_inspect/distributed/ddp.py for DDP).
 
 Cost, over each group of the ShardGroups in turn (one for FSDP2, HSDP or tensor parallel; two for FSDP2 x TP):
-three all-reduces issued together, asynchronous where the backend allows: SUM of one packed float64 buffer
+two all-reduces issued together, asynchronous where the backend allows: SUM of one packed float64 buffer
 (counts, histograms, sums of squares, and this rank's NaN/Inf count of each tensor, exact below 2^53; those
-counts are not masked: a replicated tensor names every rank holding NaN/Inf in it, as before); MAX of
-amax and of -amin_nonzero (float32); MAX of the record's two int64 keys per tensor (apart: an int64 key is not
-exact in a float buffer). With a world of one, nothing is communicated. Bytes per group, for T tensors and F
-formats, whatever the world: 8 * T * (5 + 3F + 256 + 1 + 1) + 8 * T + 16 * T = 8 * T * (266 + 3F). Only on a
+counts are not masked: a replicated tensor names every rank holding NaN/Inf in it, as before); MAX of one int64
+buffer: amax and -amin_nonzero as integers in the floats' order (``ordered_bits``), and the record's two keys per
+tensor (an int64 key is not exact in a float buffer). With a world of one, nothing is communicated. Bytes per
+group, for T tensors and F formats, whatever the world: 8 * T * (5 + 3F + 256 + 1 + 1) + 8 * 4 * T =
+8 * T * (267 + 3F). Only on a
 step where three or more ranks hold NaN/Inf in K tensors, each rank's counts of those follow: one SUM
 all-reduce per group of an int64 [W, K] block, this rank's counts in its row (8 * W * K bytes; the simplest
 exact way over several groups, whose ranks' order need not follow the rows). Before issue 32 a [W, T] block
@@ -352,15 +353,19 @@ def reduce_stats(
     # record's sum). A tensor this rank does not add is zero in the outputs, but its NaN/Inf still name the rank.
     added = shards.masked([outputs[k].double() for k in summed], [0.0] * len(summed))
     packed = torch.cat([*(o.flatten() for o in added), own.double()])
-    # One MAX buffer: the maxima, and the minima negated (min(x) = -max(-x), exact: negation only flips the sign).
-    # In float32 when every extreme is (it is today), else float64. A tensor this rank does not add is -inf.
+    # One MAX buffer, int64: the maxima, and the minima negated (min(x) = -max(-x), exact: negation only flips the
+    # sign), as integers in the floats' order (ordered_bits: exact, both ways), then the record's keys (an int64 key
+    # is not exact in a float). One collective for both, not two: on a small world a collective's latency is most of
+    # its cost. In float32 when every extreme is (it is today), else float64. A tensor this rank does not add is -inf.
     common = outputs[extreme[0]].dtype if len({outputs[k].dtype for k in extreme}) == 1 else torch.float64
     sent = [outputs[k].to(common) for k in extreme]
     signed = [t if OUTPUTS[k].merge == MAX else -t for k, t in zip(extreme, sent, strict=True)]
     extremes = torch.cat([t.flatten() for t in shards.masked(signed, [-math.inf] * len(signed))])
-    # The record's keys: int64, in a MAX all-reduce of their own (a key is not exact in a float buffer).
     keys = rank_keys(own, row, world)
-    shards.all_reduce(packed, [extremes, keys], timeout_s, "combining the gradient statistics", device)
+    maxed = torch.cat([ordered_bits(extremes), keys.flatten()])
+    shards.all_reduce(packed, maxed, timeout_s, "combining the gradient statistics", device)
+    extremes_piece, keys_piece = maxed.split([extremes.numel(), keys.numel()])
+    extremes, keys = from_ordered_bits(extremes_piece, common), keys_piece.reshape(keys.shape)
     merged: list[torch.Tensor] = list(outputs)
     *summed_pieces, totals_piece = packed.split([*(outputs[k].numel() for k in summed), len(stats)])
     for k, piece in zip(summed, summed_pieces, strict=True):
@@ -373,6 +378,29 @@ def reduce_stats(
     if decide:
         record.decide()
     return GlobalStats(TensorStats.from_op_outputs(merged, stats.formats), record, totals, shards.ranks)
+
+
+def _bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"ordered_bits takes float32 or float64, not {dtype}")
+    return torch.int32 if dtype == torch.float32 else torch.int64
+
+
+def ordered_bits(t: torch.Tensor) -> torch.Tensor:
+    """Float32 or float64 values as int64 in the same order (-inf < ... < -0 < +0 < ... < +inf): the IEEE bits,
+    the magnitude bits of a negative value flipped (its bits as a signed integer run the wrong way). A MAX over
+    these is the MAX over the floats, and from_ordered_bits gives the floats back exactly."""
+    bits_dtype = _bits_dtype(t.dtype)
+    bits = t.contiguous().view(bits_dtype)
+    flipped = torch.where(bits < 0, bits ^ torch.iinfo(bits_dtype).max, bits)
+    return flipped.to(torch.int64)
+
+
+def from_ordered_bits(ordered: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The floats of ``dtype`` that ordered_bits made ``ordered`` of (the flip is its own inverse)."""
+    bits_dtype = _bits_dtype(dtype)
+    bits = ordered.to(bits_dtype)  # exact: every value came from bits_dtype
+    return torch.where(bits < 0, bits ^ torch.iinfo(bits_dtype).max, bits).view(dtype)
 
 
 def _nothing_to_fetch(mine: torch.Tensor) -> PerRank:
