@@ -1,15 +1,21 @@
 """The CPU kernel counts a block's exponent histogram two ways: byte compares over the window of bins
 between the block's smallest and largest finite nonzero magnitudes (at most 40 bins wide), or one
 scattered increment per element for wider blocks. Both must agree with the oracles, at the window's edges,
-with zeros, float32 subnormals and non-finite values outside or inside the window."""
+with zeros, float32 subnormals and non-finite values outside or inside the window. The block loops come in two
+vector widths (32-byte lanes on AVX2 CPUs, 64-byte on the others): both must give the same statistics."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import amp_inspect
+from amp_inspect.core import ops
 from tests import oracles
 
 BLOCK = 2048  # the CPU kernel's inner block
@@ -50,3 +56,66 @@ def test_blocks_without_finite_nonzero_values(fill: float) -> None:
     stats = amp_inspect.tensor_stats([t])
     oracles.assert_stats_match_oracle(stats, [t], None)
     assert int(stats.hist[0].sum()) == t.numel()
+
+
+CLONES_ONLY = """
+import sys, torch
+from amp_inspect.core import ops
+assert ops.extension_loaded()
+calls = torch.load(sys.argv[1])
+op = torch.ops.amp_inspect.tensor_stats.default
+torch.save([op(*call) for call in calls], sys.argv[2])
+"""
+FORMAT_SETS = [["fp16"], ["bf16", "fp8_e4m3"], ["fp16", "bf16", "fp8_e5m2"], ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]]
+# Each width's float32 lanes sum at most 16 squares before float64 (tensor_stats_cpu.cpp): each sum is within
+# 16 * 2^-24 of the exact one, so two widths' sums within twice that.
+SUMSQ_RTOL = 2 * 16 * 2.0**-24
+
+
+def _width_cases() -> list[torch.Tensor]:
+    rng = np.random.default_rng(64)
+    values = []
+    for width in (1, 17, WINDOW, WINDOW + 1, 120):
+        for n in (BLOCK, BLOCK - 1, 3 * BLOCK + 17, 33):
+            v = _spanning(width, n, rng, base_exponent=int(rng.integers(-140, 128 - width)))
+            values.append(v)
+            holed = v.copy()
+            holed[rng.choice(n, size=min(6, n), replace=False)] = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-41][
+                : min(6, n)
+            ]
+            values.append(holed)
+    bits = rng.integers(0, 2**32, 5 * BLOCK + 3, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values.append(bits)
+    tensors = [torch.from_numpy(v.copy()) for v in values]
+    tensors += [t.bfloat16() for t in tensors] + [t.half() for t in tensors]
+    g = torch.Generator().manual_seed(64)
+    for length in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129):
+        tensors.append(torch.randn(length, generator=g) * 10.0 ** torch.empty(length).uniform_(-9, 4, generator=g))
+        tensors.append(tensors[-1].bfloat16())
+    return tensors
+
+
+def test_the_avx2_lanes_and_the_cloned_loops_give_the_same_statistics(tmp_path) -> None:
+    """Where the CPU has AVX2 and FMA but not AVX-512, every block takes the 32-byte lanes (count_block_avx2), and
+    the cloned loops (64-byte lanes: AVX-512 CPUs, CPUs without AVX2) would go untested here: a second process runs
+    them (AMP_INSPECT_TEST_TENSOR_STATS_CLONES, read by tensor_stats_cpu.cpp) on the same calls. Counts,
+    histograms and extremes are the same bits; the sums of squares, whose float32 partial sums fall into other
+    lanes, within the kernel's bound. A planted off-by-one in one width fails it."""
+    assert ops.extension_loaded()
+    tensors = _width_cases()
+    calls = [(tensors, None, None, formats) for formats in FORMAT_SETS]
+    calls.append((tensors, torch.tensor(1024.0), None, ["fp16", "bf16"]))
+    calls.append((tensors, None, 2.0**-7, ["fp8_e4m3"]))
+    here = [torch.ops.amp_inspect.tensor_stats.default(*call) for call in calls]
+    torch.save(calls, tmp_path / "calls.pt")
+    env = {**os.environ, "AMP_INSPECT_TEST_TENSOR_STATS_CLONES": "1"}
+    command = [sys.executable, "-c", CLONES_ONLY, str(tmp_path / "calls.pt"), str(tmp_path / "out.pt")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    there = torch.load(tmp_path / "out.pt")
+    for call, mine, theirs in zip(calls, here, there, strict=True):
+        *exact, sumsq = mine
+        *exact_there, sumsq_there = theirs
+        for name, a, b in zip(("counts", "hist", "amax", "amin_nonzero"), exact, exact_there, strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, call[3])
+        torch.testing.assert_close(sumsq, sumsq_there, rtol=SUMSQ_RTOL, atol=0.0)

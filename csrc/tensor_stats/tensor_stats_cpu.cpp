@@ -24,6 +24,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -102,17 +103,56 @@ struct BlockCounts {
   double sumsq;
 };
 
+// The block loops are written with GCC vector types, in one of two widths (kBytes): 64 bytes, 16 float32 lanes,
+// one AVX-512 register; or 32 bytes, 8 lanes, one AVX2 register. On AVX2, GCC splits a 64-byte type into register
+// pairs but keeps the loop-carried ones (extremes, squares) in memory: every step moved them through the stack 8
+// bytes at a time. So the AVX2 build of the loops takes the 32-byte types (count_block_avx2 below), the AVX-512 and
+// baseline clones the 64-byte ones. A vector_size cannot depend on a template parameter, hence one specialisation
+// per width. What the widths change: which lane an element lands in, so the float32 partial sums of squares (each
+// lane still sums at most kSquaresPerFlush terms, the same error bound); no count, extreme or histogram bin.
+template <int kBytes>
+struct Lanes;
+template <>
+struct Lanes<64> {
+  using IntVec = int32_t __attribute__((vector_size(64)));
+  using UintVec = uint32_t __attribute__((vector_size(64)));
+  using FloatVec = float __attribute__((vector_size(64)));
+  using DoubleVec = double __attribute__((vector_size(128)));
+  using BinVec = uint8_t __attribute__((vector_size(16)));  // one byte per 32-bit lane
+  using ByteVec = uint8_t __attribute__((vector_size(64)));
+  using ShortVec = uint16_t __attribute__((vector_size(64)));
+  using WordVec = uint64_t __attribute__((vector_size(64)));
+};
+template <>
+struct Lanes<32> {
+  using IntVec = int32_t __attribute__((vector_size(32)));
+  using UintVec = uint32_t __attribute__((vector_size(32)));
+  using FloatVec = float __attribute__((vector_size(32)));
+  using DoubleVec = double __attribute__((vector_size(64)));
+  using BinVec = uint8_t __attribute__((vector_size(8)));
+  using ByteVec = uint8_t __attribute__((vector_size(32)));
+  using ShortVec = uint16_t __attribute__((vector_size(32)));
+  using WordVec = uint64_t __attribute__((vector_size(32)));
+};
+constexpr int kWideBytes = 64;  // the AVX-512 and baseline clones
+constexpr int kAvx2Bytes = 32;  // the AVX2 build
+// A function of the block loops names the types of its width: IntVec, UintVec, ... and kVectorWidth (float32 lanes),
+// as their comments do.
+#define AMPI_LANE_TYPES(kBytes)                                      \
+  using IntVec [[maybe_unused]] = typename Lanes<kBytes>::IntVec;     \
+  using UintVec [[maybe_unused]] = typename Lanes<kBytes>::UintVec;   \
+  using FloatVec [[maybe_unused]] = typename Lanes<kBytes>::FloatVec; \
+  using DoubleVec [[maybe_unused]] = typename Lanes<kBytes>::DoubleVec; \
+  using BinVec [[maybe_unused]] = typename Lanes<kBytes>::BinVec;     \
+  using ShortVec [[maybe_unused]] = typename Lanes<kBytes>::ShortVec; \
+  [[maybe_unused]] constexpr int kVectorWidth = (kBytes) / 4;         \
+  [[maybe_unused]] constexpr int kShortLanes = (kBytes) / 2
+
 // Counts a block (at most kBlockElems) of float32 bits of v: the path of float32, float16, bfloat16 and
 // scaled inputs. One loop does everything for kVectorWidth elements at a time, written with GCC vector
 // types so every statistic but the histogram is a handful of vector instructions, and the histogram's
 // scattered increments overlap with them. Lane counters are int32: a lane sees at most
 // kBlockElems / kVectorWidth elements. Abs bits fit in int32, so signed compares are exact.
-constexpr int kVectorWidth = 16;
-using IntVec = int32_t __attribute__((vector_size(kVectorWidth * 4)));
-using UintVec = uint32_t __attribute__((vector_size(kVectorWidth * 4)));
-using FloatVec = float __attribute__((vector_size(kVectorWidth * 4)));
-using DoubleVec = double __attribute__((vector_size(kVectorWidth * 8)));
-using BinVec = uint8_t __attribute__((vector_size(kVectorWidth)));
 // Widest bin window counted by byte compares (2 vector ops per 64 elements per bin); a wider block takes
 // one scattered increment per element instead.
 constexpr int kMaxWindowBins = 40;
@@ -125,19 +165,20 @@ constexpr int kSquaresPerFlush = 16;
 template <typename V>
 inline int64_t lane_sum(const V& v) {
   int64_t total = 0;
-  for (int l = 0; l < kVectorWidth; ++l) total += v[l];
+  for (size_t l = 0; l < sizeof(V) / sizeof(v[0]); ++l) total += v[l];
   return total;
 }
 
 // Adds to hist[lo..hi] how many of bins[0, n) equal each bin, n <= kBlockElems. Byte compares over whole
 // vectors, four bins per read of the block (a compare and a masked add per bin and 64 elements): the block
 // is padded with bin 255, which is never inside the window (hi is a finite value's bin).
+template <int kBytes>
 __attribute__((always_inline)) inline void count_bins_in_window(uint8_t* __restrict bins, int64_t n, int lo, int hi,
                                                                uint32_t* hist) {
-  constexpr int kBinLanes = 64;
+  constexpr int kBinLanes = kBytes;
   constexpr int kBinsPerRead = 4;
-  using ByteVec = uint8_t __attribute__((vector_size(kBinLanes)));
-  using WordVec = uint64_t __attribute__((vector_size(kBinLanes)));
+  using ByteVec = typename Lanes<kBytes>::ByteVec;
+  using WordVec = typename Lanes<kBytes>::WordVec;
   static_assert(kBlockElems / kBinLanes <= 255, "byte counters must not wrap within a block");
   const int64_t vectors = (n + kBinLanes - 1) / kBinLanes;
   for (int64_t i = n; i < vectors * kBinLanes; ++i) bins[i] = static_cast<uint8_t>(kHistBins - 1);
@@ -163,10 +204,11 @@ __attribute__((always_inline)) inline void count_bins_in_window(uint8_t* __restr
   }
 }
 
-template <int kFormats>
+template <int kFormats, int kBytes>
 __attribute__((always_inline)) inline void count_block32_full(const uint32_t* __restrict bits, int64_t n,
                                                              const FormatBounds* bounds, BlockCounts& out,
                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
+  AMPI_LANE_TYPES(kBytes);
   constexpr int32_t kInf = static_cast<int32_t>(kInfBits32);
   constexpr int32_t kAbs = static_cast<int32_t>(kAbsMask32);
   // A vector comparison yields -1 in the lanes where it holds, so counters subtract it.
@@ -280,7 +322,7 @@ __attribute__((always_inline)) inline void count_block32_full(const uint32_t* __
   const int lo = out.min_abs_nonzero == static_cast<int32_t>(kInfBits32) ? 1 : hist_bin(out.min_abs_nonzero);
   const int hi = hist_bin(out.max_abs);
   if (hi - lo < kMaxWindowBins) {  // also when there is no finite nonzero value (lo > hi): an empty window
-    count_bins_in_window(bins, n, lo, hi, hist[0]);
+    count_bins_in_window<kBytes>(bins, n, lo, hi, hist[0]);
     // Outside the window: zeros (bin 0, unless float32 subnormals put bin 0 inside it) and non-finite values.
     if (lo > 0) hist[0][0] += static_cast<uint32_t>(out.zero);
     hist[0][kHistBins - 1] += static_cast<uint32_t>(out.nan + out.posinf + out.neginf);
@@ -329,9 +371,10 @@ struct BlockScan {
 };
 
 // count(|bits| < t[k]) over a float32 block, K bounds at a time: below32 per lane, summed.
-template <int K>
+template <int K, int kBytes>
 __attribute__((always_inline)) inline void count_below32(const uint32_t* __restrict bits, int64_t n,
                                                          const uint32_t* t, int64_t* below) {
+  AMPI_LANE_TYPES(kBytes);
   UintVec count[K] = {};
   const int64_t full = n - n % kVectorWidth;
   for (int64_t i = 0; i < full; i += kVectorWidth) {
@@ -346,14 +389,16 @@ __attribute__((always_inline)) inline void count_below32(const uint32_t* __restr
   }
 }
 
-// The same on bfloat16 keys, 32 lanes of 16 bits: below16 is below32's wrap-around test on 16-bit lanes
-// (|bits| and every key bound are below 2^15). A lane counts at most kBlockElems / 32 elements.
-using ShortVec = uint16_t __attribute__((vector_size(64)));
-constexpr int kShortLanes = 32;
-inline ShortVec below16(ShortVec a, ShortVec t) { return (ShortVec)(a - t) >> 15; }
-template <int K>
+// The same on bfloat16 keys, kShortLanes lanes of 16 bits: below16 is below32's wrap-around test on 16-bit lanes
+// (|bits| and every key bound are below 2^15). A lane counts at most kBlockElems / 16 elements.
+template <typename ShortVec>
+inline ShortVec below16(ShortVec a, ShortVec t) {
+  return (ShortVec)(a - t) >> 15;
+}
+template <int K, int kBytes>
 __attribute__((always_inline)) inline void count_below16(const uint16_t* __restrict keys, int64_t n,
                                                          const uint32_t* t, int64_t* below) {
+  AMPI_LANE_TYPES(kBytes);
   ShortVec count[K] = {};
   const int64_t full = n - n % kShortLanes;
   for (int64_t i = 0; i < full; i += kShortLanes) {
@@ -371,7 +416,7 @@ __attribute__((always_inline)) inline void count_below16(const uint16_t* __restr
 
 // Block results from the scan: extremes, histogram over the window of bins, thresholds. Returns false (and
 // touches nothing) for a block off the common path. Key is uint32_t (float32 bits) or uint16_t (bfloat16).
-template <int kFormats, typename Key>
+template <int kFormats, int kBytes, typename Key>
 __attribute__((always_inline)) inline bool finish_block(const Key* __restrict keys, int64_t n, BlockScan scan,
                                                         uint8_t* __restrict bins, const FormatBounds* bounds,
                                                         BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
@@ -398,7 +443,7 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
     const int lo = static_cast<int>(hist_bin(min_key << kShift)), hi = static_cast<int>(hist_bin(block_max));
     if (hi - lo < kMaxWindowBins) {
       uint32_t window[kHistBins] = {};
-      count_bins_in_window(bins, n, lo, hi, window);
+      count_bins_in_window<kBytes>(bins, n, lo, hi, window);
       for (int b = lo; b <= hi; ++b) {
         hist[0][b] += window[b];
         zeros -= window[b];
@@ -445,15 +490,15 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
   for (int k = 0; k < num_straddled; k += 4) {
     const int batch = std::min(4, num_straddled - k);
     if constexpr (sizeof(Key) == 2) {
-      if (batch == 1) count_below16<1>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 2 && batch == 2) count_below16<2>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 3 && batch == 3) count_below16<3>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 4 && batch == 4) count_below16<4>(keys, n, straddled + k, counted + k);
+      if (batch == 1) count_below16<1, kBytes>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 2 && batch == 2) count_below16<2, kBytes>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 3 && batch == 3) count_below16<3, kBytes>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 4 && batch == 4) count_below16<4, kBytes>(keys, n, straddled + k, counted + k);
     } else {
-      if (batch == 1) count_below32<1>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 2 && batch == 2) count_below32<2>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 3 && batch == 3) count_below32<3>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 4 && batch == 4) count_below32<4>(keys, n, straddled + k, counted + k);
+      if (batch == 1) count_below32<1, kBytes>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 2 && batch == 2) count_below32<2, kBytes>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 3 && batch == 3) count_below32<3, kBytes>(keys, n, straddled + k, counted + k);
+      if (kBounds >= 4 && batch == 4) count_below32<4, kBytes>(keys, n, straddled + k, counted + k);
     }
   }
   for (int k = 0; k < num_straddled; ++k) below[where[k]] = counted[k];
@@ -473,10 +518,11 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
 
 // The vector pass over a float32 block. Four vectors per step: their exponent bins are packed into one
 // 64-byte store (element 16q + l of the step in byte 4l + q; the histogram does not care about order).
-template <int kFormats>
+template <int kFormats, int kBytes>
 __attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __restrict bits, int64_t n,
                                                               const FormatBounds* bounds, BlockCounts& out,
                                                               uint32_t (&hist)[kHistCopies][kHistBins]) {
+  AMPI_LANE_TYPES(kBytes);
   UintVec max_abs = {}, min_abs_minus_one = {};
   min_abs_minus_one -= 1u;
   DoubleVec sumsq = {};
@@ -525,15 +571,16 @@ __attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __
     scan.sumsq += v * v;
     bins[i] = static_cast<uint8_t>(a >> kExponentShift32);
   }
-  return finish_block<kFormats>(bits, n, scan, bins, bounds, out, hist);
+  return finish_block<kFormats, kBytes>(bits, n, scan, bins, bounds, out, hist);
 }
 
 // The vector pass over a bfloat16 block, on its 16-bit |bits| (32 lanes): extremes and bins need no
 // widening; the squares take each half of the lanes as float32 (a zero low half: the exact value).
-template <int kFormats>
+template <int kFormats, int kBytes>
 __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __restrict raw, int64_t n,
                                                               const FormatBounds* bounds, BlockCounts& out,
                                                               uint32_t (&hist)[kHistCopies][kHistBins]) {
+  AMPI_LANE_TYPES(kBytes);
   ShortVec max_abs = {}, min_abs_minus_one = {};
   min_abs_minus_one -= static_cast<uint16_t>(1);
   DoubleVec sumsq = {};
@@ -584,27 +631,100 @@ __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __
     scan.sumsq += v * v;
     bins[i] = static_cast<uint8_t>(a >> 7);
   }
-  return finish_block<kFormats>(raw, n, scan, bins, bounds, out, hist);
+  return finish_block<kFormats, kBytes>(raw, n, scan, bins, bounds, out, hist);
+}
+
+// A block of float32 bits (or of bfloat16, `widened` receiving its float32 bits if it is off the common path): the
+// common path, else every test on every element.
+template <int kFormats, int kBytes>
+__attribute__((always_inline)) inline void count_block32_any(const uint32_t* bits, int64_t n,
+                                                             const FormatBounds* bounds, BlockCounts& out,
+                                                             uint32_t (&hist)[kHistCopies][kHistBins]) {
+  if (!count_block32_impl<kFormats, kBytes>(bits, n, bounds, out, hist)) {
+    count_block32_full<kFormats, kBytes>(bits, n, bounds, out, hist);
+  }
+}
+template <int kFormats, int kBytes>
+__attribute__((always_inline)) inline void count_block16_any(const uint16_t* raw, int64_t n,
+                                                             const FormatBounds* bounds, BlockCounts& out,
+                                                             uint32_t (&hist)[kHistCopies][kHistBins],
+                                                             uint32_t* widened) {
+  if (count_block16_impl<kFormats, kBytes>(raw, n, bounds, out, hist)) return;
+  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
+  count_block32_full<kFormats, kBytes>(widened, n, bounds, out, hist);
 }
 
 // One entry point per format count, so each inner loop is unrolled over its formats, cloned for AVX-512,
 // AVX2 and baseline x86-64 (AMPI_CPU_CLONES, common/cpu_clones.h); the loader picks the best clone for the machine.
+// A CPU with AVX2 and FMA but not the AVX-512 clones' features takes count_block_avx2 instead (32-byte lanes).
 AMPI_CPU_CLONES void count_block32_f1(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  if (!count_block32_impl<1>(bits, n, bounds, out, hist)) count_block32_full<1>(bits, n, bounds, out, hist);
+  count_block32_any<1, kWideBytes>(bits, n, bounds, out, hist);
 }
 AMPI_CPU_CLONES void count_block32_f2(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  if (!count_block32_impl<2>(bits, n, bounds, out, hist)) count_block32_full<2>(bits, n, bounds, out, hist);
+  count_block32_any<2, kWideBytes>(bits, n, bounds, out, hist);
 }
 AMPI_CPU_CLONES void count_block32_f3(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  if (!count_block32_impl<3>(bits, n, bounds, out, hist)) count_block32_full<3>(bits, n, bounds, out, hist);
+  count_block32_any<3, kWideBytes>(bits, n, bounds, out, hist);
 }
 AMPI_CPU_CLONES void count_block32_f4(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
                                       BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  if (!count_block32_impl<4>(bits, n, bounds, out, hist)) count_block32_full<4>(bits, n, bounds, out, hist);
+  count_block32_any<4, kWideBytes>(bits, n, bounds, out, hist);
 }
+AMPI_CPU_CLONES void count_block16_f1(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  count_block16_any<1, kWideBytes>(raw, n, bounds, out, hist, widened);
+}
+AMPI_CPU_CLONES void count_block16_f2(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  count_block16_any<2, kWideBytes>(raw, n, bounds, out, hist, widened);
+}
+AMPI_CPU_CLONES void count_block16_f3(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  count_block16_any<3, kWideBytes>(raw, n, bounds, out, hist, widened);
+}
+AMPI_CPU_CLONES void count_block16_f4(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
+                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  count_block16_any<4, kWideBytes>(raw, n, bounds, out, hist, widened);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AMPI_TENSOR_STATS_AVX2 1
+// Set (to anything) in the environment, the cloned loops run where count_block_avx2 would (tests/test_op.py runs
+// both on one machine and compares them).
+constexpr const char* kClonesOnlyVariable = "AMP_INSPECT_TEST_TENSOR_STATS_CLONES";
+
+// Whether blocks take count_block_avx2: AVX2 and FMA, and not the AVX-512 clones (wide_lanes(), whose 64-byte types
+// are one register there).
+bool avx2_lanes() {
+  static const bool ok = std::getenv(kClonesOnlyVariable) == nullptr && !wide_lanes() &&
+                         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+// A block (bfloat16 keys when `raw` is given, else float32 bits) with 32-byte lanes, unrolled per format count.
+__attribute__((target("avx2,fma"))) void count_block_avx2(const uint32_t* bits, const uint16_t* raw, int64_t n,
+                                                          const FormatBounds* bounds, int num_formats,
+                                                          BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins],
+                                                          uint32_t* widened) {
+  switch (num_formats) {
+    case 1:
+      return raw ? count_block16_any<1, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<1, kAvx2Bytes>(bits, n, bounds, out, hist);
+    case 2:
+      return raw ? count_block16_any<2, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<2, kAvx2Bytes>(bits, n, bounds, out, hist);
+    case 3:
+      return raw ? count_block16_any<3, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<3, kAvx2Bytes>(bits, n, bounds, out, hist);
+    default:
+      return raw ? count_block16_any<4, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<4, kAvx2Bytes>(bits, n, bounds, out, hist);
+  }
+}
+#endif
 
 // ---- widening 16-bit inputs to float32 bits, block by block (contiguous views) ----
 
@@ -643,35 +763,13 @@ WidenFn pick_widen_fp16() {
 }
 const WidenFn widen_fp16_fastest = pick_widen_fp16();
 
-AMPI_CPU_CLONES void count_block16_f1(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  if (count_block16_impl<1>(raw, n, bounds, out, hist)) return;
-  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
-  count_block32_full<1>(widened, n, bounds, out, hist);
-}
-AMPI_CPU_CLONES void count_block16_f2(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  if (count_block16_impl<2>(raw, n, bounds, out, hist)) return;
-  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
-  count_block32_full<2>(widened, n, bounds, out, hist);
-}
-AMPI_CPU_CLONES void count_block16_f3(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  if (count_block16_impl<3>(raw, n, bounds, out, hist)) return;
-  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
-  count_block32_full<3>(widened, n, bounds, out, hist);
-}
-AMPI_CPU_CLONES void count_block16_f4(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  if (count_block16_impl<4>(raw, n, bounds, out, hist)) return;
-  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
-  count_block32_full<4>(widened, n, bounds, out, hist);
-}
-
 // A contiguous bfloat16 block; `widened` (kBlockElems) receives the float32 bits if the block is off the
 // common path.
 void count_block16(const uint16_t* raw, int64_t n, const FormatBounds* bounds, int num_formats, BlockCounts& out,
                    uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+#ifdef AMPI_TENSOR_STATS_AVX2
+  if (avx2_lanes()) return count_block_avx2(nullptr, raw, n, bounds, num_formats, out, hist, widened);
+#endif
   switch (num_formats) {
     case 1:
       return count_block16_f1(raw, n, bounds, out, hist, widened);
@@ -686,6 +784,9 @@ void count_block16(const uint16_t* raw, int64_t n, const FormatBounds* bounds, i
 
 void count_block32(const uint32_t* bits, int64_t n, const FormatBounds* bounds, int num_formats,
                    BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+#ifdef AMPI_TENSOR_STATS_AVX2
+  if (avx2_lanes()) return count_block_avx2(bits, nullptr, n, bounds, num_formats, out, hist, nullptr);
+#endif
   switch (num_formats) {
     case 1:
       return count_block32_f1(bits, n, bounds, out, hist);
