@@ -95,27 +95,34 @@ def _width_cases() -> list[torch.Tensor]:
     return tensors
 
 
+def _run_with(variable: str, calls_file, out_file) -> list:
+    env = {**os.environ, variable: "1"}
+    command = [sys.executable, "-c", CLONES_ONLY, str(calls_file), str(out_file)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return torch.load(out_file)
+
+
 def test_the_avx2_lanes_and_the_cloned_loops_give_the_same_statistics(tmp_path) -> None:
-    """Where the CPU has AVX2 and FMA but not AVX-512, every block takes the 32-byte lanes (count_block_avx2), and
-    the cloned loops (64-byte lanes: AVX-512 CPUs, CPUs without AVX2) would go untested here: a second process runs
-    them (AMP_INSPECT_TEST_TENSOR_STATS_CLONES, read by tensor_stats_cpu.cpp) on the same calls. Counts,
-    histograms and extremes are the same bits; the sums of squares, whose float32 partial sums fall into other
-    lanes, within the kernel's bound. A planted off-by-one in one width fails it."""
+    """The block loops run with 32-byte lanes on a CPU with AVX2 and FMA but not AVX-512 (count_block_avx2), and
+    with 64-byte lanes in the cloned loops elsewhere, so one machine would test one width alone: two processes run
+    the same calls, one with the cloned loops forced (AMP_INSPECT_TEST_TENSOR_STATS_CLONES), one with the 32-byte
+    lanes forced where the CPU has AVX2 (AMP_INSPECT_TEST_TENSOR_STATS_AVX2; both read by tensor_stats_cpu.cpp).
+    Counts, histograms and extremes are the same bits; the sums of squares, whose float32 partial sums fall into
+    other lanes, within the kernel's bound. An off-by-one planted in the 32-byte width fails it."""
     assert ops.extension_loaded()
     tensors = _width_cases()
     calls = [(tensors, None, None, formats) for formats in FORMAT_SETS]
     calls.append((tensors, torch.tensor(1024.0), None, ["fp16", "bf16"]))
     calls.append((tensors, None, 2.0**-7, ["fp8_e4m3"]))
-    here = [torch.ops.amp_inspect.tensor_stats.default(*call) for call in calls]
     torch.save(calls, tmp_path / "calls.pt")
-    env = {**os.environ, "AMP_INSPECT_TEST_TENSOR_STATS_CLONES": "1"}
-    command = [sys.executable, "-c", CLONES_ONLY, str(tmp_path / "calls.pt"), str(tmp_path / "out.pt")]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    there = torch.load(tmp_path / "out.pt")
-    for call, mine, theirs in zip(calls, here, there, strict=True):
-        *exact, sumsq = mine
-        *exact_there, sumsq_there = theirs
-        for name, a, b in zip(("counts", "hist", "amax", "amin_nonzero"), exact, exact_there, strict=True):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, call[3])
-        torch.testing.assert_close(sumsq, sumsq_there, rtol=SUMSQ_RTOL, atol=0.0)
+    cloned = _run_with("AMP_INSPECT_TEST_TENSOR_STATS_CLONES", tmp_path / "calls.pt", tmp_path / "cloned.pt")
+    lanes32 = _run_with("AMP_INSPECT_TEST_TENSOR_STATS_AVX2", tmp_path / "calls.pt", tmp_path / "lanes32.pt")
+    here = [torch.ops.amp_inspect.tensor_stats.default(*call) for call in calls]  # this machine's own choice
+    for call, mine, theirs, ours in zip(calls, lanes32, cloned, here, strict=True):
+        for got in (theirs, ours):
+            *exact, sumsq = mine
+            *exact_there, sumsq_there = got
+            for name, a, b in zip(("counts", "hist", "amax", "amin_nonzero"), exact, exact_there, strict=True):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, call[3])
+            torch.testing.assert_close(sumsq, sumsq_there, rtol=SUMSQ_RTOL, atol=0.0)

@@ -692,15 +692,18 @@ AMPI_CPU_CLONES void count_block16_f4(const uint16_t* raw, int64_t n, const Form
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define AMPI_TENSOR_STATS_AVX2 1
-// Set (to anything) in the environment, the cloned loops run where count_block_avx2 would (tests/test_op.py runs
-// both on one machine and compares them).
+// For tests, set (to anything) in the environment: the first makes the cloned loops run where count_block_avx2
+// would, the second makes count_block_avx2 run where the AVX-512 clones would; tests/test_histogram_paths.py runs
+// a process of each on one machine and compares them, so every CI machine checks both widths it can run.
 constexpr const char* kClonesOnlyVariable = "AMP_INSPECT_TEST_TENSOR_STATS_CLONES";
+constexpr const char* kAvx2LanesVariable = "AMP_INSPECT_TEST_TENSOR_STATS_AVX2";
 
 // Whether blocks take count_block_avx2: AVX2 and FMA, and not the AVX-512 clones (wide_lanes(), whose 64-byte types
 // are one register there).
 bool avx2_lanes() {
-  static const bool ok = std::getenv(kClonesOnlyVariable) == nullptr && !wide_lanes() &&
-                         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         std::getenv(kClonesOnlyVariable) == nullptr &&
+                         (std::getenv(kAvx2LanesVariable) != nullptr || !wide_lanes());
   return ok;
 }
 
