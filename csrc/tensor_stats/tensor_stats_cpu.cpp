@@ -654,40 +654,37 @@ __attribute__((always_inline)) inline void count_block16_any(const uint16_t* raw
   count_block32_full<kFormats, kBytes>(widened, n, bounds, out, hist);
 }
 
-// One entry point per format count, so each inner loop is unrolled over its formats, cloned for AVX-512,
-// AVX2 and baseline x86-64 (AMPI_CPU_CLONES, common/cpu_clones.h); the loader picks the best clone for the machine.
-// A CPU with AVX2 and FMA but not the AVX-512 clones' features takes count_block_avx2 instead (32-byte lanes).
-AMPI_CPU_CLONES void count_block32_f1(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_any<1, kWideBytes>(bits, n, bounds, out, hist);
+// A block (bfloat16 keys when `raw` is given, else float32 bits), unrolled per format count: one instantiation of
+// the loops per count, each inlined into the caller of its width.
+template <int kBytes>
+__attribute__((always_inline)) inline void count_block_by_formats(const uint32_t* bits, const uint16_t* raw,
+                                                                  int64_t n, const FormatBounds* bounds,
+                                                                  int num_formats, BlockCounts& out,
+                                                                  uint32_t (&hist)[kHistCopies][kHistBins],
+                                                                  uint32_t* widened) {
+  switch (num_formats) {
+    case 1:
+      return raw ? count_block16_any<1, kBytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<1, kBytes>(bits, n, bounds, out, hist);
+    case 2:
+      return raw ? count_block16_any<2, kBytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<2, kBytes>(bits, n, bounds, out, hist);
+    case 3:
+      return raw ? count_block16_any<3, kBytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<3, kBytes>(bits, n, bounds, out, hist);
+    default:
+      return raw ? count_block16_any<4, kBytes>(raw, n, bounds, out, hist, widened)
+                 : count_block32_any<4, kBytes>(bits, n, bounds, out, hist);
+  }
 }
-AMPI_CPU_CLONES void count_block32_f2(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_any<2, kWideBytes>(bits, n, bounds, out, hist);
-}
-AMPI_CPU_CLONES void count_block32_f3(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_any<3, kWideBytes>(bits, n, bounds, out, hist);
-}
-AMPI_CPU_CLONES void count_block32_f4(const uint32_t* bits, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-  count_block32_any<4, kWideBytes>(bits, n, bounds, out, hist);
-}
-AMPI_CPU_CLONES void count_block16_f1(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  count_block16_any<1, kWideBytes>(raw, n, bounds, out, hist, widened);
-}
-AMPI_CPU_CLONES void count_block16_f2(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  count_block16_any<2, kWideBytes>(raw, n, bounds, out, hist, widened);
-}
-AMPI_CPU_CLONES void count_block16_f3(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  count_block16_any<3, kWideBytes>(raw, n, bounds, out, hist, widened);
-}
-AMPI_CPU_CLONES void count_block16_f4(const uint16_t* raw, int64_t n, const FormatBounds* bounds,
-                                      BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  count_block16_any<4, kWideBytes>(raw, n, bounds, out, hist, widened);
+
+// The 64-byte lanes, cloned for AVX-512, AVX2 and baseline x86-64 (AMPI_CPU_CLONES, common/cpu_clones.h); the loader
+// picks the best clone for the machine. A CPU with AVX2 and FMA but not the AVX-512 clones' features takes
+// count_block_avx2 instead (32-byte lanes).
+AMPI_CPU_CLONES void count_block_wide(const uint32_t* bits, const uint16_t* raw, int64_t n,
+                                      const FormatBounds* bounds, int num_formats, BlockCounts& out,
+                                      uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+  count_block_by_formats<kWideBytes>(bits, raw, n, bounds, num_formats, out, hist, widened);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -707,25 +704,12 @@ bool avx2_lanes() {
   return ok;
 }
 
-// A block (bfloat16 keys when `raw` is given, else float32 bits) with 32-byte lanes, unrolled per format count.
+// The 32-byte lanes (see Lanes).
 __attribute__((target("avx2,fma"))) void count_block_avx2(const uint32_t* bits, const uint16_t* raw, int64_t n,
                                                           const FormatBounds* bounds, int num_formats,
                                                           BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins],
                                                           uint32_t* widened) {
-  switch (num_formats) {
-    case 1:
-      return raw ? count_block16_any<1, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<1, kAvx2Bytes>(bits, n, bounds, out, hist);
-    case 2:
-      return raw ? count_block16_any<2, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<2, kAvx2Bytes>(bits, n, bounds, out, hist);
-    case 3:
-      return raw ? count_block16_any<3, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<3, kAvx2Bytes>(bits, n, bounds, out, hist);
-    default:
-      return raw ? count_block16_any<4, kAvx2Bytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<4, kAvx2Bytes>(bits, n, bounds, out, hist);
-  }
+  count_block_by_formats<kAvx2Bytes>(bits, raw, n, bounds, num_formats, out, hist, widened);
 }
 #endif
 
@@ -766,40 +750,14 @@ WidenFn pick_widen_fp16() {
 }
 const WidenFn widen_fp16_fastest = pick_widen_fp16();
 
-// A contiguous bfloat16 block; `widened` (kBlockElems) receives the float32 bits if the block is off the
-// common path.
-void count_block16(const uint16_t* raw, int64_t n, const FormatBounds* bounds, int num_formats, BlockCounts& out,
-                   uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+// A block of float32 bits, or a contiguous bfloat16 block (`raw`; `widened`, kBlockElems, receives its float32 bits
+// if it is off the common path), in the lanes this CPU runs best.
+void count_block(const uint32_t* bits, const uint16_t* raw, int64_t n, const FormatBounds* bounds, int num_formats,
+                 BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
 #ifdef AMPI_TENSOR_STATS_AVX2
-  if (avx2_lanes()) return count_block_avx2(nullptr, raw, n, bounds, num_formats, out, hist, widened);
+  if (avx2_lanes()) return count_block_avx2(bits, raw, n, bounds, num_formats, out, hist, widened);
 #endif
-  switch (num_formats) {
-    case 1:
-      return count_block16_f1(raw, n, bounds, out, hist, widened);
-    case 2:
-      return count_block16_f2(raw, n, bounds, out, hist, widened);
-    case 3:
-      return count_block16_f3(raw, n, bounds, out, hist, widened);
-    default:
-      return count_block16_f4(raw, n, bounds, out, hist, widened);
-  }
-}
-
-void count_block32(const uint32_t* bits, int64_t n, const FormatBounds* bounds, int num_formats,
-                   BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
-#ifdef AMPI_TENSOR_STATS_AVX2
-  if (avx2_lanes()) return count_block_avx2(bits, nullptr, n, bounds, num_formats, out, hist, nullptr);
-#endif
-  switch (num_formats) {
-    case 1:
-      return count_block32_f1(bits, n, bounds, out, hist);
-    case 2:
-      return count_block32_f2(bits, n, bounds, out, hist);
-    case 3:
-      return count_block32_f3(bits, n, bounds, out, hist);
-    default:
-      return count_block32_f4(bits, n, bounds, out, hist);
-  }
+  count_block_wide(bits, raw, n, bounds, num_formats, out, hist, widened);
 }
 
 void add_block(TensorAccumulator& acc, const BlockCounts& block, int64_t n, int num_formats) {
@@ -862,7 +820,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       if (!call.has_scale && is_contiguous_view(view)) {
         bits = reinterpret_cast<const uint32_t*>(reader.base + start + done);  // float32 as stored: no copy
         BlockCounts block;
-        count_block32(bits, n, call.bounds, call.num_formats, block, hist);
+        count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr);
         add_block(acc, block, n, call.num_formats);
         continue;
       }
@@ -870,7 +828,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
     if constexpr (std::is_same<T, uint16_t>::value) {
       if (view.dtype == kBFloat16 && !call.has_scale && is_contiguous_view(view)) {
         BlockCounts block;
-        count_block16(reader.base + start + done, n, call.bounds, call.num_formats, block, hist, buffer);
+        count_block(nullptr, reader.base + start + done, n, call.bounds, call.num_formats, block, hist, buffer);
         add_block(acc, block, n, call.num_formats);
         continue;
       }
@@ -888,7 +846,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
     }
     BlockCounts block;
-    count_block32(bits, n, call.bounds, call.num_formats, block, hist);
+    count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr);
     add_block(acc, block, n, call.num_formats);
   }
   for (int b = 0; b < kHistBins; ++b) {
