@@ -2,8 +2,8 @@
 
 Two processes (torch.multiprocessing, spawn) on gloo over 127.0.0.1, one torch thread each, train a small
 GPT (models.make_gpt, bench_step.py's model, amp_inspect.cli.tiny_gpt.TinyGPT: pre-LN blocks, tied embeddings, GPT-2
-initialisation) with bf16 autocast on CPU, GradScaler("cpu") (init scale 2**10) and AdamW; each rank trains on its
-own fixed random batches.
+initialisation) with bf16 autocast on CPU (--amp-dtype float32: none), GradScaler("cpu") (init scale 2**10) and AdamW;
+each rank trains on its own fixed random batches.
 
 Configurations, each with its own copy of the model (same initial weights), optimizer and scaler:
 
@@ -42,10 +42,11 @@ reduce_stats, the two spawned ranks and their hand-back of records, and the byte
 
 Run:
     python bench/bench_distributed.py [--quick] [--rounds N] [--steps-per-round N] [--out DIR]
+        [--amp-dtype float32]   # no autocast: on a CPU that emulates bf16 matmuls (AVX2 without AVX512-BF16)
     python bench/bench_distributed.py --traffic   # bytes per step only: DDP, FSDP2, tensor parallel at 2-8 ranks
 
-Prints a table and writes bench/results/distributed_cpu.json (a --quick run writes nothing unless --out is
-given, and then to distributed_cpu_quick.json).
+Prints a table and writes bench/results/distributed_cpu.json (``--amp-dtype float32``: distributed_cpu_float32.json;
+a --quick run writes nothing unless --out is given, and then to the name with _quick).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ from amp_inspect.distributed.ddp import NonfiniteByRank  # noqa: E402
 
 WORLD = 2
 BACKEND = "gloo"
+# --amp-dtype: the forward's autocast dtype; float32 turns autocast off (models.next_token_loss).
+AMP_DTYPES = ("bfloat16", "float32")
 THREADS_PER_RANK = 1  # 2 cores, 2 ranks
 STEM = "distributed_cpu"
 PG_TIMEOUT_S = 120.0
@@ -178,7 +181,7 @@ class BenchConfig:
     rounds: int
     steps_per_round: int  # per configuration and round
     init_scale: float
-    amp_dtype: str = "bfloat16"
+    amp_dtype: str = "bfloat16"  # --amp-dtype: one of AMP_DTYPES
     configs: tuple[str, ...] = ()  # --configs: those run (with their families' bare ones); empty: all
 
     def chosen(self) -> tuple[DistConfig, ...]:
@@ -187,6 +190,10 @@ class BenchConfig:
             return CONFIGS
         names = set(self.configs) | {BARE_OF[c.family] for c in CONFIGS if c.name in self.configs}
         return tuple(c for c in CONFIGS if c.name in names)
+
+
+def autocast_words(amp_dtype: str) -> str:
+    return "no autocast (float32)" if amp_dtype == "float32" else f"autocast {amp_dtype}"
 
 
 # ------------------------------------------------------------------------------------------ the counter
@@ -325,8 +332,9 @@ def wrap(config: DistConfig, base: TinyGPT, world: int) -> tuple[nn.Module, nn.M
 class Trainer:
     """One configuration's model, optimizer, scaler and (optional) inspector, in one rank."""
 
-    def __init__(self, config: DistConfig, base: TinyGPT, world: int, init_scale: float) -> None:
+    def __init__(self, config: DistConfig, base: TinyGPT, world: int, init_scale: float, amp_dtype: str) -> None:
         self.config = config
+        self.amp_dtype = getattr(torch, amp_dtype)
         self.model, self.params_module = wrap(config, base, world)
         self.opt = torch.optim.AdamW(self.params_module.parameters(), lr=LEARNING_RATE)
         scaler_cls = amp_inspect.InspectingGradScaler if config.scaler == "inspecting" else torch.amp.GradScaler
@@ -350,7 +358,7 @@ class Trainer:
         assert inspect_step is not None or not self.config.check
         marks: list[float] = []
         with counter.recording() as (by_category, by_caller), timer.recording() as spent:
-            loss = functools.partial(next_token_loss, self.model, idx, "cpu", torch.bfloat16)
+            loss = functools.partial(next_token_loss, self.model, idx, "cpu", self.amp_dtype)
             training_step(self.opt, self.scaler, loss, inspect_step, lambda: marks.append(time.perf_counter()))
         start, after_backward, after_check, end = marks
         return StepRecord(
@@ -428,7 +436,7 @@ def rank_main(rank: int, world: int, port: int, config: BenchConfig, results: An
         timer.install()
         base = make_gpt(MODEL, "cpu", SEED)
         batches = token_batches(MODEL, DISTINCT_BATCHES, SEED + 1 + rank)  # each rank its own
-        trainers = [Trainer(c, base, world, config.init_scale) for c in config.chosen()]
+        trainers = [Trainer(c, base, world, config.init_scale, config.amp_dtype) for c in config.chosen()]
         warm, timed = interleave(
             trainers,
             lambda t: t.step(batches, counter, timer),
@@ -914,6 +922,13 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         help="only the inspection's bytes per step (DDP hook, FSDP2 and TP combine) at 2-8 ranks (no JSON)",
     )
     parser.add_argument(
+        "--amp-dtype",
+        choices=AMP_DTYPES,
+        default=AMP_DTYPES[0],
+        help="the forward's autocast dtype (float32: no autocast, for a CPU without bf16 matmul instructions, "
+        "where bf16 is emulated tens of times slower than float32; default bfloat16)",
+    )
+    parser.add_argument(
         "--configs",
         nargs="+",
         choices=[c.name for c in CONFIGS],
@@ -932,6 +947,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
         rounds=args.rounds or rounds,
         steps_per_round=args.steps_per_round or steps,
         init_scale=INIT_SCALE,
+        amp_dtype=args.amp_dtype,
         configs=tuple(args.configs),
     )
 
@@ -949,10 +965,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine["torch_threads"] = config.threads_per_rank  # per rank, set in each process
     machine["world"] = config.world
     machine["backend"] = BACKEND
+    machine["amp_dtype"] = config.amp_dtype
     print(
         f"# GPT {MODEL.layers}x{MODEL.d_model}, {MODEL.heads} heads, vocab {MODEL.vocab}, context {MODEL.context}, "
         f"tied embeddings; batch {MODEL.batch}x{MODEL.context} per rank; {config.world} ranks on {BACKEND}, "
-        f"{config.threads_per_rank} thread each; autocast bf16, GradScaler(init_scale {config.init_scale:g}), AdamW",
+        f"{config.threads_per_rank} thread each; {autocast_words(config.amp_dtype)}, "
+        f"GradScaler(init_scale {config.init_scale:g}), AdamW",
         flush=True,
     )
     print(
@@ -1012,7 +1030,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.notes.append(note)
     print(f"note: {note}")
     if config.out_dir is not None:
-        write_result(result, config.out_dir, STEM, config.quick)
+        stem = STEM if config.amp_dtype == AMP_DTYPES[0] else f"{STEM}_{config.amp_dtype}"
+        write_result(result, config.out_dir, stem, config.quick)
     return 0
 
 

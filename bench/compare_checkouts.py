@@ -15,6 +15,7 @@ compares what that run measures side by side: the step of ``ddp_check`` and ``fs
 step (the median of per-round ratios), and the time inside the inspection's own parts (the comm hook, reduce_stats).
 
     python bench/compare_checkouts.py --before /path/to/old/checkout --distributed [--rounds 3] [--bench-rounds 20]
+        [--amp-dtype float32]   # no autocast: where the CPU emulates bf16 matmuls
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ DIST_CONFIGS = ("ddp_check", "fsdp_check")
 DIST_FIELDS = ("x_bare_paired", "check_median_ms", "hook_median_ms", "combine_median_ms")
 
 
-def measure_distributed(tree: Path, bench_rounds: int) -> dict[str, dict[str, float]]:
+def measure_distributed(tree: Path, bench_rounds: int, amp_dtype: str) -> dict[str, dict[str, float]]:
     """One run of this checkout's bench_distributed.py against ``tree``'s package: DIST_FIELDS of each of
     DIST_CONFIGS. The benchmark puts the checkout above its own folder first on the path, so its folder is copied
     into ``tree`` for the run (a hidden folder, removed after)."""
@@ -116,7 +117,7 @@ def measure_distributed(tree: Path, bench_rounds: int) -> dict[str, dict[str, fl
         # package there.
         (Path(folder) / "amp_inspect").symlink_to(tree / "amp_inspect")
         command = [sys.executable, str(copy / "bench_distributed.py"), "--rounds", str(bench_rounds), "--out", out]
-        command += ["--configs", *DIST_CONFIGS]  # with their bare baselines
+        command += ["--configs", *DIST_CONFIGS, "--amp-dtype", amp_dtype]  # with their bare baselines
         result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
         if result.returncode != 0:
             raise SystemExit(f"{tree}: bench_distributed.py failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -126,14 +127,17 @@ def measure_distributed(tree: Path, bench_rounds: int) -> dict[str, dict[str, fl
     return {c: {f: float(by_config[c][f]) for f in DIST_FIELDS} for c in DIST_CONFIGS}
 
 
-def compare_distributed(before_tree: Path, after_tree: Path, rounds: int, bench_rounds: int) -> None:
+def compare_distributed(before_tree: Path, after_tree: Path, rounds: int, bench_rounds: int, amp_dtype: str) -> None:
     runs: dict[str, list[dict[str, dict[str, float]]]] = {"before": [], "after": []}
     order = (("before", before_tree), ("after", after_tree))
     for round_ in range(rounds):
         for name, tree in order if round_ % 2 == 0 else order[::-1]:
-            runs[name].append(measure_distributed(tree.resolve(), bench_rounds))
+            runs[name].append(measure_distributed(tree.resolve(), bench_rounds, amp_dtype))
             print(f"round {round_ + 1}/{rounds} {name}: {json.dumps(runs[name][-1])}", flush=True)
-    print(f"bench_distributed.py, {rounds} runs per checkout x {bench_rounds} rounds, alternating; medians over runs:")
+    print(
+        f"bench_distributed.py --amp-dtype {amp_dtype}, {rounds} runs per checkout x {bench_rounds} rounds, "
+        "alternating; medians over runs:"
+    )
     print(f"  before: {before_tree}\n  after:  {after_tree}")
     for config in DIST_CONFIGS:
         for field in DIST_FIELDS:
@@ -155,9 +159,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--distributed", action="store_true", help="bench_distributed.py per checkout (DDP, FSDP2)")
     parser.add_argument("--bench-rounds", type=int, default=20, help="--distributed: bench_distributed.py's --rounds")
+    parser.add_argument(
+        "--amp-dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="--distributed: bench_distributed.py's --amp-dtype (float32 on a CPU that emulates bf16 matmuls)",
+    )
     args = parser.parse_args()
     if args.distributed:
-        compare_distributed(args.before.resolve(), args.after.resolve(), args.rounds, args.bench_rounds)
+        compare_distributed(args.before.resolve(), args.after.resolve(), args.rounds, args.bench_rounds, args.amp_dtype)
         return
     before, after, ratios = [], [], []
     for round_ in range(args.rounds):

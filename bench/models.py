@@ -83,8 +83,10 @@ def token_batches(spec: ModelSpec, count: int, seed: int, device: str = "cpu") -
 
 
 def next_token_loss(model: nn.Module, idx: torch.Tensor, device: str, amp_dtype: torch.dtype) -> torch.Tensor:
-    """Cross-entropy of predicting idx[:, 1:] from idx[:, :-1], the forward under autocast, the loss in fp32."""
-    with torch.autocast(device, dtype=amp_dtype):
+    """Cross-entropy of predicting idx[:, 1:] from idx[:, :-1], the forward under autocast, the loss in fp32.
+    ``amp_dtype`` float32: no autocast (for CPUs that emulate bf16 matmuls, where a bf16 step is tens of times
+    slower and every overhead ratio shrinks with it)."""
+    with torch.autocast(device, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
         logits = model(idx[:, :-1])
     return F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
 
