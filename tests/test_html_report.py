@@ -213,6 +213,24 @@ def test_names_are_escaped(report: tuple[Path, list[dict], Path]) -> None:
     assert html.escape(SCRIPT_NAME) in text
     assert html.escape(AMP_NAME) in text and AMP_NAME not in text
     assert "no NVML <b>" not in text
+    assert "\\n" not in text and "\\x" not in text, "a text of the page was escaped that has no unprintable character"
+
+
+BIDI_NAME = "head.\u202eevil\x1b[31m"  # a bidi override reverses what follows it; an ANSI colour escape
+
+
+def test_unprintable_characters_in_a_name_are_shown_escaped(tmp_path: Path) -> None:
+    """A name with a bidi override renders reversed in a browser as it does in a terminal: the page shows it as
+    the console does, its unprintable characters written as escapes (and the neighbour, a plain name, as it is)."""
+    log = tmp_path / "run.jsonl"
+    with RunLog(log) as w:
+        for step in range(3):
+            offenders = [BIDI_NAME, "plain.name"]
+            w.write({"step": step, "scale": 1024.0, "skipped": True, "total_norm": math.inf, "offenders": offenders})
+    text = write_report(log, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "\u202e" not in text and "\x1b" not in text
+    assert html.escape("head.\\u202eevil\\x1b[31m") in text
+    assert "plain.name" in text
 
 
 def test_offenders_table_and_advice(report: tuple[Path, list[dict], Path]) -> None:

@@ -9,13 +9,15 @@ unassigned and private-use code points, spaces other than U+0020) as a Python-st
 it left out, so a hostile 30-million-character name costs one slice, not a 30-million-character table cell.
 
 Every string read from a log (a dtype, a scale decision's reason, a hardware note), not only names, is printed
-through it; ``mpl_text`` is the same for figures. HTML output escapes with ``html.escape`` on its own; this is for
-terminals, plain text and PNG labels.
+through it; ``mpl_text`` is the same for figures and ``html_text`` for the HTML page (the same escapes, then the
+HTML ones: in a browser a bidi override reverses a table cell just as it does a terminal line).
 
 Torch-free, so the log readers and the console use it without loading torch.
 """
 
 from __future__ import annotations
+
+import html
 
 MAX_SHOWN = 160  # characters of a name shown at most (module paths of real models are far shorter)
 _HEAD = 100  # kept from the start of a longer name ...
@@ -56,6 +58,12 @@ def mpl_text(text: object) -> str:
     U+202E), and ``$`` escaped, which would otherwise start mathtext (an unfinished ``$\\frac$`` stops the drawing).
     A label's own line breaks go in after this."""
     return shown_name(text, limit=None).replace("$", r"\$")
+
+
+def html_text(text: object) -> str:
+    """``text`` for an HTML page: ``shown_name``'s escapes, uncut, then HTML-escaped (quotes too, so it is safe
+    inside attributes as well)."""
+    return html.escape(shown_name(text, limit=None), quote=True)
 
 
 def plural(n: int, word: str) -> str:

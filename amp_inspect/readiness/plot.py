@@ -9,7 +9,6 @@ no pyplot state), like render/plots.py. Cost: one figure, well under a second fo
 from __future__ import annotations
 
 import base64
-import html
 import io
 import math
 from collections.abc import Iterable, Mapping
@@ -19,7 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from amp_inspect.core.printable import mpl_text, shown_name
+from amp_inspect.core.printable import html_text, mpl_text, shown_name
 from amp_inspect.readiness.report import (
     BORDERLINE,
     JUDGED_OPERANDS,
@@ -108,7 +107,7 @@ def html_section(records: Iterable[Mapping[str, Any]]) -> str | None:
     best = report.best_recipe()
     more = len(report.modules) - MAX_MODULES
     note = f" The first {MAX_MODULES} modules are drawn ({more} more in the table)." if more > 0 else ""
-    e = html.escape
+    e = html_text
     return (
         '<section id="readiness"><h2>Format readiness: could this run move to FP8, MXFP8, NVFP4?</h2>'
         f'<p class="note">Modules ready per recipe: {e(ready)}. The recipe that keeps the most modules ready: '

@@ -4,7 +4,8 @@
 of every figure of amp_inspect/render/plots.py, named after the page (``report_loss_scale.png``, ...); the page
 embeds the same PNGs as base64 data URIs, so it can be mailed or attached on its own. The page and its figures
 are all made (in memory) before any file is written. It loads nothing from elsewhere (no CDN, no script) and
-every text that comes from the log (module names, findings, notes) is HTML-escaped.
+every text that comes from the log (module names, findings, notes) goes through ``printable.html_text``: unprintable
+characters (control, bidi overrides) written as escapes, then HTML-escaped.
 
 The page reads the same analysis objects as the rest of the package: ``series.RunSeries`` for the series and
 ``history.summarize`` for the skip rate, scale events, warnings and advice. Cost: reading the log plus
@@ -14,7 +15,6 @@ rendering six figures, about a second for a log of a few thousand records.
 from __future__ import annotations
 
 import base64
-import html
 import math
 import os
 import time
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from amp_inspect._version import __version__
+from amp_inspect.core.printable import html_text
 from amp_inspect.diagnosis.history import StepRecord, Summary, summarize
 from amp_inspect.readiness.plot import html_section as readiness_section
 from amp_inspect.render.plots import FIGURES, render_all, unavailable
@@ -96,11 +97,6 @@ figcaption { color: #444; font-size: 14px; margin-top: 4px; }
 .note { color: #555; }
 footer { color: #888; font-size: 12px; margin-top: 32px; }
 """
-
-
-def _e(text: object) -> str:
-    """HTML-escaped text (quotes too, so it is also safe inside attributes)."""
-    return html.escape(str(text), quote=True)
 
 
 def _duration(seconds: float) -> str:
@@ -193,7 +189,7 @@ def _decisions_section(summary: Summary) -> list[str]:
     """The loss-scale policy's decisions that changed the scale or skipped a step, as a table."""
     shown = shown_changes(summary.decisions)
     out = [
-        f'<section id="decisions"><h2>Loss-scale decisions (policy {_e(repr(summary.policy))})</h2>',
+        f'<section id="decisions"><h2>Loss-scale decisions (policy {html_text(repr(summary.policy))})</h2>',
         '<p class="note">Each step where the scaler changed the scale or skipped the step: the scale the step ran '
         "at, the scale chosen for the next step, why, and the kind of skip. The same decisions are marked on the "
         "loss-scale figure.</p>",
@@ -203,9 +199,10 @@ def _decisions_section(summary: Summary) -> list[str]:
     for c in shown:
         d = c.decision
         out.append(
-            f'<tr><td class="num">{c.step}</td><td class="num">{_e(scale_text(d.previous))}</td>'
-            f'<td class="num">{_e(scale_text(d.scale))}</td><td>{_e(c.reason_text)}</td>'
-            f'<td>{_e(c.skip_text or "-")}</td><td class="module">{_e(", ".join(d.offenders[:3]))}</td></tr>'
+            f'<tr><td class="num">{c.step}</td><td class="num">{html_text(scale_text(d.previous))}</td>'
+            f'<td class="num">{html_text(scale_text(d.scale))}</td><td>{html_text(c.reason_text)}</td>'
+            f"<td>{html_text(c.skip_text or '-')}</td>"
+            f'<td class="module">{html_text(", ".join(d.offenders[:3]))}</td></tr>'
         )
     out.append("</tbody></table>")
     if len(shown) < len(summary.decisions):
@@ -240,24 +237,25 @@ def render_html(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>amp_inspect report: {_e(Path(source).name)}</title>",
+        f"<title>amp_inspect report: {html_text(Path(source).name)}</title>",
         f"<style>{CSS}</style></head><body><main>",
         "<header><h1>amp_inspect run report</h1>",
-        f'<p class="source">log: {_e(source)}</p><ul class="facts">',
+        f'<p class="source">log: {html_text(source)}</p><ul class="facts">',
     ]
     for label, value, bad in _facts(series, summary):
         attribute = ' class="bad"' if bad else ""
-        out.append(f"<li{attribute}>{_e(label)}<b>{_e(value)}</b></li>")
+        out.append(f"<li{attribute}>{html_text(label)}<b>{html_text(value)}</b></li>")
     out.append("</ul></header>")
 
     out.append("<section><h2>Findings and advice</h2>")
     if summary is None:
-        out.append(f'<p class="note">The run summary could not be made from this log ({_e(summary_error)}).</p>')
+        out.append(f'<p class="note">The run summary could not be made from this log ({html_text(summary_error)}).</p>')
     else:
         if summary.warnings:
-            out.append('<ul class="warnings">' + "".join(f"<li>{_e(w)}</li>" for w in summary.warnings) + "</ul>")
+            warnings = "".join(f"<li>{html_text(w)}</li>" for w in summary.warnings)
+            out.append(f'<ul class="warnings">{warnings}</ul>')
         if summary.advice:
-            out.append('<ul class="advice">' + "".join(f"<li>{_e(a)}</li>" for a in summary.advice) + "</ul>")
+            out.append('<ul class="advice">' + "".join(f"<li>{html_text(a)}</li>" for a in summary.advice) + "</ul>")
         if not summary.warnings and not summary.advice:
             if summary.scaler:
                 out.append('<p class="note">No warnings and no advice: the loss scale looks healthy for this run.</p>')
@@ -275,20 +273,20 @@ def render_html(
     if producers:
         out.append("<section><h2>First non-finite producers (activation hooks, armed after skipped steps)</h2><ul>")
         for where, count in producers.most_common():
-            out.append(f"<li>{_e(where)} &mdash; on {count} inspected step{'s' if count > 1 else ''}</li>")
+            out.append(f"<li>{html_text(where)} &mdash; on {count} inspected step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")
     # The summary's blame where there is one: it leaves out the steps whose NaN/Inf followed from poisoned weights
     # (diagnosis/incident.py), which the warnings above tell.
     started = summary.blame if summary is not None else series.blame()
     if started.origins:
         out.append("<section><h2>Where the NaN/Inf of skipped steps started</h2>")
-        out.append(f'<p class="note">{_e(started.describe())}.</p>')
+        out.append(f'<p class="note">{html_text(started.describe())}.</p>')
         out.append('<table class="offenders"><thead><tr><th>module</th><th>skipped steps it started in</th>')
         out.append("<th>evidence</th></tr></thead><tbody>")
         for module, count in started.ranked(MAX_OFFENDER_ROWS):
             out.append(
-                f'<tr><td class="module">{_e(module)}</td><td class="num">{count}</td>'
-                f"<td>{_e(started.evidence[module])}</td></tr>"
+                f'<tr><td class="module">{html_text(module)}</td><td class="num">{count}</td>'
+                f"<td>{html_text(started.evidence[module])}</td></tr>"
             )
         out.append("</tbody></table></section>")
     out.append("<section><h2>Offenders: modules with NaN/Inf gradients on skipped steps</h2>")
@@ -299,7 +297,7 @@ def render_html(
         out.append("<th>first step</th><th>last step</th></tr></thead><tbody>")
         for r in rows:
             out.append(
-                f'<tr><td class="module">{_e(r.module)}</td><td class="num">{r.skips}</td>'
+                f'<tr><td class="module">{html_text(r.module)}</td><td class="num">{r.skips}</td>'
                 f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td></tr>'
             )
         out.append("</tbody></table>")
@@ -317,7 +315,7 @@ def render_html(
         out.append("<th>first step</th><th>last step</th></tr></thead><tbody>")
         for r in poisoned:
             out.append(
-                f'<tr><td class="module">{_e(r.module)}</td><td class="num">{r.skips}</td>'
+                f'<tr><td class="module">{html_text(r.module)}</td><td class="num">{r.skips}</td>'
                 f'<td class="num">{r.first_step}</td><td class="num">{r.last_step}</td></tr>'
             )
         out.append("</tbody></table></section>")
@@ -325,7 +323,7 @@ def render_html(
         out += _decisions_section(summary)
     if summary is not None and summary.ranks:  # distributed runs: where the NaN/Inf was made
         heading = summary.ranks_heading
-        out.append(f"<section><h2>{_e(heading[0].upper() + heading[1:])}</h2><ul>")
+        out.append(f"<section><h2>{html_text(heading[0].upper() + heading[1:])}</h2><ul>")
         for rank, count in summary.ranks.most_common():
             out.append(f"<li>rank {rank} &mdash; on {count} skipped step{'s' if count > 1 else ''}</li>")
         out.append("</ul></section>")
@@ -340,9 +338,9 @@ def render_html(
         data = base64.b64encode(pngs[name]).decode("ascii")
         caption = missing.get(name, CAPTIONS[name])
         out.append(
-            f'<section id="{name}"><h2>{_e(TITLES[name])}</h2><figure>'
-            f'<img src="data:image/png;base64,{data}" alt="{_e(TITLES[name])}">'
-            f"<figcaption>{_e(caption)}</figcaption></figure></section>"
+            f'<section id="{name}"><h2>{html_text(TITLES[name])}</h2><figure>'
+            f'<img src="data:image/png;base64,{data}" alt="{html_text(TITLES[name])}">'
+            f"<figcaption>{html_text(caption)}</figcaption></figure></section>"
         )
         if name == "heatmap_over_time" and updates is not None:
             out.append(updates)
@@ -352,9 +350,9 @@ def render_html(
 
     if readiness is not None:
         out.append(readiness)
-    out.append(f'<section><h2>Hardware</h2><p class="note">{_e(_hardware_text(series))}</p></section>')
+    out.append(f'<section><h2>Hardware</h2><p class="note">{html_text(_hardware_text(series))}</p></section>')
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    out.append(f"<footer>amp_inspect {_e(__version__)}, {stamp}</footer></main></body></html>")
+    out.append(f"<footer>amp_inspect {html_text(__version__)}, {stamp}</footer></main></body></html>")
     return "\n".join(out) + "\n"
 
 

@@ -8,7 +8,6 @@ like render/plots.py. Cost: one figure.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import math
 from collections.abc import Iterable, Mapping
@@ -17,7 +16,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from amp_inspect.core.printable import mpl_text, shown_name
+from amp_inspect.core.printable import html_text, mpl_text, shown_name
 from amp_inspect.updates.report import RATIO_HEALTHY, RATIO_HIGH, ROW_HEADERS, UpdateStats, from_log, overview
 
 MAX_LINES = 12  # modules drawn at most: those whose lost fraction is highest, then the rest in order
@@ -75,7 +74,7 @@ def html_section(records: Iterable[Mapping[str, Any]]) -> str | None:
     buffer = io.BytesIO()
     update_ratio_figure(updates).savefig(buffer, format="png", dpi=100, facecolor="white")
     data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    e = html.escape
+    e = html_text
     return (
         '<section id="updates"><h2>What the optimizer did: update-to-weight ratio per module</h2>'
         f'<figure><img src="data:image/png;base64,{data}" alt="update ratio per module over time">'
@@ -88,7 +87,7 @@ def _module_table(updates: list[UpdateStats]) -> str:
     seen = overview(updates)
     if seen is None:
         return ""
-    e = html.escape
+    e = html_text
     head = "".join(f"<th>{e(h)}</th>" for h in ROW_HEADERS)
     body = "".join(
         f'<tr><td class="module">{e(shown_name(row[0]))}</td>'
