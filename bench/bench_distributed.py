@@ -91,7 +91,7 @@ from harness import (  # noqa: E402
     training_step,
     write_result,
 )
-from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
+from models import ModelSpec, autocast_words, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
 from amp_inspect.cli.tiny_gpt import TinyGPT  # noqa: E402
@@ -190,10 +190,6 @@ class BenchConfig:
             return CONFIGS
         names = set(self.configs) | {BARE_OF[c.family] for c in CONFIGS if c.name in self.configs}
         return tuple(c for c in CONFIGS if c.name in names)
-
-
-def autocast_words(amp_dtype: str) -> str:
-    return "no autocast (float32)" if amp_dtype == "float32" else f"autocast {amp_dtype}"
 
 
 # ------------------------------------------------------------------------------------------ the counter

@@ -2,7 +2,9 @@
 
 The model is the ``gpt2-style`` gradient set of bench_tensor_stats.py at context 128: 6 layers, d_model 384,
 6 heads, MLP 4x, vocab 8192, tied embeddings (the lm_head reuses wte.weight: 76 parameter tensors, 13.8M
-elements). Batch 4 x 128 tokens of fixed random data, AdamW, GradScaler; autocast bf16 on CPU, fp16 on CUDA.
+elements). Batch 4 x 128 tokens of fixed random data, AdamW, GradScaler; autocast bf16 on CPU, fp16 on CUDA
+(``--amp-dtype`` another; float32: no autocast, for a CPU that emulates bf16 matmuls, where a bf16 step is tens of
+times slower and every overhead ratio shrinks with it).
 No step overflows, so GradScaler never skips and the activation hooks of ``on_skip`` are never armed.
 
 Configurations, each with its own copy of the model (same initial weights), optimizer and scaler:
@@ -41,7 +43,7 @@ check, foreach_norm as the roofline proxy) are timed separately to give the insp
 
 Run:
     python bench/bench_step.py [--device cpu|cuda] [--quick] [--readiness | --update] [--rounds N]
-        [--steps-per-round N] [--out DIR]
+        [--steps-per-round N] [--out DIR] [--amp-dtype bfloat16|float16|float32]
 
 Prints a table and PASS/MISS lines for the targets and writes bench/results/step_<device>.json
 (a --quick run writes nothing unless --out is given, and then to step_<device>_quick.json).
@@ -88,7 +90,7 @@ from harness import (  # noqa: E402
     training_step,
     write_result,
 )
-from models import ModelSpec, make_gpt, next_token_loss, token_batches  # noqa: E402
+from models import ModelSpec, autocast_words, make_gpt, next_token_loss, token_batches  # noqa: E402
 
 import amp_inspect  # noqa: E402
 from amp_inspect.core import ops as _ops  # noqa: E402
@@ -617,9 +619,15 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser.add_argument("--out", type=Path, default=None, help=f"JSON folder (default {RESULTS_DIR}; quick: none)")
     parser.add_argument("--readiness", action="store_true", help="the cost of readiness_every instead (docstring)")
     parser.add_argument("--update", action="store_true", help="the cost of update_every instead (docstring)")
+    parser.add_argument(
+        "--amp-dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        help="the forward's autocast dtype (default bfloat16 on cpu, float16 on cuda; float32: no autocast)",
+    )
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
-    amp_dtype = "float16" if args.device == "cuda" else "bfloat16"
+    amp_dtype = args.amp_dtype or ("float16" if args.device == "cuda" else "bfloat16")
     if args.quick:
         rounds, steps, warmup, kernel_warmup, kernel_repeats = 2, 2, 1, 1, 5
     else:
@@ -657,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# GPT {spec.layers}x{spec.d_model}, {spec.heads} heads, vocab {spec.vocab}, context {spec.context}, "
         f"tied embeddings: {numel:,} parameters in {tensors} tensors; batch {spec.batch}x{spec.context}; "
-        f"{config.device}, autocast {config.amp_dtype}, AdamW",
+        f"{config.device}, {autocast_words(config.amp_dtype)}, AdamW",
         flush=True,
     )
     print(
@@ -725,6 +733,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if config.out_dir is not None:
         name = f"step_{config.device}" + ("_readiness" if config.readiness else "_update" if config.update else "")
+        if config.amp_dtype != ("float16" if config.device == "cuda" else "bfloat16"):
+            name += f"_{config.amp_dtype}"  # beside the default dtype's results, not over them
         write_result(result, config.out_dir, name, config.quick)
     return 0
 

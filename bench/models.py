@@ -82,6 +82,11 @@ def token_batches(spec: ModelSpec, count: int, seed: int, device: str = "cpu") -
     return [torch.randint(spec.vocab, size, generator=g).to(device) for _ in range(count)]
 
 
+def autocast_words(amp_dtype: str) -> str:
+    """How a benchmark's header names next_token_loss's ``amp_dtype``."""
+    return "no autocast (float32)" if amp_dtype == "float32" else f"autocast {amp_dtype}"
+
+
 def next_token_loss(model: nn.Module, idx: torch.Tensor, device: str, amp_dtype: torch.dtype) -> torch.Tensor:
     """Cross-entropy of predicting idx[:, 1:] from idx[:, :-1], the forward under autocast, the loss in fp32.
     ``amp_dtype`` float32: no autocast (for CPUs that emulate bf16 matmuls, where a bf16 step is tens of times
