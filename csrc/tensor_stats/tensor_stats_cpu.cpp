@@ -188,7 +188,12 @@ __attribute__((always_inline)) inline void count_bins_in_window(uint8_t* __restr
       ByteVec x;
       std::memcpy(&x, bins + v * kBinLanes, sizeof x);
       for (int k = 0; k < kBinsPerRead; ++k) {
-        count[k] = x == static_cast<uint8_t>(first + k) ? count[k] + 1 : count[k];
+        const ByteVec bin = ByteVec{} + static_cast<uint8_t>(first + k);
+        if constexpr (kBytes == kAvx2Bytes) {
+          count[k] -= (ByteVec)(x == bin);  // the compare's -1 lanes: a compare and a subtraction (a blend is a third)
+        } else {
+          count[k] = x == bin ? count[k] + 1 : count[k];  // AVX-512: a compare into a mask and a masked add
+        }
       }
     }
     for (int k = 0; k < kBinsPerRead && first + k <= hi; ++k) {
@@ -370,6 +375,20 @@ struct BlockScan {
   double sumsq;
 };
 
+// Adds a < t to each lane of count, a and t below 2^31 (every |bits| and bound is, so a signed compare is exact).
+// On 32-byte lanes (AVX2) a signed compare and the subtraction of its -1 lanes: two instructions, where below32's
+// wrap-around test takes three (subtract, shift, add). On 64-byte lanes (AVX-512) a compare yields a mask register,
+// which a vector takes with one more instruction, so below32 stays there.
+template <int kBytes, typename UintVec>
+__attribute__((always_inline)) inline void add_below32(UintVec& count, UintVec a, UintVec t) {
+  if constexpr (kBytes == kAvx2Bytes) {
+    using IntVec = typename Lanes<kBytes>::IntVec;
+    count -= (UintVec)((IntVec)a < (IntVec)t);
+  } else {
+    count += below32(a, t);
+  }
+}
+
 // count(|bits| < t[k]) over a float32 block, K bounds at a time: below32 per lane, summed.
 template <int K, int kBytes>
 __attribute__((always_inline)) inline void count_below32(const uint32_t* __restrict bits, int64_t n,
@@ -381,7 +400,7 @@ __attribute__((always_inline)) inline void count_below32(const uint32_t* __restr
     UintVec b;
     std::memcpy(&b, bits + i, sizeof b);
     const UintVec a = b & kAbsMask32;
-    for (int k = 0; k < K; ++k) count[k] += below32(a, UintVec{} + t[k]);
+    for (int k = 0; k < K; ++k) add_below32<kBytes>(count[k], a, UintVec{} + t[k]);
   }
   for (int k = 0; k < K; ++k) {
     below[k] = lane_sum(count[k]);
@@ -395,6 +414,16 @@ template <typename ShortVec>
 inline ShortVec below16(ShortVec a, ShortVec t) {
   return (ShortVec)(a - t) >> 15;
 }
+// add_below32 on 16-bit lanes (a and t below 2^15).
+template <int kBytes, typename ShortVec>
+__attribute__((always_inline)) inline void add_below16(ShortVec& count, ShortVec a, ShortVec t) {
+  if constexpr (kBytes == kAvx2Bytes) {
+    using SignedShortVec = int16_t __attribute__((vector_size(kAvx2Bytes)));
+    count -= (ShortVec)((SignedShortVec)a < (SignedShortVec)t);
+  } else {
+    count += below16(a, t);
+  }
+}
 template <int K, int kBytes>
 __attribute__((always_inline)) inline void count_below16(const uint16_t* __restrict keys, int64_t n,
                                                          const uint32_t* t, int64_t* below) {
@@ -405,7 +434,7 @@ __attribute__((always_inline)) inline void count_below16(const uint16_t* __restr
     ShortVec x;
     std::memcpy(&x, keys + i, sizeof x);
     const ShortVec a = x & static_cast<uint16_t>(0x7FFF);
-    for (int k = 0; k < K; ++k) count[k] += below16(a, ShortVec{} + static_cast<uint16_t>(t[k]));
+    for (int k = 0; k < K; ++k) add_below16<kBytes>(count[k], a, ShortVec{} + static_cast<uint16_t>(t[k]));
   }
   for (int k = 0; k < K; ++k) {
     below[k] = 0;
