@@ -610,6 +610,11 @@ def print_results(result: BenchResult) -> None:
     print_table(["pass over the gradients", "ms (median)", "ms (min)", "% of bare step"], rows)
 
 
+def default_amp_dtype(device: str) -> str:
+    """The autocast dtype a run takes without --amp-dtype (its results keep the file name without a suffix)."""
+    return "float16" if device == "cuda" else "bfloat16"
+
+
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -627,7 +632,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     )
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None or args.quick else RESULTS_DIR
-    amp_dtype = args.amp_dtype or ("float16" if args.device == "cuda" else "bfloat16")
+    amp_dtype = args.amp_dtype or default_amp_dtype(args.device)
     if args.quick:
         rounds, steps, warmup, kernel_warmup, kernel_repeats = 2, 2, 1, 1, 5
     else:
@@ -733,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if config.out_dir is not None:
         name = f"step_{config.device}" + ("_readiness" if config.readiness else "_update" if config.update else "")
-        if config.amp_dtype != ("float16" if config.device == "cuda" else "bfloat16"):
+        if config.amp_dtype != default_amp_dtype(config.device):
             name += f"_{config.amp_dtype}"  # beside the default dtype's results, not over them
         write_result(result, config.out_dir, name, config.quick)
     return 0
