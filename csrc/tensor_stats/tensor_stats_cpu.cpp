@@ -121,6 +121,7 @@ struct Lanes<64> {
   using BinVec = uint8_t __attribute__((vector_size(16)));  // one byte per 32-bit lane
   using ByteVec = uint8_t __attribute__((vector_size(64)));
   using ShortVec = uint16_t __attribute__((vector_size(64)));
+  using SignedShortVec = int16_t __attribute__((vector_size(64)));
   using WordVec = uint64_t __attribute__((vector_size(64)));
 };
 template <>
@@ -132,6 +133,7 @@ struct Lanes<32> {
   using BinVec = uint8_t __attribute__((vector_size(8)));
   using ByteVec = uint8_t __attribute__((vector_size(32)));
   using ShortVec = uint16_t __attribute__((vector_size(32)));
+  using SignedShortVec = int16_t __attribute__((vector_size(32)));
   using WordVec = uint64_t __attribute__((vector_size(32)));
 };
 constexpr int kWideBytes = 64;  // the AVX-512 and baseline clones
@@ -418,7 +420,7 @@ inline ShortVec below16(ShortVec a, ShortVec t) {
 template <int kBytes, typename ShortVec>
 __attribute__((always_inline)) inline void add_below16(ShortVec& count, ShortVec a, ShortVec t) {
   if constexpr (kBytes == kAvx2Bytes) {
-    using SignedShortVec = int16_t __attribute__((vector_size(kAvx2Bytes)));
+    using SignedShortVec = typename Lanes<kBytes>::SignedShortVec;
     count -= (ShortVec)((SignedShortVec)a < (SignedShortVec)t);
   } else {
     count += below16(a, t);
