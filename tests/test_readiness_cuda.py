@@ -72,3 +72,16 @@ def test_a_tensor_amax_list_under_graph_capture_is_refused_in_one_sentence(rng):
     refused = pytest.raises(ValueError, match="tensor_amax given as a list while a CUDA graph is being captured")
     with refused, torch.cuda.graph(graph):
         format_readiness([x], "fp8_e4m3_tensor", tensor_amax=[1.0])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_the_capture_refusal_looks_at_the_tensors_gpu_not_the_current_one(rng):
+    """Capturing on cuda:1 while the current device is cuda:0: the list would be copied on cuda:1's capturing stream,
+    so it is refused there too (the check asks the tensors' GPU, not the current device)."""
+    from amp_inspect import format_readiness
+
+    x = gaussian(rng, (64, 256), torch.float16).to("cuda:1")
+    graph = torch.cuda.CUDAGraph()
+    refused = pytest.raises(ValueError, match="tensor_amax given as a list while a CUDA graph is being captured")
+    with refused, torch.cuda.device(1), torch.cuda.graph(graph), torch.cuda.device(0):
+        format_readiness([x], "fp8_e4m3_tensor", tensor_amax=[1.0])

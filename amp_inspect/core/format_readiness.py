@@ -195,12 +195,19 @@ def _check_tensors(tensors: object) -> list[torch.Tensor]:
     return [t.detach() for t in items]
 
 
+def _capturing_on(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` (the tensors' GPU, which need not be the current device) is being
+    captured into a CUDA graph: the copy of a list would be issued there."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 def _check_tensor_amax(tensor_amax: object, tensors: list[torch.Tensor]) -> torch.Tensor | None:
     if tensor_amax is None:
         return None
     device = tensors[0].device if tensors else torch.device("cpu")
     if not isinstance(tensor_amax, torch.Tensor):
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if device.type == "cuda" and _capturing_on(device):
             # A list becomes a host-to-device copy from pageable memory, which a CUDA graph cannot capture.
             raise ValueError(
                 "tensor_amax given as a list while a CUDA graph is being captured: pass it as a float32 CUDA tensor "
