@@ -1,0 +1,183 @@
+"""Format readiness against torchao's own quantizers (torchao.prototype.mx_formats: ``to_mx`` for MXFP8 and MXFP4,
+``nvfp4_quantize`` for NVFP4), an oracle written by other people: each tensor is quantized by torchao, its elements
+dequantized in float64 from torchao's scales and element codes, and the counts that follow (flushed, saturated)
+must equal the op's exactly, the sum of squared errors to 1e-12.
+
+Where torchao's eager code and these rules part (docs/numerics.md says why each rule is what it is), the inputs stay
+clear of it, and each test says where:
+- ``to_mx`` clamps its float32 scale at 2^-126, so a block whose E8M0 exponent is -127 (amax below about 2^-118) is
+  scaled differently: block amaxes stay above 2^-100;
+- the RCEIL fallback of eager torchao takes ``ceil(log2(r))`` in float32, which rounds an r a few ulps above a power
+  of two down to it (one binade low: the block's largest element then saturates); the hardware instruction torchao
+  uses when compiled on Blackwell (``cvt.rp.ue8m0``) and TransformerEngine round up exactly, as the op does: r stays
+  at least 2^-16 relative away from a power of two (test_readiness_reference.py pins the exact rounding);
+- ``nvfp4_quantize`` clamps each block scale up to E4M3's smallest normal, which hides a scale that underflows
+  (counted in ``scale_flushed`` here): every block's amax stays above the tensor amax / 2^14; and it multiplies x by
+  fl32(fl32(1 / d) / s_b) where the rule divides by fl32(d * s_b) (TransformerEngine does the same), so an x / total
+  on or within an ulp of an E2M1 tie (frequent with bfloat16 inputs) may go either way there: within four ulps of a
+  tie the oracle rounds fl32(x / total) as the rule does, and every other element is torchao's.
+Skipped without torchao."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from amp_inspect import format_readiness
+
+pytest.importorskip("torchao", minversion="0.18")  # the quantizers below, as this file reads them
+mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+nvfp4 = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+config = pytest.importorskip("torchao.prototype.mx_formats.config")
+
+MX_BLOCK = 32
+NVFP4_BLOCK = 16
+E8M0_BIAS = 127
+ROWS, COLS = 96, 1024
+SUM_RTOL = 1e-12
+
+# name: (torchao element dtype, largest finite value, the least |v| the cast clamps: max plus half an ulp, where
+# a tie rounds up (E5M2, E2M1: max has an odd mantissa) or just past it (E4M3: 464 rounds to the even 448))
+ELEMENTS = {
+    "e4m3": (torch.float8_e4m3fn, 448.0, 464.0, False),
+    "e5m2": (torch.float8_e5m2, 57344.0, 61440.0, True),
+    "e2m1": (torch.float4_e2m1fn_x2, 6.0, 7.0, True),
+}
+MX_RECIPES = {
+    "mxfp8_e4m3": "e4m3",
+    "mxfp8_e5m2": "e5m2",
+    "mxfp4": "e2m1",
+}
+
+
+def element_codes(data_lp: torch.Tensor, element: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """torchao's element codes as float64 values (FP4 is packed two to a byte)."""
+    if element == "e2m1":
+        return kernels.f4_unpacked_to_f32(kernels.unpack_uint4(data_lp)).reshape(shape).double()
+    return data_lp.to(torch.float32).reshape(shape).double()
+
+
+def clamped(v: torch.Tensor, element: str) -> torch.Tensor:
+    """Where the element cast clamps |v| (the op's ``saturated``)."""
+    _, _, edge, tie_clamps = ELEMENTS[element]
+    return v.abs() >= edge if tie_clamps else v.abs() > edge
+
+
+def counts_from(x: torch.Tensor, dequantized: torch.Tensor, v: torch.Tensor, element: str) -> tuple[int, int, float]:
+    """(flushed, saturated, sq_error) of x (float64) given its dequantized values and scaled values v."""
+    flushed = int(((x != 0) & (dequantized == 0)).sum())
+    saturated = int(clamped(v, element).sum())
+    return flushed, saturated, float(((x - dequantized) ** 2).sum())
+
+
+def assert_equal_to_op(x: torch.Tensor, recipe: str, oracle: tuple[int, int, float]) -> None:
+    stats = format_readiness([x], recipe)
+    flushed, saturated, sq_error = oracle
+    assert int(stats.flushed[0, 0]) == flushed, recipe
+    assert int(stats.saturated[0, 0]) == saturated, recipe
+    assert float(stats.sq_error[0, 0]) == pytest.approx(sq_error, rel=SUM_RTOL, abs=0.0), recipe
+
+
+def mx_oracle(x: torch.Tensor, element: str, mode: object) -> tuple[int, int, float]:
+    """Quantized by torchao's to_mx; v = x * 2^-X from torchao's E8M0 exponent X (exact in float64)."""
+    dtype = ELEMENTS[element][0]
+    scale, data_lp = mx.to_mx(x, dtype, MX_BLOCK, scaling_mode=mode)
+    blocks = (*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
+    exponent = scale.view(torch.uint8).to(torch.float64) - E8M0_BIAS
+    assert (scale.view(torch.uint8) != 0xFF).all(), "no NaN scale: the inputs are finite"
+    codes = element_codes(data_lp, element, blocks)
+    x64 = x.double().reshape(blocks)
+    dequantized = codes * torch.exp2(exponent)[..., None]
+    v = x64 * torch.exp2(-exponent)[..., None]
+    return counts_from(x64, dequantized, v, element)
+
+
+E2M1_TIES = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+E2M1_BELOW = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0], dtype=torch.float64)  # each tie's neighbours
+E2M1_ABOVE = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+E2M1_EVEN = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0], dtype=torch.float64)  # where a tie itself rounds
+NEAR_TIE = 2.0**-21  # relative: four float32 ulps, more than a product and a quotient of the same scales part by
+
+
+def nearest_tie(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each |v|: the index of the nearest E2M1 tie (halfway between two E2M1 values) and whether |v| is within
+    NEAR_TIE of it."""
+    a = v.abs()
+    right = torch.searchsorted(E2M1_TIES, a).clamp(max=len(E2M1_TIES) - 1)
+    left = (right - 1).clamp(min=0)
+    index = torch.where((a - E2M1_TIES[left]).abs() < (a - E2M1_TIES[right]).abs(), left, right)
+    tie = E2M1_TIES[index]
+    return index, (a - tie).abs() <= tie * NEAR_TIE
+
+
+def rounded_near_ties(v: torch.Tensor, codes: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """torchao's codes, except within NEAR_TIE of a tie, where v (fl32(x / total)) is rounded as the rule rounds it:
+    to the neighbour on its side, a tie to even. Returns the codes and how many elements were near a tie."""
+    index, near = nearest_tie(v)
+    a, tie = v.abs(), E2M1_TIES[index]
+    rounded = torch.where(a < tie, E2M1_BELOW[index], torch.where(a > tie, E2M1_ABOVE[index], E2M1_EVEN[index]))
+    return torch.where(near, torch.sign(v) * rounded, codes), int(near.sum())
+
+
+def wide_range_blocks(seed: int, dtype: torch.dtype, block: int, low: int, high: int) -> torch.Tensor:
+    """Gaussian blocks, each at its own binade in [low, high), with the cases that move counts: outliers, blocks
+    whose amax mantissa is above the element format's largest (they saturate under the floor rule), zeros, and
+    float32 subnormal elements beside normal ones."""
+    g = torch.Generator().manual_seed(seed)
+    per_block = torch.exp2(torch.randint(low, high, (ROWS, COLS // block, 1), generator=g).float())
+    x = torch.randn(ROWS, COLS // block, block, generator=g) * per_block
+    x[::5, ::3, 7] *= 1000.0  # outliers: the rest of their blocks flushes
+    x[1::7, :, 0] = 1.96875 * per_block[1::7, :, 0] * 4  # amax mantissa 1.97: saturates E4M3, E5M2, E2M1
+    x[3::13, :, 5] = 1e-40  # float32 subnormals inside normal blocks
+    x[2::11, 1::2] = 0.0  # whole zero blocks (after the subnormals: no block holds subnormals alone)
+    return x.reshape(ROWS, COLS).to(dtype).contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("recipe", sorted(MX_RECIPES))
+def test_mx_floor_recipes_equal_torchaos_to_mx(recipe, dtype):
+    element = MX_RECIPES[recipe]
+    for seed in range(3):
+        x = wide_range_blocks(seed, dtype, MX_BLOCK, -90, 90)
+        oracle = mx_oracle(x.float(), element, config.ScaleCalculationMode.FLOOR)
+        assert oracle[0] > 0 and oracle[1] > 0, "the inputs flush and saturate elements"
+        assert_equal_to_op(x, recipe, oracle)
+
+
+def test_mxfp8_rceil_equals_torchaos_to_mx_away_from_powers_of_two():
+    for seed in range(3):
+        x = wide_range_blocks(seed, torch.float32, MX_BLOCK, -90, 90)
+        # r = amax_b / 448 at least 2^-16 relative above a power of two (the module docstring says why)
+        blocks = x.reshape(ROWS, -1, MX_BLOCK)
+        r = blocks.abs().amax(-1) / 448.0
+        mantissa = r / torch.exp2(torch.floor(torch.log2(r.double())).float())
+        near = (r > 0) & (mantissa - 1 < 2**-16)
+        blocks[near] *= 1.25
+        oracle = mx_oracle(x, "e4m3", config.ScaleCalculationMode.RCEIL)
+        assert oracle[0] > 0 and oracle[1] == 0, "RCEIL flushes small elements and saturates none here"
+        assert_equal_to_op(x, "mxfp8_e4m3_rceil", oracle)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_nvfp4_equals_torchaos_nvfp4_quantize_where_no_block_scale_is_clamped(dtype):
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        per_block = torch.exp2(torch.randint(-6, 7, (ROWS, COLS // NVFP4_BLOCK, 1), generator=g).float())
+        x = (torch.randn(ROWS, COLS // NVFP4_BLOCK, NVFP4_BLOCK, generator=g) * per_block).reshape(ROWS, COLS)
+        x = x.to(dtype).contiguous()
+        x32 = x.float()
+        tensor_scale = nvfp4.per_tensor_amax_to_scale(x32.abs().amax())
+        scales, data_lp = nvfp4.nvfp4_quantize(x32, NVFP4_BLOCK, tensor_scale)
+        block_scale = scales.to(torch.float32)
+        assert block_scale.min() >= 2**-6, "every block scale is an E4M3 normal: torchao's clamp does not act"
+        total = (tensor_scale * block_scale).reshape(ROWS, -1, 1)  # fl32(d * s_b), as the GEMM applies it
+        blocks = (ROWS, COLS // NVFP4_BLOCK, NVFP4_BLOCK)
+        codes = element_codes(data_lp, "e2m1", blocks)
+        x64 = x32.double().reshape(blocks)
+        v = (x32.reshape(blocks) / total).double()  # fl32(x / total)
+        codes, near = rounded_near_ties(v, codes)
+        assert near < x.numel() // 100, "the oracle stays torchao's but for a few elements near a tie"
+        oracle = counts_from(x64, codes * total.double(), v, "e2m1")
+        assert oracle[0] > 0, "the inputs flush elements"
+        assert_equal_to_op(x, "nvfp4", oracle)
