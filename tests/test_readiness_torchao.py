@@ -1,7 +1,8 @@
 """Format readiness against torchao's own quantizers (torchao.prototype.mx_formats: ``to_mx`` for MXFP8 and MXFP4,
-``nvfp4_quantize`` for NVFP4), an oracle written by other people: each tensor is quantized by torchao, its elements
-dequantized in float64 from torchao's scales and element codes, and the counts that follow (flushed, saturated)
-must equal the op's exactly, the sum of squared errors to 1e-12.
+``nvfp4_quantize`` for NVFP4; torchao.float8's current scaling for the tensor-scaled FP8 recipes; the blockwise FP8
+training's 1 x 128 activation quantizer), an oracle written by other people: each tensor is quantized by torchao,
+its elements dequantized in float64 from torchao's scales and element codes, and the counts that follow (flushed,
+saturated) must equal the op's exactly, the sum of squared errors to 1e-12.
 
 Where torchao's eager code and these rules part (docs/numerics.md says why each rule is what it is), the inputs stay
 clear of it, and each test says where:
@@ -16,6 +17,7 @@ clear of it, and each test says where:
   fl32(fl32(1 / d) / s_b) where the rule divides by fl32(d * s_b) (TransformerEngine does the same), so an x / total
   on or within an ulp of an E2M1 tie (frequent with bfloat16 inputs) may go either way there: within four ulps of a
   tie the oracle rounds fl32(x / total) as the rule does, and every other element is torchao's.
+- the FP8 quantizers clamp an amax at 1e-12 before dividing: amaxes stay above it.
 Skipped without torchao."""
 
 from __future__ import annotations
@@ -181,3 +183,49 @@ def test_nvfp4_equals_torchaos_nvfp4_quantize_where_no_block_scale_is_clamped(dt
         oracle = counts_from(x64, codes * total.double(), v, "e2m1")
         assert oracle[0] > 0, "the inputs flush elements"
         assert_equal_to_op(x, "nvfp4", oracle)
+
+
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def fp8_oracle(x: torch.Tensor, scale: torch.Tensor, codes: torch.Tensor, element: str) -> tuple[int, int, float]:
+    """An fp32-scaled recipe from torchao's scale s (one per row of ``x``'s blocks) and codes: v = fl32(x * s),
+    dequantized q / s rounded once in float64 (as the rule says)."""
+    s = scale.to(torch.float32)
+    v = (x * s).double()
+    return counts_from(x.double(), codes.double() / s.double(), v, element)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("element", sorted(FP8_DTYPES))
+def test_fp8_tensor_scaled_recipes_equal_torchaos_current_scaling(element, dtype):
+    """torchao.float8's tensor_to_scale (s = fl32(max_E / amax), the quotient taken in float64: the same float32 s)
+    and to_fp8_saturated. torchao clamps the amax at 1e-12 before dividing: tensors' amaxes stay above it."""
+    float8_utils = pytest.importorskip("torchao.float8.float8_utils")
+    fp8 = FP8_DTYPES[element]
+    for seed in range(3):
+        x = wide_range_blocks(seed, dtype, MX_BLOCK, -20, 20).float()
+        scale = float8_utils.tensor_to_scale(x, fp8)
+        codes = float8_utils.to_fp8_saturated(x * scale, fp8).to(torch.float32)
+        oracle = fp8_oracle(x.reshape(1, -1), scale.reshape(1, 1), codes.reshape(1, -1), element)
+        assert oracle[0] > 0, "the inputs flush elements"
+        assert_equal_to_op(x.to(dtype), f"fp8_{element}_tensor", oracle)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fp8_block128_recipe_equals_torchaos_blockwise_quantization(dtype):
+    """torchao's blockwise FP8 training quantizer of activations (torch_blockwise_scale_act_quant_lhs: 1 x 128 tiles,
+    s = fl32(448 / amax) from a float64 quotient). It clamps each amax at 1e-12: block amaxes stay above it."""
+    blockwise = pytest.importorskip("torchao.prototype.blockwise_fp8_training.kernels")
+    block = 128
+    for seed in range(3):
+        x = wide_range_blocks(seed, dtype, block, -30, 30).float()
+        codes, reciprocal = blockwise.torch_blockwise_scale_act_quant_lhs(x, block)
+        # torchao hands back fl32(1 / s), from which s cannot be recovered exactly: s as its source makes it, held
+        # to the reciprocal it returned
+        blocks = x.reshape(-1, block)
+        scale = (448.0 / blocks.abs().amax(1).double().clamp(min=1e-12)).to(torch.float32)
+        assert torch.equal((1.0 / scale).reshape(reciprocal.shape), reciprocal), "the scale torchao used"
+        oracle = fp8_oracle(blocks, scale.reshape(-1, 1), codes.to(torch.float32).reshape(-1, block), "e4m3")
+        assert oracle[0] > 0, "the inputs flush elements"
+        assert_equal_to_op(x.to(dtype), "fp8_e4m3_block128", oracle)
