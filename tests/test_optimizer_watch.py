@@ -653,6 +653,26 @@ def test_an_optimizer_that_keeps_sub_ulp_updates_is_not_told_to_use_stochastic_r
     assert "updates-rounded-away" in insp.doctor().codes
 
 
+@pytest.mark.parametrize("stochastic", [True, False], ids=["bf16_stochastic_round", "nearest"])
+def test_torchaos_adamw_on_bf16_weights_loses_updates_only_when_it_rounds_to_nearest(stochastic: bool) -> None:
+    """The real optimizer RoundingSGD stands in for above: torchao's AdamW (torchao.optim._AdamW, each parameter's
+    step compiled) on bf16 weights, steps of about lr = 1e-4 against a half-ulp of 2.4e-4 at 0.1. With
+    bf16_stochastic_round the unchanged weights are kept (no advice to use it); without, they are lost, as the
+    oracle counts them, and the doctor says so."""
+    optim = pytest.importorskip("torchao.optim")
+    model = Net(torch.bfloat16)
+    opt = optim._AdamW(model.parameters(), lr=1e-4, bf16_stochastic_round=stochastic)
+    insp, oracles = _run(model, [opt], steps=2)
+    fc1, unchanged = insp.last_update.by_module["fc1"], oracles[-1][1]["fc1"]
+    assert unchanged["lost"] > 0.5 * unchanged["with_grad"]  # most weights did not move, either way
+    if stochastic:
+        assert fc1["lost"] == 0 and fc1["numel_kept"] == fc1["numel"] > 0
+        assert "updates-rounded-away" not in insp.doctor().codes
+    else:
+        assert fc1["lost"] == unchanged["lost"] and fc1["numel_kept"] == 0
+        assert "updates-rounded-away" in insp.doctor().codes
+
+
 class Marked(torch.Tensor):
     """A tensor subclass without its own __torch_dispatch__: a plain tensor's storage, read as one."""
 
