@@ -1,6 +1,7 @@
 """Format readiness against torchao's own quantizers (torchao.prototype.mx_formats: ``to_mx`` for MXFP8 and MXFP4,
 ``nvfp4_quantize`` for NVFP4; torchao.float8's current scaling for the tensor-scaled FP8 recipes; the blockwise FP8
-training's 1 x 128 activation quantizer), an oracle written by other people: each tensor is quantized by torchao,
+training's 1 x 128 activation quantizer; and the readiness hooks on torchao's Float8Linear), an oracle written by
+other people: each tensor is quantized by torchao,
 its elements dequantized in float64 from torchao's scales and element codes, and the counts that follow (flushed,
 saturated) must equal the op's exactly, the sum of squared errors to 1e-12.
 
@@ -229,3 +230,35 @@ def test_fp8_block128_recipe_equals_torchaos_blockwise_quantization(dtype):
         oracle = fp8_oracle(blocks, scale.reshape(-1, 1), codes.to(torch.float32).reshape(-1, block), "e4m3")
         assert oracle[0] > 0, "the inputs flush elements"
         assert_equal_to_op(x.to(dtype), "fp8_e4m3_block128", oracle)
+
+
+def test_readiness_hooks_on_torchaos_float8_linear_measure_what_its_cast_does():
+    """A model converted by torchao's convert_to_float8_training (Float8Linear, a subclass of nn.Linear, current
+    tensorwise scaling): the readiness hooks measure X, W, dY and dW of each converted module, under the names of
+    the model, and fp8_e4m3_tensor's count and error on X are those of torchao's own cast of that X."""
+    float8 = pytest.importorskip("torchao.float8")
+    float8_utils = pytest.importorskip("torchao.float8.float8_utils")
+    import amp_inspect
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    float8.convert_to_float8_training(model)
+    assert type(model[0]).__name__ == "Float8Linear"
+    inputs: list[torch.Tensor] = []
+    model[0].register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().clone()))
+    insp = amp_inspect.attach(model, readiness_every=1)
+    x = torch.randn(32, 64) * torch.logspace(-6, 2, 64)  # columns over eight decades: some flush in E4M3
+    model(x).pow(2).mean().backward()
+    insp.check()
+    report = insp.readiness()
+    assert report is not None and set(report.modules) == {"0", "2"}
+    assert all(list(operands) == ["X", "W", "dY", "dW"] for operands in report.modules.values())
+    (seen,) = inputs
+    scale = float8_utils.tensor_to_scale(seen, torch.float8_e4m3fn)
+    codes = float8_utils.to_fp8_saturated(seen * scale, torch.float8_e4m3fn).to(torch.float32)
+    dequantized = codes.double() / scale.double()
+    flushed, _, sq_error = counts_from(seen.double(), dequantized, (seen * scale).double(), "e4m3")
+    stats, r = report.modules["0"]["X"], report.recipes.index("fp8_e4m3_tensor")
+    assert flushed > 0
+    assert stats.flushed[r] == flushed
+    assert stats.sq_error[r] == pytest.approx(sq_error, rel=SUM_RTOL, abs=0.0)
