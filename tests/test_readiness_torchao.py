@@ -1,9 +1,9 @@
 """Format readiness against torchao's own quantizers (torchao.prototype.mx_formats: ``to_mx`` for MXFP8 and MXFP4,
 ``nvfp4_quantize`` for NVFP4; torchao.float8's current scaling for the tensor-scaled FP8 recipes; the blockwise FP8
 training's 1 x 128 activation quantizer; and the readiness hooks on torchao's Float8Linear), an oracle written by
-other people: each tensor is quantized by torchao,
-its elements dequantized in float64 from torchao's scales and element codes, and the counts that follow (flushed,
-saturated) must equal the op's exactly, the sum of squared errors to 1e-12.
+other people: each tensor is quantized by torchao, its elements dequantized in float64 from torchao's scales and
+element codes, and the counts that follow (flushed, saturated) must equal the op's exactly, the sum of squared
+errors to 1e-12.
 
 Where torchao's eager code and these rules part (docs/numerics.md says why each rule is what it is), the inputs stay
 clear of it, and each test says where:
@@ -189,6 +189,15 @@ def test_nvfp4_equals_torchaos_nvfp4_quantize_where_no_block_scale_is_clamped(dt
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
+def current_scaling_oracle(x: torch.Tensor, element: str) -> tuple[int, int, float]:
+    """torchao.float8's current (tensorwise) scaling of x: tensor_to_scale, then to_fp8_saturated of x * s."""
+    float8_utils = pytest.importorskip("torchao.float8.float8_utils")
+    fp8 = FP8_DTYPES[element]
+    scale = float8_utils.tensor_to_scale(x, fp8)
+    codes = float8_utils.to_fp8_saturated(x * scale, fp8).to(torch.float32)
+    return fp8_oracle(x.reshape(1, -1), scale.reshape(1, 1), codes.reshape(1, -1), element)
+
+
 def fp8_oracle(x: torch.Tensor, scale: torch.Tensor, codes: torch.Tensor, element: str) -> tuple[int, int, float]:
     """An fp32-scaled recipe from torchao's scale s (one per row of ``x``'s blocks) and codes: v = fl32(x * s),
     dequantized q / s rounded once in float64 (as the rule says)."""
@@ -202,13 +211,9 @@ def fp8_oracle(x: torch.Tensor, scale: torch.Tensor, codes: torch.Tensor, elemen
 def test_fp8_tensor_scaled_recipes_equal_torchaos_current_scaling(element, dtype):
     """torchao.float8's tensor_to_scale (s = fl32(max_E / amax), the quotient taken in float64: the same float32 s)
     and to_fp8_saturated. torchao clamps the amax at 1e-12 before dividing: tensors' amaxes stay above it."""
-    float8_utils = pytest.importorskip("torchao.float8.float8_utils")
-    fp8 = FP8_DTYPES[element]
     for seed in range(3):
         x = wide_range_blocks(seed, dtype, MX_BLOCK, -20, 20).float()
-        scale = float8_utils.tensor_to_scale(x, fp8)
-        codes = float8_utils.to_fp8_saturated(x * scale, fp8).to(torch.float32)
-        oracle = fp8_oracle(x.reshape(1, -1), scale.reshape(1, 1), codes.reshape(1, -1), element)
+        oracle = current_scaling_oracle(x, element)
         assert oracle[0] > 0, "the inputs flush elements"
         assert_equal_to_op(x.to(dtype), f"fp8_{element}_tensor", oracle)
 
@@ -237,7 +242,6 @@ def test_readiness_hooks_on_torchaos_float8_linear_measure_what_its_cast_does():
     tensorwise scaling): the readiness hooks measure X, W, dY and dW of each converted module, under the names of
     the model, and fp8_e4m3_tensor's count and error on X are those of torchao's own cast of that X."""
     float8 = pytest.importorskip("torchao.float8")
-    float8_utils = pytest.importorskip("torchao.float8.float8_utils")
     import amp_inspect
 
     torch.manual_seed(0)
@@ -254,10 +258,7 @@ def test_readiness_hooks_on_torchaos_float8_linear_measure_what_its_cast_does():
     assert report is not None and set(report.modules) == {"0", "2"}
     assert all(list(operands) == ["X", "W", "dY", "dW"] for operands in report.modules.values())
     (seen,) = inputs
-    scale = float8_utils.tensor_to_scale(seen, torch.float8_e4m3fn)
-    codes = float8_utils.to_fp8_saturated(seen * scale, torch.float8_e4m3fn).to(torch.float32)
-    dequantized = codes.double() / scale.double()
-    flushed, _, sq_error = counts_from(seen.double(), dequantized, (seen * scale).double(), "e4m3")
+    flushed, _, sq_error = current_scaling_oracle(seen, "e4m3")
     stats, r = report.modules["0"]["X"], report.recipes.index("fp8_e4m3_tensor")
     assert flushed > 0
     assert stats.flushed[r] == flushed
