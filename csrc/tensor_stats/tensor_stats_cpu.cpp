@@ -535,71 +535,42 @@ struct BlockScan {
   double sumsq;
 };
 
-// Adds a < t to each lane of count, a and t below 2^31 (every |bits| and bound is, so a signed compare is exact).
-// On 32-byte lanes (AVX2) a signed compare and the subtraction of its -1 lanes: two instructions, where below32's
-// wrap-around test takes three (subtract, shift, add). On 64-byte lanes (AVX-512) a compare yields a mask register,
-// which a vector takes with one more instruction, so below32 stays there.
-template <int kBytes, typename UintVec>
-__attribute__((always_inline)) inline void add_below32(UintVec& count, UintVec a, UintVec t) {
+// Adds a < t to each lane of count (unsigned lanes; SignedVec the same lanes signed), a and t below the sign bit
+// (every |bits|, bfloat16 key and bound is, so a signed compare is exact). On 32-byte lanes (AVX2) a signed
+// compare and the subtraction of its -1 lanes; on 64-byte lanes (AVX-512) a compare into a mask register and a
+// masked add (count_bins_in_window's form): two instructions either way, where below32's wrap-around test takes
+// three (subtract, shift, add).
+template <int kBytes, typename SignedVec, typename Vec>
+__attribute__((always_inline)) inline void add_below(Vec& count, Vec a, Vec t) {
   if constexpr (kBytes == kAvx2Bytes) {
-    using IntVec = typename Lanes<kBytes>::IntVec;
-    count -= (UintVec)((IntVec)a < (IntVec)t);
+    count -= (Vec)((SignedVec)a < (SignedVec)t);
   } else {
-    count += below32(a, t);
+    count = (SignedVec)a < (SignedVec)t ? count + 1 : count;
   }
 }
 
-// count(|bits| < t[k]) over a float32 block, K bounds at a time: below32 per lane, summed.
-template <int K, int kBytes>
-__attribute__((always_inline)) inline void count_below32(const uint32_t* __restrict bits, int64_t n,
-                                                         const uint32_t* t, int64_t* below) {
-  AMPI_LANE_TYPES(kBytes);
-  UintVec count[K] = {};
-  const int64_t full = n - n % kVectorWidth;
-  for (int64_t i = 0; i < full; i += kVectorWidth) {
-    UintVec b;
-    std::memcpy(&b, bits + i, sizeof b);
-    const UintVec a = b & kAbsMask32;
-    for (int k = 0; k < K; ++k) add_below32<kBytes>(count[k], a, UintVec{} + t[k]);
+// count(key < t[k]) over a block of keys, K bounds at a time: float32 |bits| (Key uint32_t) or bfloat16 |bits|
+// (uint16_t, kShortLanes lanes; a lane counts at most kBlockElems / kShortLanes elements, far below 2^16).
+template <int K, int kBytes, typename Key>
+__attribute__((always_inline)) inline void count_below(const Key* __restrict keys, int64_t n, const uint32_t* t,
+                                                       int64_t* below) {
+  constexpr bool kShort = sizeof(Key) == 2;
+  using Vec = std::conditional_t<kShort, typename Lanes<kBytes>::ShortVec, typename Lanes<kBytes>::UintVec>;
+  using SignedVec =
+      std::conditional_t<kShort, typename Lanes<kBytes>::SignedShortVec, typename Lanes<kBytes>::IntVec>;
+  constexpr Key kMask = static_cast<Key>(kShort ? 0x7FFFu : kAbsMask32);
+  constexpr int kLanes = kBytes / static_cast<int>(sizeof(Key));
+  Vec count[K] = {};
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+    Vec x;
+    std::memcpy(&x, keys + i, sizeof x);
+    const Vec a = x & kMask;
+    for (int k = 0; k < K; ++k) add_below<kBytes, SignedVec>(count[k], a, Vec{} + static_cast<Key>(t[k]));
   }
   for (int k = 0; k < K; ++k) {
     below[k] = lane_sum(count[k]);
-    for (int64_t i = full; i < n; ++i) below[k] += below32(bits[i] & kAbsMask32, t[k]);
-  }
-}
-
-// The same on bfloat16 keys, kShortLanes lanes of 16 bits: below16 is below32's wrap-around test on 16-bit lanes
-// (|bits| and every key bound are below 2^15). A lane counts at most kBlockElems / 16 elements.
-template <typename ShortVec>
-inline ShortVec below16(ShortVec a, ShortVec t) {
-  return (ShortVec)(a - t) >> 15;
-}
-// add_below32 on 16-bit lanes (a and t below 2^15).
-template <int kBytes, typename ShortVec>
-__attribute__((always_inline)) inline void add_below16(ShortVec& count, ShortVec a, ShortVec t) {
-  if constexpr (kBytes == kAvx2Bytes) {
-    using SignedShortVec = typename Lanes<kBytes>::SignedShortVec;
-    count -= (ShortVec)((SignedShortVec)a < (SignedShortVec)t);
-  } else {
-    count += below16(a, t);
-  }
-}
-template <int K, int kBytes>
-__attribute__((always_inline)) inline void count_below16(const uint16_t* __restrict keys, int64_t n,
-                                                         const uint32_t* t, int64_t* below) {
-  AMPI_LANE_TYPES(kBytes);
-  ShortVec count[K] = {};
-  const int64_t full = n - n % kShortLanes;
-  for (int64_t i = 0; i < full; i += kShortLanes) {
-    ShortVec x;
-    std::memcpy(&x, keys + i, sizeof x);
-    const ShortVec a = x & static_cast<uint16_t>(0x7FFF);
-    for (int k = 0; k < K; ++k) add_below16<kBytes>(count[k], a, ShortVec{} + static_cast<uint16_t>(t[k]));
-  }
-  for (int k = 0; k < K; ++k) {
-    below[k] = 0;
-    for (int l = 0; l < kShortLanes; ++l) below[k] += count[k][l];
-    for (int64_t i = full; i < n; ++i) below[k] += (keys[i] & 0x7FFFu) < t[k];
+    for (int64_t i = full; i < n; ++i) below[k] += static_cast<uint32_t>(keys[i] & kMask) < t[k];
   }
 }
 
@@ -678,17 +649,10 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
   // up to four bounds per pass over the block (kBounds >= b: no pass of more bounds than a call can straddle)
   for (int k = 0; k < num_straddled; k += 4) {
     const int batch = std::min(4, num_straddled - k);
-    if constexpr (sizeof(Key) == 2) {
-      if (batch == 1) count_below16<1, kBytes>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 2 && batch == 2) count_below16<2, kBytes>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 3 && batch == 3) count_below16<3, kBytes>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 4 && batch == 4) count_below16<4, kBytes>(keys, n, straddled + k, counted + k);
-    } else {
-      if (batch == 1) count_below32<1, kBytes>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 2 && batch == 2) count_below32<2, kBytes>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 3 && batch == 3) count_below32<3, kBytes>(keys, n, straddled + k, counted + k);
-      if (kBounds >= 4 && batch == 4) count_below32<4, kBytes>(keys, n, straddled + k, counted + k);
-    }
+    if (batch == 1) count_below<1, kBytes>(keys, n, straddled + k, counted + k);
+    if (kBounds >= 2 && batch == 2) count_below<2, kBytes>(keys, n, straddled + k, counted + k);
+    if (kBounds >= 3 && batch == 3) count_below<3, kBytes>(keys, n, straddled + k, counted + k);
+    if (kBounds >= 4 && batch == 4) count_below<4, kBytes>(keys, n, straddled + k, counted + k);
   }
   for (int k = 0; k < num_straddled; ++k) below[where[k]] = counted[k];
 
