@@ -6,13 +6,14 @@
 // bfloat16 as stored (bfloat16 on its 16-bit bits), the others turned into float32 bits of v in a small
 // stack buffer (L1-resident; float16 by vcvtph2ps where the CPU has it). A block is counted by one vector
 // pass (extremes, squares, exponent bins), then per-element threshold tests only for the bounds between
-// its smallest and largest magnitude ("the common path" below says why that is exact); blocks with NaN,
-// Inf or float32 subnormals take count_block32_full, every test on every element. A thread keeps the
-// running statistics of the tensor it is on and merges them into the outputs, under a lock, only when it
-// moves to another tensor, so the lock is taken about T + threads times per call. No temporary grows with
-// the number of elements.
+// its smallest and largest magnitude ("the common path" below says why that is exact), and its exponent
+// histogram over the window of bins between those magnitudes (bit-sliced where the CPU has GFNI, VBMI and
+// VPOPCNTDQ, byte compares elsewhere); blocks with NaN, Inf or float32 subnormals take count_block32_full,
+// every test on every element. A thread keeps the running statistics of the tensor it is on and merges them
+// into the outputs, under a lock, only when it moves to another tensor, so the lock is taken about
+// T + threads times per call. No temporary grows with the number of elements.
 //
-// Why one file of about 1000 lines: the common path, the full path and the block driver share the block's
+// Why one file of about 1200 lines: the common path, the full path and the block driver share the block's
 // staging buffer, the vector types and the lane-count bounds that keep their counters from wrapping; split
 // across files, the proofs of exactness at the top of each path would refer to constants defined elsewhere.
 #include <torch/csrc/stable/library.h>
