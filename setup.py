@@ -242,7 +242,17 @@ def _extensions():
     # -fvisibility=hidden: as torch's stable namespaces; only PyInit__C is exported, and _C and _C_cuda, which
     # both hold common/op.cpp and each op's checks (<op>_call.h), never bind to each other's copy.
     # -g0 (host compiler only): Python's own CFLAGS carry -g, which would triple the libraries' size.
-    cxx = [*host_opt, "-std=c++20", "-fno-fast-math", "-Wno-unknown-pragmas", "-fvisibility=hidden", TORCH_TARGET]
+    # -Wno-psabi: GCC notes that a vector argument's ABI changed in GCC 4.6 wherever a vectorised helper is not
+    # inlined into a clone; every such function is internal to its file, so no caller across an ABI exists.
+    cxx = [
+        *host_opt,
+        "-std=c++20",
+        "-fno-fast-math",
+        "-Wno-unknown-pragmas",
+        "-Wno-psabi",
+        "-fvisibility=hidden",
+        TORCH_TARGET,
+    ]
     common = f"{CSRC}/common/op.cpp"
     sources = [f"{CSRC}/module.cpp", common, *_op_sources("cpu.cpp")]
     # The test-only emulated ops: a library of their own (it holds its own copy of common/op.cpp and of each op's

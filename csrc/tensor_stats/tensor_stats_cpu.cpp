@@ -292,10 +292,13 @@ AMPI_BITSLICED_TARGET void count_sliced_group(const __m512i (*planes)[kPlanes], 
   }
   // Each 64-bit lane counts at most kBlockElems / 8 elements: the four bins' lanes packed 16 bits apart, then
   // one horizontal sum.
-  const __m512i packed = _mm512_add_epi64(
-      _mm512_add_epi64(count[0], _mm512_slli_epi64(count[1], 16)),
-      _mm512_add_epi64(_mm512_slli_epi64(count[2], 32), _mm512_slli_epi64(count[3], 48)));
-  const uint64_t total = static_cast<uint64_t>(_mm512_reduce_add_epi64(packed));
+  // (GCC's vector operators and a store, not _mm512_slli_epi64 / _mm512_reduce_add_epi64, whose GCC 12 forms
+  // start from an undefined vector and warn of it as uninitialized.)
+  const __m512i packed = (count[0] + (count[1] << 16)) + ((count[2] << 32) + (count[3] << 48));
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, packed);
+  uint64_t total = 0;
+  for (const uint64_t lane : lanes) total += lane;
   for (int i = 0; i < kBinsPerGroup && kBinsPerGroup * G + i <= last; ++i) {
     hist[kBinsPerGroup * G + i] += static_cast<uint32_t>((total >> (16 * i)) & 0xFFFFu);
   }
@@ -325,15 +328,17 @@ AMPI_BITSLICED_TARGET void count_bins_bitsliced(uint8_t* __restrict bins, int64_
       z[a] = _mm512_permutex2var_epi8(t[2 * a], pair_planes, t[2 * a + 1]);  // lane j: plane j of the pair
       y[a] = _mm512_permutex2var_epi8(t[2 * a], pair_plane4, t[2 * a + 1]);  // every lane: plane 4 of the pair
     }
-    // Plane j (0..3) of the chunk = lane j of z[0..3]: a 4 x 4 transpose of 128-bit lanes.
-    const __m512i low01 = _mm512_shuffle_i64x2(z[0], z[1], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i high01 = _mm512_shuffle_i64x2(z[0], z[1], _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512i low23 = _mm512_shuffle_i64x2(z[2], z[3], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i high23 = _mm512_shuffle_i64x2(z[2], z[3], _MM_SHUFFLE(3, 2, 3, 2));
-    planes[c][0] = _mm512_shuffle_i64x2(low01, low23, _MM_SHUFFLE(2, 0, 2, 0));
-    planes[c][1] = _mm512_shuffle_i64x2(low01, low23, _MM_SHUFFLE(3, 1, 3, 1));
-    planes[c][2] = _mm512_shuffle_i64x2(high01, high23, _MM_SHUFFLE(2, 0, 2, 0));
-    planes[c][3] = _mm512_shuffle_i64x2(high01, high23, _MM_SHUFFLE(3, 1, 3, 1));
+    // Plane j (0..3) of the chunk = lane j of z[0..3]: a 4 x 4 transpose of 128-bit lanes (the zero-masked form
+    // with every lane kept: the plain one's GCC 12 form starts from an undefined vector and warns of it).
+    constexpr __mmask8 kAll = 0xFF;
+    const __m512i low01 = _mm512_maskz_shuffle_i64x2(kAll, z[0], z[1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i high01 = _mm512_maskz_shuffle_i64x2(kAll, z[0], z[1], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i low23 = _mm512_maskz_shuffle_i64x2(kAll, z[2], z[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i high23 = _mm512_maskz_shuffle_i64x2(kAll, z[2], z[3], _MM_SHUFFLE(3, 2, 3, 2));
+    planes[c][0] = _mm512_maskz_shuffle_i64x2(kAll, low01, low23, _MM_SHUFFLE(2, 0, 2, 0));
+    planes[c][1] = _mm512_maskz_shuffle_i64x2(kAll, low01, low23, _MM_SHUFFLE(3, 1, 3, 1));
+    planes[c][2] = _mm512_maskz_shuffle_i64x2(kAll, high01, high23, _MM_SHUFFLE(2, 0, 2, 0));
+    planes[c][3] = _mm512_maskz_shuffle_i64x2(kAll, high01, high23, _MM_SHUFFLE(3, 1, 3, 1));
     // Plane 4: lane a from y[a], in the same element order.
     __m512i p4 = _mm512_mask_blend_epi64(0x0C, y[0], y[1]);
     p4 = _mm512_mask_blend_epi64(0x30, p4, y[2]);
@@ -880,7 +885,9 @@ __attribute__((target("avx512f"))) void widen_fp16_avx512(const uint16_t* src, i
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_castps_si512(_mm512_cvtph_ps(h)));
+    // The zero-masked form with every lane kept: the plain one's GCC 12 form warns of an undefined start vector.
+    const __m512 widened = _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xFFFF), h);
+    _mm512_storeu_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_castps_si512(widened));
   }
   widen_fp16(src + i, n - i, dst + i);
 }
