@@ -275,7 +275,8 @@ AMPI_BITSLICED_TARGET inline __m512i add_sliced_bin(__m512i count, __m512i p0, _
   return _mm512_add_epi64(count, _mm512_popcnt_epi64(in_bin));
 }
 
-// Adds the counts of offsets 4G .. 4G + 3 (those <= last) of the chunks' planes to hist[first + i].
+// Adds the counts of offsets k = 4G .. 4G + 3 (those <= last) in the chunks' planes to hist[k] (hist: the window's
+// first bin).
 template <int G>
 AMPI_BITSLICED_TARGET void count_sliced_group(const __m512i (*planes)[kPlanes], int chunks, int last,
                                               uint32_t* hist) {
