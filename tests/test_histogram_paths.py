@@ -155,7 +155,8 @@ def _cpu_flags() -> set[str]:
 
 
 @pytest.mark.skipif(
-    not {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "gfni", "avx512_vpopcntdq"} <= _cpu_flags(),
+    not {"avx512f", "avx512cd", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "gfni", "avx512_vpopcntdq"}
+    <= _cpu_flags(),
     reason="this CPU counts no window bit-sliced (needs AVX-512 with GFNI, VBMI and VPOPCNTDQ)",
 )
 def test_the_bitsliced_window_and_the_byte_compares_give_the_same_statistics(tmp_path) -> None:

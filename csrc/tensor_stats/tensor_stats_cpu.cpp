@@ -238,10 +238,10 @@ constexpr int kMaxChunks = static_cast<int>(kBlockElems / kSliceElems);
 // CPU would take the bit-sliced form (tests/test_histogram_paths.py compares the two in two processes).
 constexpr const char* kByteWindowVariable = "AMP_INSPECT_TEST_TENSOR_STATS_BYTE_WINDOW";
 
+// The AVX-512 clones' features (wide_lanes, common/cpu_clones.h: the window runs inside their loops) and the three
+// this form adds.
 bool bitsliced_window() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni") &&
+  static const bool ok = wide_lanes() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni") &&
                          __builtin_cpu_supports("avx512vpopcntdq") && std::getenv(kByteWindowVariable) == nullptr;
   return ok;
 }
