@@ -19,6 +19,7 @@ host sync where a compiled kernel serves the device. Elsewhere the float64 refer
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,28 @@ from amp_inspect.core.statistics import (
 )
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _column_plan(num_recipes: int) -> tuple[tuple[int, str, int | None, int], ...]:
+    """Where each statistic sits in the op's outputs for ``num_recipes`` recipes, as ReadinessStats.from_op_outputs
+    slices them: (output index, statistic, first column, step). First column None: a one-dimensional output; step 0:
+    a per-tensor statistic, one column repeated across the recipes. Worked out from the schema once per recipe count
+    (a readiness step calls from_op_outputs for every operand of every module: the schema's lookups were most of
+    its cost)."""
+    plan: list[tuple[int, str, int | None, int]] = []
+    for k, output in enumerate(READINESS_OUTPUTS):
+        if output.one_dimensional:
+            plan.append((k, output.statistics[0].name, None, 0))
+            continue
+        for s in output.statistics:
+            first = output_column(output, s.name, 0, num_recipes)
+            if s.per == PER_TENSOR:
+                plan.append((k, s.name, first, 0))
+            else:
+                step = output_column(output, s.name, 1, num_recipes) - first if num_recipes > 1 else 1
+                plan.append((k, s.name, first, step))
+    return tuple(plan)
 
 
 @dataclass(frozen=True)
@@ -93,18 +116,17 @@ class ReadinessStats:
     ) -> ReadinessStats:
         """The statistics of the op's (counts, sums, amax), as views of them (columns by the schema)."""
         r = len(recipes)
+        if len(outputs) != len(READINESS_OUTPUTS):
+            raise ValueError(f"format_readiness has {len(READINESS_OUTPUTS)} outputs, not {len(outputs)}")
         values: dict[str, torch.Tensor] = {}
-        for output, tensor in zip(READINESS_OUTPUTS, outputs, strict=True):
-            if output.one_dimensional:
-                values[output.statistics[0].name] = tensor
-                continue
-            for s in output.statistics:
-                first = output_column(output, s.name, 0, r)
-                if s.per == PER_TENSOR:
-                    values[s.name] = tensor[:, first].unsqueeze(1).expand(tensor.shape[0], r)
-                    continue
-                step = output_column(output, s.name, 1, r) - first if r > 1 else 1
-                values[s.name] = tensor[:, first : first + step * r : step]
+        for k, name, first, step in _column_plan(r):
+            tensor = outputs[k]
+            if first is None:
+                values[name] = tensor
+            elif step == 0:
+                values[name] = tensor[:, first].unsqueeze(1).expand(tensor.shape[0], r)
+            else:
+                values[name] = tensor[:, first : first + step * r : step]
         return cls(tuple(recipes), delayed=delayed, **values)
 
     def outputs(self) -> tuple[torch.Tensor, ...]:
