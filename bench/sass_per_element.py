@@ -31,7 +31,8 @@ out of the loop, not counted); "static" the library's build, both paths. A recip
     python bench/sass_per_element.py --readiness [--check]   # nvcc -O3 for sm_90, 2 builds of readiness_cuda.cu
 
 --check (with --readiness) exits 1 when a target is missed (every recipe <= 200, each recipe's kernel <= 60) or a
-kernel spills.
+kernel spills. The first pass that measures a tensor's amax (amax_kernel, one per dtype) is shown too: its hot loop
+(as update statistics', below), whose loads must all be 128-bit for --check.
 
 Update statistics' kernel (csrc/update_stats/update_stats_kernels.cuh, one per weight, gradient and exp_avg_sq
 dtype), with --update: its hot loop is the innermost loop with the most 16-byte global loads (the loop over units of
@@ -62,6 +63,7 @@ MODES = ("plain", "scaled", "unscale")
 DTYPES = ("fp32", "fp16", "bf16", "fp64")  # csrc/common/numerics.h InputDtype order
 KERNEL = re.compile(r"stats_kernelILi(\d)ELi(\d)ELi(\d)E")
 LOAD = re.compile(r"\bLDG\.E(\.\w+)*\.128\b")
+ANY_LOAD = re.compile(r"\bLDG\.E\b")
 BRANCH = re.compile(r"^(@!?U?P\w+\s+)?BRA(\.\w+)*\s+(0x[0-9a-f]+)")
 ENDS = re.compile(r"^(EXIT|RET|BRX|JMX)\b")
 REPO = Path(__file__).resolve().parent.parent
@@ -169,21 +171,40 @@ def successors(instrs: list[tuple[int, str]]) -> dict[int, list[int]]:
     return succ
 
 
-def hot_loop(instrs: list[tuple[int, str]]) -> int | None:
-    """The head of the innermost loop whose body (by address) holds the most 16-byte global loads."""
+def innermost_loops(instrs: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(head, tail) by address of each loop (a backward branch) that holds no other."""
     back = []
     for addr, text in instrs:
         match = BRANCH.match(text)
         if match and int(match.group(3), 16) <= addr:
             back.append((int(match.group(3), 16), addr))
+    return [
+        (head, tail)
+        for head, tail in back
+        if not any((h, t) != (head, tail) and head <= h and t <= tail for h, t in back)
+    ]
+
+
+def hot_loop(instrs: list[tuple[int, str]]) -> int | None:
+    """The head of the innermost loop whose body (by address) holds the most 16-byte global loads (and atomics)."""
     best, best_loads = None, 0
-    for head, tail in back:
-        if any((h, t) != (head, tail) and head <= h and t <= tail for h, t in back):
-            continue  # holds another loop: not innermost
+    for head, tail in innermost_loops(instrs):
         loads = sum(bool(LOAD.search(t)) for a, t in instrs if head <= a <= tail)
         atomics = sum("ATOMS" in t for a, t in instrs if head <= a <= tail)
         if atomics and loads > best_loads:
             best, best_loads = head, loads
+    return best
+
+
+def widest_loads_loop(instrs: list[tuple[int, str]]) -> tuple[int, int] | None:
+    """(head, tail) of the innermost loop whose body holds the most 16-byte global loads, or (none has any) the most
+    global loads of any width."""
+    best, best_key = None, (0, 0)
+    for head, tail in innermost_loops(instrs):
+        body = [t for a, t in instrs if head <= a <= tail]
+        key = (sum(bool(LOAD.search(t)) for t in body), sum(bool(ANY_LOAD.search(t)) for t in body))
+        if key > best_key:
+            best, best_key = (head, tail), key
     return best
 
 
@@ -291,6 +312,9 @@ def compile_object(folder: Path) -> tuple[Path, str]:
 READINESS_KERNEL = re.compile(r"readiness_kernelILi(\d)ELi(\d+)E")
 READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/common/numerics.h InputDtype order
 READINESS_GROUP = 8  # elements per lane per task (csrc/readiness/readiness.h kReadinessGroupElems)
+AMAX_KERNEL = re.compile(r"amax_kernelILi(\d)E")
+AMAX_VECTORS_IN_FLIGHT = 4  # csrc/readiness/readiness_kernels.cuh kAmaxVectorsInFlight: 16-byte loads per round
+READINESS_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness/readiness.h kRecipes)
     "fp8_e4m3_tensor",
     "fp8_e5m2_tensor",
@@ -336,12 +360,18 @@ def readiness_build(
     command += [f"-I{p}" for p in include_paths()] + [f"-I{REPO / 'csrc'}"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     sass = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True, check=True).stdout
-    loops = {}
+    loops: dict[tuple[str, int], list[str]] = {}
     for function in re.split(r"\n\s*Function : ", sass)[1:]:
-        variant = READINESS_KERNEL.search(function.split("\n", 1)[0])
+        name = function.split("\n", 1)[0]
+        variant = READINESS_KERNEL.search(name)
         if variant:
             key = (READINESS_DTYPES[int(variant.group(1))], int(variant.group(2)))
             loops[key] = readiness_task_loop(parse(function))
+        elif amax := AMAX_KERNEL.search(name):
+            instrs = parse(function)
+            span = widest_loads_loop(instrs)
+            body = [] if span is None else [t for a, t in instrs if span[0] <= a <= span[1]]
+            loops[(f"amax {READINESS_DTYPES[int(amax.group(1))]}", -1)] = body
     return loops, done.stdout + done.stderr
 
 
@@ -398,36 +428,37 @@ def readiness_main(cuobjdump: str, check: bool = False) -> int:
     spilled = sum(bytes_ for _, bytes_ in registers.values())
     print(f"ptxas spill bytes (stores + loads), all {len(registers)} readiness kernels: {spilled}")
     missed += spilled > 0
+    missed += amax_pass_report(library, log)
     return 1 if check and missed else 0
+
+
+def amax_pass_report(library: dict[tuple[str, int], list[str]], log: str) -> int:
+    """Prints the amax pass's hot loop per dtype (loads, instructions per element, registers, spills); returns how
+    many kernels miss (a load in the loop that is not 128-bit, or spills)."""
+    registers = {
+        READINESS_DTYPES[int(name.group(1))]: (regs, stores + loads)
+        for name, regs, stores, loads in ptxas_kernels(log, AMAX_KERNEL)
+    }
+    print("amax_kernel (the first pass, tensor-scaled recipes without a given amax), its hot loop:")
+    print(f"{'dtype':5} {'regs':>4} {'spill B':>7} {'128-bit loads / all':>20} {'per element':>11}")
+    missed = 0
+    for dtype in READINESS_DTYPES:
+        body = library.get((f"amax {dtype}", -1), [])
+        wide, every = sum(bool(LOAD.search(t)) for t in body), sum(bool(ANY_LOAD.search(t)) for t in body)
+        elements = AMAX_VECTORS_IN_FLIGHT * 16 // READINESS_ELEMENT_BYTES[dtype]
+        regs, spilled = registers.get(dtype, ("-", 0))
+        missed += wide == 0 or wide != every or spilled > 0
+        print(f"{dtype:5} {regs:>4} {spilled:7} {f'{wide} / {every}':>20} {len(body) / elements:11.1f}")
+    return missed
 
 
 UPDATE_KERNEL = re.compile(r"update_stats_kernel(?:ILi(n?\d)ELi(n?\d)ELi(n?\d)E)?")
 UPDATE_DTYPES = {"0": "fp32", "1": "fp16", "2": "bf16", "n1": "-"}  # csrc/common/numerics.h; n1: kNoState
 UPDATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "-": 0}
 UPDATE_UNIT = 8  # csrc/update_stats/update_stats.h kUpdateUnitElems
-ANY_LOAD = re.compile(r"\bLDG\.E\b")
 # An H200 issues about 132 SMs x 4 schedulers x 32 lanes x 1.98 GHz = 3.3e13 lane-instructions per second and reads
 # about 4.8e12 bytes per second: a loop of more than ~7 instructions per byte it reads is bound by issue, not memory.
 BUDGET_PER_BYTE = 7
-
-
-def update_hot_loop(instrs: list[tuple[int, str]]) -> tuple[int, int] | None:
-    """(head, tail) of the innermost loop whose body holds the most 16-byte global loads, or (none has any) the most
-    global loads of any width."""
-    back = []
-    for addr, text in instrs:
-        match = BRANCH.match(text)
-        if match and int(match.group(3), 16) <= addr:
-            back.append((int(match.group(3), 16), addr))
-    best, best_key = None, (0, 0)
-    for head, tail in back:
-        if any((h, t) != (head, tail) and head <= h and t <= tail for h, t in back):
-            continue  # holds another loop: not innermost
-        body = [t for a, t in instrs if head <= a <= tail]
-        key = (sum(bool(LOAD.search(t)) for t in body), sum(bool(ANY_LOAD.search(t)) for t in body))
-        if key > best_key:
-            best, best_key = (head, tail), key
-    return best
 
 
 def update_registers(log: str) -> dict[str, tuple[int, int]]:
@@ -470,7 +501,7 @@ def update_main(obj: str | None, log: str | None, cuobjdump: str, check: bool) -
         if not match:
             continue
         instrs = parse(function)
-        loop = update_hot_loop(instrs)
+        loop = widest_loads_loop(instrs)
         if loop is None:
             continue
         head, tail = loop

@@ -238,6 +238,33 @@ def test_amax_measured_in_the_main_pass_or_first(recipes, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_amax_pass_reads_heads_vectors_in_flight_and_tails(dtype, rng):
+    """The first pass (a tensor-scaled recipe, no tensor_amax) reads each view as 16-byte vectors, several per thread
+    at a time, and the elements before the first 16-byte boundary and after the last vector one at a time: a
+    tensor's largest finite magnitude (negative, NaN and Inf beside it, larger) is found wherever it sits, for
+    starts on and off the boundary. One block of 256 threads, so that each thread's later vectors are read too."""
+    per_vector = 16 // torch.tensor([], dtype=dtype).element_size()
+    threads, in_flight = 256, 4  # one block; readiness_kernels.cuh's kAmaxVectorsInFlight
+    numel = 2 * threads * in_flight * per_vector + 13  # two rounds of every thread's vectors, and a tail
+    positions = (0, 1, per_vector * threads + 3, per_vector * threads * 3 + 1, numel // 2 + 5, numel - 1)
+    for offset in (0, 1, per_vector - 1):
+        tensors = []
+        for at in positions:
+            flat = gaussian(rng, (numel + per_vector,), dtype, scale=0.25).clamp(-1.0, 1.0)
+            x = flat[offset : offset + numel]
+            x[at] = -3.5
+            x[(at + 7) % numel] = float("inf")
+            x[(at + 11) % numel] = float("nan")
+            x[(at + 17) % numel] = float("-inf")
+            tensors.append(x.view(-1, 1) if at % 2 else x.view(1, -1))
+        _, _, amax = check(tensors, (RECIPE_NAMES.index("fp8_e4m3_tensor"),), chunk_tasks=64, blocks=1)
+        assert amax.tolist() == [3.5] * len(positions), f"offset {offset}"
+    # Shorter than one vector, and a single element off the boundary.
+    flat = gaussian(rng, (40,), dtype)
+    check([flat[1:4], flat[3:4], flat[:per_vector - 1]], (RECIPE_NAMES.index("nvfp4"),), chunk_tasks=1, blocks=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_given_tensor_amax_is_used_and_returned(dtype, rng):
     """Delayed scaling: the given amax sets the tensor scales (far below the real one: saturation; above it:
     flushing), is returned as given, and block-scaled recipes ignore it."""

@@ -34,6 +34,12 @@ constexpr uint32_t kMantissaMask32 = 0x007FFFFFu;
 constexpr uint32_t kImplicitBit32 = 0x00800000u;  // also the smallest normal float32's bits
 constexpr int kExponentBias32 = 127;
 
+// binary16 (fp16) and bfloat16 bit-pattern constants: |bits| and each format's +Inf (|bits| above it is NaN). The
+// magnitudes of one 16-bit format order as their values do.
+constexpr uint32_t kAbsMask16 = 0x7FFFu;
+constexpr uint32_t kFp16InfBits = 0x7C00u;
+constexpr uint32_t kBf16InfBits = 0x7F80u;
+
 // float64 bit-pattern constants.
 constexpr uint64_t kAbsMask64 = 0x7FFFFFFFFFFFFFFFull;
 constexpr uint64_t kInfBits64 = 0x7FF0000000000000ull;

@@ -773,7 +773,7 @@ AMPI_CPU_CLONES uint32_t finite_amax_f32(const uint32_t* __restrict p, int64_t n
 AMPI_CPU_CLONES uint16_t finite_amax_16(const uint16_t* __restrict p, int64_t n, uint16_t inf_bits) {
   uint16_t amax = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t a = static_cast<uint16_t>(p[i] & 0x7FFFu);
+    const uint16_t a = static_cast<uint16_t>(p[i] & kAbsMask16);
     const uint16_t f = static_cast<uint16_t>(a & (0u - static_cast<uint32_t>(a < inf_bits)));
     amax = std::max(amax, f);
   }
@@ -784,9 +784,9 @@ uint32_t finite_amax(const ReadinessView& view, int64_t start, int64_t n) {
     case kFloat32:
       return finite_amax_f32(static_cast<const uint32_t*>(view.data) + start, n);
     case kBFloat16:
-      return bf16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, 0x7F80u));
+      return bf16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, kBf16InfBits));
     default:
-      return fp16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, 0x7C00u));
+      return fp16_to_f32_bits(finite_amax_16(static_cast<const uint16_t*>(view.data) + start, n, kFp16InfBits));
   }
 }
 

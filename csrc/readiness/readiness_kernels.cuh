@@ -652,21 +652,62 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 }
 
 // The first pass, only where a tensor-scaled recipe is asked and no tensor_amax given: each view's finite
-// amax into the amax output (zeroed), element by element over a grid-stride loop (coalesced 2- or 4-byte
-// loads: this pass only reads), one atomicMax per warp and view.
+// amax into the amax output (zeroed), one atomicMax per warp and view. This pass only reads, so it is bound by the
+// memory: a view is read as 16-byte vectors from its first 16-byte boundary on, kAmaxVectorsInFlight of them per
+// thread at a time (coalesced: a warp's loads of one round are neighbours), and the few elements before that
+// boundary and after the last whole vector one at a time. Magnitudes are compared in the stored width
+// (finite_magnitude) and widened once, at the end, as readiness_cpu.cpp's finite_amax does.
+constexpr int kAmaxVectorsInFlight = 4;
+
+// |raw| of one stored element, in its own width, where it is finite, else 0 (NaN and Inf take no part).
+template <int kDtype>
+__device__ __forceinline__ uint32_t finite_magnitude(uint32_t raw) {
+  if constexpr (kDtype == kFloat32) {
+    const uint32_t a = raw & kAbsMask32;
+    return a < kInfBits32 ? a : 0u;
+  } else {
+    const uint32_t a = raw & kAbsMask16;
+    return a < (kDtype == kFloat16 ? kFp16InfBits : kBf16InfBits) ? a : 0u;
+  }
+}
+
 template <int kDtype>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const __grid_constant__ ReadinessParams p) {
   using W = typename Storage<kDtype>::type;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  constexpr int64_t kPerVector = kVectorBytes / static_cast<int64_t>(sizeof(W));
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   for (int64_t v = 0; v < p.num_views; ++v) {
     const ReadinessKernelView& view = p.views[v];
     const W* data = static_cast<const W*>(view.data);
     const int64_t numel = view.rows * view.row_length;
-    uint32_t amax = 0;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < numel; i += stride) {
-      const uint32_t a = stored_as_f32_bits<kDtype>(__ldg(data + i)) & kAbsMask32;
-      amax = max_u32(amax, is_finite32(a) ? a : 0u);
+    // Elements before the first 16-byte boundary (a tensor's data is aligned to its element size), whole vectors,
+    // then the elements after the last one.
+    const int64_t off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(data) % kVectorBytes) / static_cast<int64_t>(sizeof(W));
+    const int64_t head = off == 0 ? 0 : (kPerVector - off < numel ? kPerVector - off : numel);
+    const int64_t vectors = (numel - head) / kPerVector;
+    const int64_t tail = head + vectors * kPerVector;
+    uint32_t amax = 0;  // in the stored width
+    for (int64_t k = thread; k < head + (numel - tail); k += threads) {
+      amax = max_u32(amax, finite_magnitude<kDtype>(__ldg(data + (k < head ? k : tail + (k - head)))));
     }
+    const uint4* body = reinterpret_cast<const uint4*>(data + head);
+    for (int64_t first = thread; first < vectors; first += threads * kAmaxVectorsInFlight) {
+      uint4 words[kAmaxVectorsInFlight];
+#pragma unroll
+      for (int u = 0; u < kAmaxVectorsInFlight; ++u) {  // every load issued before any is used
+        const int64_t at = first + u * threads;
+        words[u] = at < vectors ? __ldg(body + at) : uint4{};  // zeros take no part in a max
+      }
+#pragma unroll
+      for (int u = 0; u < kAmaxVectorsInFlight; ++u) {
+#pragma unroll
+        for (int i = 0; i < kPerVector; ++i) {
+          amax = max_u32(amax, finite_magnitude<kDtype>(vector_word<W>(words[u], i)));
+        }
+      }
+    }
+    amax = stored_as_f32_bits<kDtype>(static_cast<W>(amax));  // widening is monotone: the max of the widened
     amax = warp_max(amax);
     if (threadIdx.x % kWarpSize == 0 && amax != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax + view.out_row), amax);
   }
