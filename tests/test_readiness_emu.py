@@ -261,7 +261,7 @@ def test_the_amax_pass_reads_heads_vectors_in_flight_and_tails(dtype, rng):
         assert amax.tolist() == [3.5] * len(positions), f"offset {offset}"
     # Shorter than one vector, and a single element off the boundary.
     flat = gaussian(rng, (40,), dtype)
-    check([flat[1:4], flat[3:4], flat[:per_vector - 1]], (RECIPE_NAMES.index("nvfp4"),), chunk_tasks=1, blocks=2)
+    check([flat[1:4], flat[3:4], flat[: per_vector - 1]], (RECIPE_NAMES.index("nvfp4"),), chunk_tasks=1, blocks=2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
