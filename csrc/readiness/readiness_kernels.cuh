@@ -28,6 +28,7 @@
 
 #include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
+#include "common/warp_reduce.cuh"
 #include "readiness/readiness.h"
 
 namespace amp_inspect {
@@ -35,7 +36,7 @@ namespace readiness_kernels {
 inline namespace AMPI_KERNELS_NAMESPACE {
 
 constexpr int kThreads = 256;
-constexpr int kWarpSize = kReadinessWarpLanes;
+static_assert(kReadinessWarpLanes == kWarpSize, "readiness.h tiles rows by a warp's lanes (common/warp_reduce.cuh)");
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kGroup = kReadinessGroupElems;
 // 2 blocks of 256 threads per SM: up to 128 registers per thread (the per-recipe counters alone are ~50).
@@ -145,22 +146,7 @@ __device__ __forceinline__ void load_group(const void* data, int64_t at, int cou
 
 // ---- warp reductions ----
 
-__device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
-
-template <typename V>
-__device__ __forceinline__ V warp_sum(V value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_down_sync(0xFFFFFFFFu, value, offset);
-  return value;
-}
-
-__device__ __forceinline__ uint32_t warp_max(uint32_t value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    value = max_u32(value, __shfl_down_sync(0xFFFFFFFFu, value, offset));
-  }
-  return value;
-}
+// max_u32, warp_sum and warp_max: common/warp_reduce.cuh.
 
 // ---- one task: a warp's 256 elements (or fewer, of packed short rows) ----
 

@@ -33,6 +33,7 @@
 
 #include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
+#include "common/warp_reduce.cuh"
 #include "tensor_stats/tensor_stats.h"
 
 namespace amp_inspect {
@@ -40,7 +41,6 @@ namespace kernels {
 inline namespace AMPI_KERNELS_NAMESPACE {
 
 constexpr int kThreads = 256;
-constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
 // 2 blocks of 256 per SM: up to 128 registers per thread. At 3 blocks (80 registers) every 4-format and
 // 16-bit variant spilled; at 2, none does, and 16 warps x 32 threads x 4 loads x 16 B = 32 KB per SM are in
@@ -504,20 +504,7 @@ __device__ __forceinline__ void count_strided(Tally<kFormats>& t, const TensorVi
 
 // ---- block-level merge ----
 
-template <typename V>
-__device__ __forceinline__ V warp_sum(V value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_down_sync(0xFFFFFFFFu, value, offset);
-  return value;
-}
-
-__device__ __forceinline__ uint32_t warp_max(uint32_t value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    value = max(value, __shfl_down_sync(0xFFFFFFFFu, value, offset));
-  }
-  return value;
-}
+// warp_sum and warp_max: common/warp_reduce.cuh.
 
 __device__ __forceinline__ void add_count(int64_t* target, uint64_t value) {
   if (value != 0) atomicAdd(reinterpret_cast<unsigned long long*>(target), static_cast<unsigned long long>(value));

@@ -26,6 +26,7 @@
 
 #include "common/dtype_load.cuh"  // also the namespace that keeps the GPU build's symbols apart from the emulation's
 #include "common/numerics.h"
+#include "common/warp_reduce.cuh"
 #include "update_stats/update_stats.h"
 
 namespace amp_inspect {
@@ -34,7 +35,6 @@ namespace update_kernels {
 inline namespace AMPI_KERNELS_NAMESPACE {
 
 constexpr int kThreads = 256;
-constexpr int kWarpSize = 32;
 constexpr int kWarps = kThreads / kWarpSize;
 // No minimum of blocks per SM in the launch bounds: the kernels take 42-58 registers unbounded (4 blocks of 256 per
 // SM), and asked for 4 blocks ptxas filled the 64 allowed and spilled (up to 72 bytes). 32 warps x 32 threads x
@@ -102,12 +102,7 @@ __device__ __forceinline__ void tally(ThreadTally& t, uint32_t before, uint32_t 
                        min_normal_bits(kState == kNoState ? kFloat32 : kState));
 }
 
-template <typename V>
-__device__ __forceinline__ V warp_sum(V value) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_down_sync(0xFFFFFFFFu, value, offset);
-  return value;
-}
+// warp_sum and warp_max: common/warp_reduce.cuh.
 
 // A warp's totals, for the sum across the block's warps.
 struct WarpTally {
@@ -161,11 +156,7 @@ __global__ void __launch_bounds__(kThreads) update_stats_kernel(const __grid_con
     for (int k = 1; k < kUpdateCountColumns; ++k) t.counts[k] = warp_sum(t.counts[k]);
 #pragma unroll
     for (int k = 0; k < kUpdateSumColumns; ++k) t.sums[k] = warp_sum(t.sums[k]);
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      const uint32_t other = __shfl_down_sync(0xFFFFFFFFu, t.amax_bits, offset);
-      t.amax_bits = t.amax_bits > other ? t.amax_bits : other;
-    }
+    t.amax_bits = warp_max(t.amax_bits);
     if (lane == 0) {
       for (int k = 1; k < kUpdateCountColumns; ++k) warps[warp].counts[k] = t.counts[k];
       for (int k = 0; k < kUpdateSumColumns; ++k) warps[warp].sums[k] = t.sums[k];
