@@ -61,6 +61,8 @@ from pathlib import Path
 
 MODES = ("plain", "scaled", "unscale")
 DTYPES = ("fp32", "fp16", "bf16", "fp64")  # csrc/common/numerics.h InputDtype order
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+VECTOR_BYTES = 16  # one 128-bit load (LOAD)
 KERNEL = re.compile(r"stats_kernelILi(\d)ELi(\d)ELi(\d)E")
 LOAD = re.compile(r"\bLDG\.E(\.\w+)*\.128\b")
 ANY_LOAD = re.compile(r"\bLDG\.E\b")
@@ -314,7 +316,6 @@ READINESS_DTYPES = ("fp32", "fp16", "bf16")  # csrc/common/numerics.h InputDtype
 READINESS_GROUP = 8  # elements per lane per task (csrc/readiness/readiness.h kReadinessGroupElems)
 AMAX_KERNEL = re.compile(r"amax_kernelILi(\d)E")
 AMAX_VECTORS_IN_FLIGHT = 4  # csrc/readiness/readiness_kernels.cuh kAmaxVectorsInFlight: 16-byte loads per round
-READINESS_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 RECIPE_NAMES = (  # amp_inspect/core/recipes.py RECIPES order (csrc/readiness/readiness.h kRecipes)
     "fp8_e4m3_tensor",
     "fp8_e5m2_tensor",
@@ -347,10 +348,10 @@ def readiness_task_loop(instrs: list[tuple[int, str]]) -> list[str]:
 
 def readiness_build(
     folder: Path, cuobjdump: str, common_path: bool, arch: str = "90"
-) -> tuple[dict[tuple[str, int], list[str]], str]:
+) -> tuple[dict[tuple[str, int], list[str]], dict[str, list[str]], str]:
     """The task-loop bodies per (dtype, recipe mask) of the library's kernels (every recipe: 0xff, each recipe
-    alone, none: 0) and the ptxas log of readiness_cuda.cu, built as the library is or with the lanes' common path
-    alone."""
+    alone, none: 0), the amax pass's hot loop per dtype, and the ptxas log of readiness_cuda.cu, built as the library
+    is or with the lanes' common path alone."""
     from torch.utils.cpp_extension import include_paths
 
     obj = folder / f"readiness_{int(common_path)}_{arch}.o"
@@ -361,6 +362,7 @@ def readiness_build(
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     sass = subprocess.run([cuobjdump, "-sass", str(obj)], capture_output=True, text=True, check=True).stdout
     loops: dict[tuple[str, int], list[str]] = {}
+    amax_loops: dict[str, list[str]] = {}  # the amax pass's hot loop, per dtype
     for function in re.split(r"\n\s*Function : ", sass)[1:]:
         name = function.split("\n", 1)[0]
         variant = READINESS_KERNEL.search(name)
@@ -371,8 +373,8 @@ def readiness_build(
             instrs = parse(function)
             span = widest_loads_loop(instrs)
             body = [] if span is None else [t for a, t in instrs if span[0] <= a <= span[1]]
-            loops[(f"amax {READINESS_DTYPES[int(amax.group(1))]}", -1)] = body
-    return loops, done.stdout + done.stderr
+            amax_loops[READINESS_DTYPES[int(amax.group(1))]] = body
+    return loops, amax_loops, done.stdout + done.stderr
 
 
 def readiness_registers(log: str) -> dict[tuple[str, int], tuple[int, int]]:
@@ -391,8 +393,8 @@ def readiness_main(cuobjdump: str, check: bool = False) -> int:
     """Instructions per element of the readiness kernels' task loop: the every-recipe kernel, the no-recipe kernel
     and each recipe's own kernel (module doc), against issue 33's targets."""
     with tempfile.TemporaryDirectory() as folder:
-        library, log = readiness_build(Path(folder), cuobjdump, common_path=False)
-        common, _ = readiness_build(Path(folder), cuobjdump, common_path=True)
+        library, amax_loops, log = readiness_build(Path(folder), cuobjdump, common_path=False)
+        common, _, _ = readiness_build(Path(folder), cuobjdump, common_path=True)
     registers = readiness_registers(log)
     per = {key: len(body) / READINESS_GROUP for key, body in common.items()}
     missed = 0
@@ -428,11 +430,11 @@ def readiness_main(cuobjdump: str, check: bool = False) -> int:
     spilled = sum(bytes_ for _, bytes_ in registers.values())
     print(f"ptxas spill bytes (stores + loads), all {len(registers)} readiness kernels: {spilled}")
     missed += spilled > 0
-    missed += amax_pass_report(library, log)
+    missed += amax_pass_report(amax_loops, log)
     return 1 if check and missed else 0
 
 
-def amax_pass_report(library: dict[tuple[str, int], list[str]], log: str) -> int:
+def amax_pass_report(loops: dict[str, list[str]], log: str) -> int:
     """Prints the amax pass's hot loop per dtype (loads, instructions per element, registers, spills); returns how
     many kernels miss (a load in the loop that is not 128-bit, or spills)."""
     registers = {
@@ -443,9 +445,9 @@ def amax_pass_report(library: dict[tuple[str, int], list[str]], log: str) -> int
     print(f"{'dtype':5} {'regs':>4} {'spill B':>7} {'128-bit loads / all':>20} {'per element':>11}")
     missed = 0
     for dtype in READINESS_DTYPES:
-        body = library.get((f"amax {dtype}", -1), [])
+        body = loops.get(dtype, [])
         wide, every = sum(bool(LOAD.search(t)) for t in body), sum(bool(ANY_LOAD.search(t)) for t in body)
-        elements = AMAX_VECTORS_IN_FLIGHT * 16 // READINESS_ELEMENT_BYTES[dtype]
+        elements = AMAX_VECTORS_IN_FLIGHT * VECTOR_BYTES // ELEMENT_BYTES[dtype]
         regs, spilled = registers.get(dtype, ("-", 0))
         missed += wide == 0 or wide != every or spilled > 0
         print(f"{dtype:5} {regs:>4} {spilled:7} {f'{wide} / {every}':>20} {len(body) / elements:11.1f}")
@@ -454,7 +456,7 @@ def amax_pass_report(library: dict[tuple[str, int], list[str]], log: str) -> int
 
 UPDATE_KERNEL = re.compile(r"update_stats_kernel(?:ILi(n?\d)ELi(n?\d)ELi(n?\d)E)?")
 UPDATE_DTYPES = {"0": "fp32", "1": "fp16", "2": "bf16", "n1": "-"}  # csrc/common/numerics.h; n1: kNoState
-UPDATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "-": 0}
+UPDATE_BYTES = {**ELEMENT_BYTES, "-": 0}
 UPDATE_UNIT = 8  # csrc/update_stats/update_stats.h kUpdateUnitElems
 # An H200 issues about 132 SMs x 4 schedulers x 32 lanes x 1.98 GHz = 3.3e13 lane-instructions per second and reads
 # about 4.8e12 bytes per second: a loop of more than ~7 instructions per byte it reads is bound by issue, not memory.

@@ -650,7 +650,7 @@ template <int kDtype>
 __device__ __forceinline__ uint32_t finite_magnitude(uint32_t raw) {
   if constexpr (kDtype == kFloat32) {
     const uint32_t a = raw & kAbsMask32;
-    return a < kInfBits32 ? a : 0u;
+    return is_finite32(a) ? a : 0u;
   } else {
     const uint32_t a = raw & kAbsMask16;
     return a < (kDtype == kFloat16 ? kFp16InfBits : kBf16InfBits) ? a : 0u;
