@@ -40,6 +40,14 @@ constexpr int64_t kCpuChunkElems = int64_t{1} << 16;  // one unit of parallel wo
 constexpr int64_t kBlockElems = 2048;                 // staged in L1: 8 KiB of float32 bits
 constexpr int kHistCopies = 8;  // interleaved histograms: runs of equal bins don't chain on one counter
 
+// Which of a call's bounds (3 per format: overflow, normal, zero, in finish_block's order) the vector pass of the
+// next block counts: those the previous block straddled ("the straddled bounds guessed" below). -1: none. It never
+// changes a count, only which loop makes it.
+struct StraddleGuess {
+  int8_t bound[kMaxFormats] = {-1, -1, -1, -1};
+};
+static_assert(kMaxFormats == 4, "StraddleGuess's initialiser names every slot");
+
 // Running statistics of one tensor on one thread.
 struct TensorAccumulator {
   RawCounts counts;
@@ -47,6 +55,7 @@ struct TensorAccumulator {
   uint32_t min_abs_nonzero;  // float32 bits of min |v| over finite nonzero v
   double sumsq;
   int64_t hist[kHistBins];
+  StraddleGuess guess;  // not a statistic: kept by clear(), so the next tensor's first block may use it too
 
   void clear() {
     clear_counts(counts);
@@ -159,7 +168,7 @@ constexpr int kAvx2Bytes = 32;  // the AVX2 build
 // Widest bin window counted by byte compares (2 vector ops per 64 elements per bin); a wider block takes
 // one scattered increment per element instead.
 constexpr int kMaxWindowBins = 40;
-// Sums of squares: float32 lanes for this many vectors, then float64 (see count_block32_impl).
+// Sums of squares: float32 lanes for this many vectors, then float64 (see scan_block32).
 constexpr int kSquaresPerFlush = 16;
 // Blocks whose largest |v| lies in [kFloatSquaresFrom, kFloatSquaresBelow) (tensor_stats.h, with the proof) sum their
 // squares in float32 lanes of at most kSquaresPerFlush terms each; squares lost below float32's subnormal range (at
@@ -581,12 +590,72 @@ __attribute__((always_inline)) inline void count_below(const Key* __restrict key
   }
 }
 
+// ---- the straddled bounds guessed from the previous block ----
+//
+// A bound inside a block's [min, max] costs a second pass over the block (count_below) unless the vector pass has
+// counted it already. So the vector pass also counts the bounds that the previous block of this thread straddled
+// (StraddleGuess): neighbouring blocks hold values of one tensor, or of one like it, so they mostly straddle the
+// same bounds. There each costs a compare and an add per vector (add_below), where a second pass reads the block
+// again and masks every vector first. A bound the guess missed still takes the second pass.
+//
+// Exactness: a guessed count is key < t counted element by element over the whole block, as count_below counts it,
+// whether or not the block straddles t; finish_block takes it only for a bound this block straddles. The guess
+// chooses which loop counts, never what is counted.
+//
+// The vector pass is instantiated per number of guessed bounds (0 to guess_slots), not per format count (it does not
+// depend on the formats): a block with nothing to guess runs the pass without any compare, and a call's format count
+// adds no copy of it. Slots: every bound a call of four formats' blocks straddle at once on gradients (fp16's and
+// fp8_e5m2's normal and zero bounds, fp8_e4m3's zero bound) on 64-byte lanes, two on 32-byte lanes (AVX2's 16
+// registers already hold the pass's extremes, squares and bins).
+template <int kBytes>
+constexpr int guess_slots() {
+  return kBytes == kAvx2Bytes ? 2 : kMaxFormats;
+}
+constexpr int kMaxBounds = 3 * kMaxFormats;
+
+// The bounds of a call as keys (|bits| >> shift, shift 16 for bfloat16 keys, else 0): count(a < t) of a float32
+// bound t is count(key < ceil(t / 2^shift)) (see "the common path" below); zero_upto counted as a < zero_upto + 1.
+__attribute__((always_inline)) inline void bound_keys(const FormatBounds* bounds, int num_formats, int shift,
+                                                      uint32_t (&t)[kMaxBounds]) {
+  const uint32_t round_up = (1u << shift) - 1u;
+  for (int f = 0; f < num_formats; ++f) {
+    t[3 * f] = (bounds[f].overflow_from + round_up) >> shift;
+    t[3 * f + 1] = (bounds[f].normal_from + round_up) >> shift;
+    t[3 * f + 2] = (bounds[f].zero_upto + 1u + round_up) >> shift;  // a <= zero_upto is a < zero_upto + 1
+  }
+}
+
+// The bounds the vector pass counts for a block: the guess's, those of them this call has (a guess made by a call of
+// more formats may name a bound this one lacks). below[i]: count(key < key[i]) over the whole block, from the pass.
+struct LiveGuess {
+  int count = 0;
+  int bound[kMaxFormats];
+  uint32_t key[kMaxFormats];
+  int64_t below[kMaxFormats];
+};
+
+template <int kBytes>
+__attribute__((always_inline)) inline LiveGuess live_guess(const StraddleGuess& guess, int num_bounds,
+                                                           const uint32_t (&t)[kMaxBounds]) {
+  LiveGuess live;
+  for (int j = 0; j < guess_slots<kBytes>(); ++j) {
+    const int k = guess.bound[j];
+    if (k < 0 || k >= num_bounds) continue;
+    live.bound[live.count] = k;
+    live.key[live.count++] = t[k];
+  }
+  return live;
+}
+
 // Block results from the scan: extremes, histogram over the window of bins, thresholds. Returns false (and
-// touches nothing) for a block off the common path. Key is uint32_t (float32 bits) or uint16_t (bfloat16).
+// touches nothing) for a block off the common path. Key is uint32_t (float32 bits) or uint16_t (bfloat16). `t`: the
+// bounds as keys (bound_keys); `live`: what the vector pass counted for the guess, which is then set to this block's
+// straddled bounds.
 template <int kFormats, int kBytes, typename Key>
 __attribute__((always_inline)) inline bool finish_block(const Key* __restrict keys, int64_t n, BlockScan scan,
-                                                        uint8_t* __restrict bins, const FormatBounds* bounds,
-                                                        BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins]) {
+                                                        uint8_t* __restrict bins, const uint32_t (&t)[kMaxBounds],
+                                                        const LiveGuess& live, StraddleGuess& guess, BlockCounts& out,
+                                                        uint32_t (&hist)[kHistCopies][kHistBins]) {
   constexpr int kShift = sizeof(Key) == 2 ? 16 : 0;
   constexpr uint32_t kKeyMask = kAbsMask32 >> kShift;
   if (scan.max_key >= (kInfBits32 >> kShift) || scan.min_key_minus_one < (kSmallestNormal32 >> kShift) - 1u) {
@@ -629,39 +698,43 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
     hist[0][0] += static_cast<uint32_t>(n);
   }
 
-  // Thresholds, as keys: count(key < t) from the extremes, or per element for the straddled ones.
+  // Thresholds, as keys: count(key < t) from the extremes, or per element for the straddled ones: by the vector
+  // pass where the guess named them, else by a pass of their own.
   constexpr int kBounds = 3 * kFormats;
-  constexpr uint32_t kRoundUp = (1u << kShift) - 1u;
-  uint32_t t[kBounds];
-  for (int f = 0; f < kFormats; ++f) {
-    t[3 * f] = (bounds[f].overflow_from + kRoundUp) >> kShift;
-    t[3 * f + 1] = (bounds[f].normal_from + kRoundUp) >> kShift;
-    t[3 * f + 2] = (bounds[f].zero_upto + 1u + kRoundUp) >> kShift;  // a <= zero_upto is a < zero_upto + 1
-  }
   int64_t below[kBounds];
-  uint32_t straddled[kBounds];
-  int where[kBounds];
-  int num_straddled = 0;
+  uint32_t unguessed[kBounds];
+  int where[kBounds], straddled[kBounds];
+  int num_straddled = 0, num_unguessed = 0;
   for (int k = 0; k < kBounds; ++k) {
     if (t[k] > max_key) {
       below[k] = n;
     } else if (!any_nonzero || t[k] <= min_key) {
       below[k] = zeros;
     } else {
-      straddled[num_straddled] = t[k];
-      where[num_straddled++] = k;
+      straddled[num_straddled++] = k;
+      int slot = -1;
+      for (int i = 0; i < live.count; ++i) slot = live.bound[i] == k ? i : slot;
+      if (slot >= 0) {
+        below[k] = live.below[slot];
+      } else {
+        unguessed[num_unguessed] = t[k];
+        where[num_unguessed++] = k;
+      }
     }
   }
-  int64_t counted[kBounds];
+  int64_t passed[kBounds];
   // up to four bounds per pass over the block (kBounds >= b: no pass of more bounds than a call can straddle)
-  for (int k = 0; k < num_straddled; k += 4) {
-    const int batch = std::min(4, num_straddled - k);
-    if (batch == 1) count_below<1, kBytes>(keys, n, straddled + k, counted + k);
-    if (kBounds >= 2 && batch == 2) count_below<2, kBytes>(keys, n, straddled + k, counted + k);
-    if (kBounds >= 3 && batch == 3) count_below<3, kBytes>(keys, n, straddled + k, counted + k);
-    if (kBounds >= 4 && batch == 4) count_below<4, kBytes>(keys, n, straddled + k, counted + k);
+  for (int k = 0; k < num_unguessed; k += 4) {
+    const int batch = std::min(4, num_unguessed - k);
+    if (batch == 1) count_below<1, kBytes>(keys, n, unguessed + k, passed + k);
+    if (kBounds >= 2 && batch == 2) count_below<2, kBytes>(keys, n, unguessed + k, passed + k);
+    if (kBounds >= 3 && batch == 3) count_below<3, kBytes>(keys, n, unguessed + k, passed + k);
+    if (kBounds >= 4 && batch == 4) count_below<4, kBytes>(keys, n, unguessed + k, passed + k);
   }
-  for (int k = 0; k < num_straddled; ++k) below[where[k]] = counted[k];
+  for (int k = 0; k < num_unguessed; ++k) below[where[k]] = passed[k];
+  for (int j = 0; j < kMaxFormats; ++j) {
+    guess.bound[j] = static_cast<int8_t>(j < std::min(num_straddled, guess_slots<kBytes>()) ? straddled[j] : -1);
+  }
 
   out.nan = out.posinf = out.neginf = 0;
   out.zero = zeros;
@@ -678,15 +751,15 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
 
 // The vector pass over a float32 block. Four vectors per step: their exponent bins are packed into one
 // 64-byte store (element 16q + l of the step in byte 4l + q; the histogram does not care about order).
-template <int kFormats, int kBytes>
-__attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __restrict bits, int64_t n,
-                                                              const FormatBounds* bounds, BlockCounts& out,
-                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
+template <int kLive, int kBytes>
+__attribute__((always_inline)) inline BlockScan scan_block32(const uint32_t* __restrict bits, int64_t n,
+                                                             uint8_t* __restrict bins, LiveGuess& live) {
   AMPI_LANE_TYPES(kBytes);
+  UintVec guess_key[kLive > 0 ? kLive : 1], guess_below[kLive > 0 ? kLive : 1] = {};
+  for (int j = 0; j < kLive; ++j) guess_key[j] = UintVec{} + live.key[j];
   UintVec max_abs = {}, min_abs_minus_one = {};
   min_abs_minus_one -= 1u;
   DoubleVec sumsq = {};
-  alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
   constexpr int kStep = 4 * kVectorWidth;
   static_assert((kSquaresPerFlush * kVectorWidth) % kStep == 0, "a flush group is whole steps");
   const int64_t full = n - n % kStep;
@@ -705,6 +778,7 @@ __attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __
         max_abs = a > max_abs ? a : max_abs;
         const UintVec minus_one = a - 1u;
         min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+        for (int j = 0; j < kLive; ++j) add_below<kBytes, IntVec>(guess_below[j], a, guess_key[j]);
         const FloatVec v = (FloatVec)b;  // a vector cast reinterprets the bits; the sign does not matter
         squares += v * v;
         // The exponent field (bits 23..30 of a) moved to byte q of each lane.
@@ -723,6 +797,7 @@ __attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __
     scan.min_key_minus_one = std::min(scan.min_key_minus_one, min_abs_minus_one[l]);
     scan.sumsq += sumsq[l];
   }
+  for (int j = 0; j < kLive; ++j) live.below[j] = lane_sum(guess_below[j]);
   for (int64_t i = full; i < n; ++i) {  // the last n % kStep elements, one by one
     const uint32_t a = bits[i] & kAbsMask32;
     scan.max_key = std::max(scan.max_key, a);
@@ -730,21 +805,23 @@ __attribute__((always_inline)) inline bool count_block32_impl(const uint32_t* __
     const double v = static_cast<double>(bits_as_float32(a));
     scan.sumsq += v * v;
     bins[i] = static_cast<uint8_t>(a >> kExponentShift32);
+    for (int j = 0; j < kLive; ++j) live.below[j] += a < live.key[j];
   }
-  return finish_block<kFormats, kBytes>(bits, n, scan, bins, bounds, out, hist);
+  return scan;
 }
 
 // The vector pass over a bfloat16 block, on its 16-bit |bits| (32 lanes): extremes and bins need no
 // widening; the squares take each half of the lanes as float32 (a zero low half: the exact value).
-template <int kFormats, int kBytes>
-__attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __restrict raw, int64_t n,
-                                                              const FormatBounds* bounds, BlockCounts& out,
-                                                              uint32_t (&hist)[kHistCopies][kHistBins]) {
+template <int kLive, int kBytes>
+__attribute__((always_inline)) inline BlockScan scan_block16(const uint16_t* __restrict raw, int64_t n,
+                                                             uint8_t* __restrict bins, LiveGuess& live) {
   AMPI_LANE_TYPES(kBytes);
+  using SignedShortVec = typename Lanes<kBytes>::SignedShortVec;
+  ShortVec guess_key[kLive > 0 ? kLive : 1], guess_below[kLive > 0 ? kLive : 1] = {};
+  for (int j = 0; j < kLive; ++j) guess_key[j] = ShortVec{} + static_cast<uint16_t>(live.key[j]);  // below 2^15
   ShortVec max_abs = {}, min_abs_minus_one = {};
   min_abs_minus_one -= static_cast<uint16_t>(1);
   DoubleVec sumsq = {};
-  alignas(64) uint8_t bins[kBlockElems + 64];
   constexpr int kStep = 2 * kShortLanes;
   constexpr int kFlush = kSquaresPerFlush * kVectorWidth;  // 8 vectors: 16 squares per float32 lane
   static_assert(kFlush % kStep == 0, "a flush group is whole steps");
@@ -761,6 +838,7 @@ __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __
         max_abs = a > max_abs ? a : max_abs;
         const ShortVec minus_one = a - static_cast<uint16_t>(1);
         min_abs_minus_one = minus_one < min_abs_minus_one ? minus_one : min_abs_minus_one;
+        for (int j = 0; j < kLive; ++j) add_below<kBytes, SignedShortVec>(guess_below[j], a, guess_key[j]);
         // Each 32-bit lane holds two bfloat16: the high one is a float32 as it stands but for its low
         // half (the neighbour's bits), the low one shifted up is a float32. Squares of both, exactly as
         // the widened values would give (a float32 square of each).
@@ -783,6 +861,7 @@ __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __
     scan.min_key_minus_one = std::min(scan.min_key_minus_one, m);
   }
   for (int l = 0; l < kVectorWidth; ++l) scan.sumsq += sumsq[l];
+  for (int j = 0; j < kLive; ++j) live.below[j] = lane_sum(guess_below[j]);
   for (int64_t i = full; i < n; ++i) {
     const uint32_t a = raw[i] & 0x7FFFu;
     scan.max_key = std::max(scan.max_key, a);
@@ -790,51 +869,76 @@ __attribute__((always_inline)) inline bool count_block16_impl(const uint16_t* __
     const double v = static_cast<double>(bits_as_float32(a << 16));
     scan.sumsq += v * v;
     bins[i] = static_cast<uint8_t>(a >> 7);
+    for (int j = 0; j < kLive; ++j) live.below[j] += a < live.key[j];
   }
-  return finish_block<kFormats, kBytes>(raw, n, scan, bins, bounds, out, hist);
+  return scan;
 }
 
-// A block of float32 bits (or of bfloat16, `widened` receiving its float32 bits if it is off the common path): the
-// common path, else every test on every element.
-template <int kFormats, int kBytes>
-__attribute__((always_inline)) inline void count_block32_any(const uint32_t* bits, int64_t n,
-                                                             const FormatBounds* bounds, BlockCounts& out,
-                                                             uint32_t (&hist)[kHistCopies][kHistBins]) {
-  if (!count_block32_impl<kFormats, kBytes>(bits, n, bounds, out, hist)) {
-    count_block32_full<kFormats, kBytes>(bits, n, bounds, out, hist);
+// The vector pass of a block (bfloat16 keys when `raw` is given, else float32 bits), instantiated per number of
+// guessed bounds (kLive <= guess_slots: one copy per count, whatever the call's formats).
+template <int kLive, int kBytes>
+__attribute__((always_inline)) inline BlockScan scan_block_with(const uint32_t* bits, const uint16_t* raw, int64_t n,
+                                                                uint8_t* bins, LiveGuess& live) {
+  return raw ? scan_block16<kLive, kBytes>(raw, n, bins, live) : scan_block32<kLive, kBytes>(bits, n, bins, live);
+}
+template <int kBytes>
+__attribute__((always_inline)) inline BlockScan scan_block(const uint32_t* bits, const uint16_t* raw, int64_t n,
+                                                           uint8_t* bins, LiveGuess& live) {
+  constexpr int kSlots = guess_slots<kBytes>();
+  switch (live.count) {
+    case 0:
+      return scan_block_with<0, kBytes>(bits, raw, n, bins, live);
+    case 1:
+      return scan_block_with<1, kBytes>(bits, raw, n, bins, live);
+    case 2:
+      return scan_block_with<std::min(2, kSlots), kBytes>(bits, raw, n, bins, live);
+    case 3:
+      return scan_block_with<std::min(3, kSlots), kBytes>(bits, raw, n, bins, live);
+    default:
+      return scan_block_with<kSlots, kBytes>(bits, raw, n, bins, live);
   }
 }
+
+// The common path's end and the full path, unrolled per format count.
 template <int kFormats, int kBytes>
-__attribute__((always_inline)) inline void count_block16_any(const uint16_t* raw, int64_t n,
-                                                             const FormatBounds* bounds, BlockCounts& out,
-                                                             uint32_t (&hist)[kHistCopies][kHistBins],
-                                                             uint32_t* widened) {
-  if (count_block16_impl<kFormats, kBytes>(raw, n, bounds, out, hist)) return;
-  for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
-  count_block32_full<kFormats, kBytes>(widened, n, bounds, out, hist);
+__attribute__((always_inline)) inline void finish_or_count_full(const uint32_t* bits, const uint16_t* raw, int64_t n,
+                                                                const BlockScan& scan, uint8_t* bins,
+                                                                const uint32_t (&t)[kMaxBounds], const LiveGuess& live,
+                                                                const FormatBounds* bounds, BlockCounts& out,
+                                                                uint32_t (&hist)[kHistCopies][kHistBins],
+                                                                uint32_t* widened, StraddleGuess& guess) {
+  if (raw) {
+    if (finish_block<kFormats, kBytes>(raw, n, scan, bins, t, live, guess, out, hist)) return;
+    for (int64_t i = 0; i < n; ++i) widened[i] = bf16_to_f32_bits(raw[i]);
+    bits = widened;
+  } else if (finish_block<kFormats, kBytes>(bits, n, scan, bins, t, live, guess, out, hist)) {
+    return;
+  }
+  count_block32_full<kFormats, kBytes>(bits, n, bounds, out, hist);
 }
 
-// A block (bfloat16 keys when `raw` is given, else float32 bits), unrolled per format count: one instantiation of
-// the loops per count, each inlined into the caller of its width.
+// A block (bfloat16 keys when `raw` is given, `widened` receiving its float32 bits if it is off the common path;
+// else float32 bits): the vector pass, then the common path's end, else every test on every element.
 template <int kBytes>
 __attribute__((always_inline)) inline void count_block_by_formats(const uint32_t* bits, const uint16_t* raw,
                                                                   int64_t n, const FormatBounds* bounds,
                                                                   int num_formats, BlockCounts& out,
                                                                   uint32_t (&hist)[kHistCopies][kHistBins],
-                                                                  uint32_t* widened) {
+                                                                  uint32_t* widened, StraddleGuess& guess) {
+  uint32_t t[kMaxBounds];
+  bound_keys(bounds, num_formats, raw ? 16 : 0, t);
+  LiveGuess live = live_guess<kBytes>(guess, 3 * num_formats, t);
+  alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
+  const BlockScan scan = scan_block<kBytes>(bits, raw, n, bins, live);
   switch (num_formats) {
     case 1:
-      return raw ? count_block16_any<1, kBytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<1, kBytes>(bits, n, bounds, out, hist);
+      return finish_or_count_full<1, kBytes>(bits, raw, n, scan, bins, t, live, bounds, out, hist, widened, guess);
     case 2:
-      return raw ? count_block16_any<2, kBytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<2, kBytes>(bits, n, bounds, out, hist);
+      return finish_or_count_full<2, kBytes>(bits, raw, n, scan, bins, t, live, bounds, out, hist, widened, guess);
     case 3:
-      return raw ? count_block16_any<3, kBytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<3, kBytes>(bits, n, bounds, out, hist);
+      return finish_or_count_full<3, kBytes>(bits, raw, n, scan, bins, t, live, bounds, out, hist, widened, guess);
     default:
-      return raw ? count_block16_any<4, kBytes>(raw, n, bounds, out, hist, widened)
-                 : count_block32_any<4, kBytes>(bits, n, bounds, out, hist);
+      return finish_or_count_full<4, kBytes>(bits, raw, n, scan, bins, t, live, bounds, out, hist, widened, guess);
   }
 }
 
@@ -843,8 +947,9 @@ __attribute__((always_inline)) inline void count_block_by_formats(const uint32_t
 // count_block_avx2 instead (32-byte lanes).
 AMPI_CPU_CLONES void count_block_wide(const uint32_t* bits, const uint16_t* raw, int64_t n,
                                       const FormatBounds* bounds, int num_formats, BlockCounts& out,
-                                      uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
-  count_block_by_formats<kWideBytes>(bits, raw, n, bounds, num_formats, out, hist, widened);
+                                      uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened,
+                                      StraddleGuess& guess) {
+  count_block_by_formats<kWideBytes>(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -868,8 +973,8 @@ bool avx2_lanes() {
 __attribute__((target("avx2,fma"))) void count_block_avx2(const uint32_t* bits, const uint16_t* raw, int64_t n,
                                                           const FormatBounds* bounds, int num_formats,
                                                           BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins],
-                                                          uint32_t* widened) {
-  count_block_by_formats<kAvx2Bytes>(bits, raw, n, bounds, num_formats, out, hist, widened);
+                                                          uint32_t* widened, StraddleGuess& guess) {
+  count_block_by_formats<kAvx2Bytes>(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
 }
 #endif
 
@@ -915,11 +1020,12 @@ const WidenFn widen_fp16_fastest = pick_widen_fp16();
 // A block of float32 bits, or a contiguous bfloat16 block (`raw`; `widened`, kBlockElems, receives its float32 bits
 // if it is off the common path), in the lanes this CPU runs best.
 void count_block(const uint32_t* bits, const uint16_t* raw, int64_t n, const FormatBounds* bounds, int num_formats,
-                 BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened) {
+                 BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened,
+                 StraddleGuess& guess) {
 #ifdef AMPI_TENSOR_STATS_AVX2
-  if (avx2_lanes()) return count_block_avx2(bits, raw, n, bounds, num_formats, out, hist, widened);
+  if (avx2_lanes()) return count_block_avx2(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
 #endif
-  count_block_wide(bits, raw, n, bounds, num_formats, out, hist, widened);
+  count_block_wide(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
 }
 
 void add_block(TensorAccumulator& acc, const BlockCounts& block, int64_t n, int num_formats) {
@@ -982,7 +1088,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       if (!call.has_scale && is_contiguous_view(view)) {
         bits = reinterpret_cast<const uint32_t*>(reader.base + start + done);  // float32 as stored: no copy
         BlockCounts block;
-        count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr);
+        count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr, acc.guess);
         add_block(acc, block, n, call.num_formats);
         continue;
       }
@@ -990,7 +1096,8 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
     if constexpr (std::is_same<T, uint16_t>::value) {
       if (view.dtype == kBFloat16 && !call.has_scale && is_contiguous_view(view)) {
         BlockCounts block;
-        count_block(nullptr, reader.base + start + done, n, call.bounds, call.num_formats, block, hist, buffer);
+        count_block(nullptr, reader.base + start + done, n, call.bounds, call.num_formats, block, hist, buffer,
+                    acc.guess);
         add_block(acc, block, n, call.num_formats);
         continue;
       }
@@ -1008,7 +1115,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
     }
     BlockCounts block;
-    count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr);
+    count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr, acc.guess);
     add_block(acc, block, n, call.num_formats);
   }
   for (int b = 0; b < kHistBins; ++b) {
