@@ -6,14 +6,15 @@
 // bfloat16 as stored (bfloat16 on its 16-bit bits), the others turned into float32 bits of v in a small
 // stack buffer (L1-resident; float16 by vcvtph2ps where the CPU has it). A block is counted by one vector
 // pass (extremes, squares, exponent bins), then per-element threshold tests only for the bounds between
-// its smallest and largest magnitude ("the common path" below says why that is exact), and its exponent
+// its smallest and largest magnitude ("the common path" below says why that is exact; those the previous block
+// straddled too are counted inside the vector pass, "the straddled bounds guessed" below), and its exponent
 // histogram over the window of bins between those magnitudes (bit-sliced where the CPU has GFNI, VBMI and
 // VPOPCNTDQ, byte compares elsewhere); blocks with NaN, Inf or float32 subnormals take count_block32_full,
 // every test on every element. A thread keeps the running statistics of the tensor it is on and merges them
 // into the outputs, under a lock, only when it moves to another tensor, so the lock is taken about
 // T + threads times per call. No temporary grows with the number of elements.
 //
-// Why one file of about 1200 lines: the common path, the full path and the block driver share the block's
+// Why one file of about 1300 lines: the common path, the full path and the block driver share the block's
 // staging buffer, the vector types and the lane-count bounds that keep their counters from wrapping; split
 // across files, the proofs of exactness at the top of each path would refer to constants defined elsewhere.
 #include <torch/csrc/stable/library.h>
@@ -612,6 +613,7 @@ constexpr int guess_slots() {
   return kBytes == kAvx2Bytes ? 2 : kMaxFormats;
 }
 constexpr int kMaxBounds = 3 * kMaxFormats;
+constexpr int kBoundsPerPass = 4;  // bounds count_below takes in one pass over a block
 
 // The bounds of a call as keys (|bits| >> shift, shift 16 for bfloat16 keys, else 0): count(a < t) of a float32
 // bound t is count(key < ceil(t / 2^shift)) (see "the common path" below); zero_upto counted as a < zero_upto + 1.
@@ -724,17 +726,23 @@ __attribute__((always_inline)) inline bool finish_block(const Key* __restrict ke
   }
   int64_t passed[kBounds];
   // up to four bounds per pass over the block (kBounds >= b: no pass of more bounds than a call can straddle)
-  for (int k = 0; k < num_unguessed; k += 4) {
-    const int batch = std::min(4, num_unguessed - k);
+  static_assert(kBoundsPerPass == 4, "the passes below are written for four bounds at most");
+  for (int k = 0; k < num_unguessed; k += kBoundsPerPass) {
+    const int batch = std::min(kBoundsPerPass, num_unguessed - k);
     if (batch == 1) count_below<1, kBytes>(keys, n, unguessed + k, passed + k);
     if (kBounds >= 2 && batch == 2) count_below<2, kBytes>(keys, n, unguessed + k, passed + k);
     if (kBounds >= 3 && batch == 3) count_below<3, kBytes>(keys, n, unguessed + k, passed + k);
     if (kBounds >= 4 && batch == 4) count_below<4, kBytes>(keys, n, unguessed + k, passed + k);
   }
   for (int k = 0; k < num_unguessed; ++k) below[where[k]] = passed[k];
-  for (int j = 0; j < kMaxFormats; ++j) {
-    guess.bound[j] = static_cast<int8_t>(j < std::min(num_straddled, guess_slots<kBytes>()) ? straddled[j] : -1);
-  }
+  // The next block's guess: this block's straddled bounds, as many as there are slots, where that saves a pass over
+  // the block; else none (the vector pass's compares would be extra work beside the same passes: AVX2's two slots
+  // against three straddled bounds measured up to 13% slower).
+  constexpr int kSlots = guess_slots<kBytes>();
+  const auto passes = [](int bounds) { return (bounds + kBoundsPerPass - 1) / kBoundsPerPass; };
+  const bool saves = num_straddled <= kSlots || passes(num_straddled - kSlots) < passes(num_straddled);
+  const int guessed = saves ? std::min(num_straddled, kSlots) : 0;
+  for (int j = 0; j < kMaxFormats; ++j) guess.bound[j] = static_cast<int8_t>(j < guessed ? straddled[j] : -1);
 
   out.nan = out.posinf = out.neginf = 0;
   out.zero = zeros;
