@@ -627,8 +627,9 @@ __attribute__((always_inline)) inline void bound_keys(const FormatBounds* bounds
   }
 }
 
-// The bounds the vector pass counts for a block: the guess's, those of them this call has (a guess made by a call of
-// more formats may name a bound this one lacks). below[i]: count(key < key[i]) over the whole block, from the pass.
+// The bounds the vector pass counts for a block: the guess's, those of them this call has (run_cpu's guesses live for
+// one call, but a caller that keeps its TensorAccumulator across calls, as bench/cpu_kernel_ticks.cpp does, may
+// hand over a guess naming a bound of more formats). below[i]: count(key < key[i]) over the whole block, from the pass.
 struct LiveGuess {
   int count = 0;
   int bound[kMaxFormats];
