@@ -627,6 +627,18 @@ __attribute__((always_inline)) inline void bound_keys(const FormatBounds* bounds
   }
 }
 
+// A call's bounds as keys of both kinds, worked out once per chunk, not per block.
+struct BlockKeys {
+  uint32_t f32[kMaxBounds];   // float32 |bits|
+  uint32_t bf16[kMaxBounds];  // bfloat16 |bits| (16-bit keys)
+};
+inline BlockKeys block_keys(const FormatBounds* bounds, int num_formats) {
+  BlockKeys keys;
+  bound_keys(bounds, num_formats, 0, keys.f32);
+  bound_keys(bounds, num_formats, 16, keys.bf16);
+  return keys;
+}
+
 // The bounds the vector pass counts for a block: the guess's, those of them this call has (run_cpu's guesses live for
 // one call, but a caller that keeps its TensorAccumulator across calls, as bench/cpu_kernel_ticks.cpp does, may
 // hand over a guess naming a bound of more formats). below[i]: count(key < key[i]) over the whole block, from the pass.
@@ -933,9 +945,9 @@ __attribute__((always_inline)) inline void count_block_by_formats(const uint32_t
                                                                   int64_t n, const FormatBounds* bounds,
                                                                   int num_formats, BlockCounts& out,
                                                                   uint32_t (&hist)[kHistCopies][kHistBins],
-                                                                  uint32_t* widened, StraddleGuess& guess) {
-  uint32_t t[kMaxBounds];
-  bound_keys(bounds, num_formats, raw ? 16 : 0, t);
+                                                                  uint32_t* widened, const BlockKeys& keys,
+                                                                  StraddleGuess& guess) {
+  const uint32_t(&t)[kMaxBounds] = raw ? keys.bf16 : keys.f32;
   LiveGuess live = live_guess<kBytes>(guess, 3 * num_formats, t);
   alignas(64) uint8_t bins[kBlockElems + 64];  // room to pad the last vector of count_bins_in_window
   const BlockScan scan = scan_block<kBytes>(bits, raw, n, bins, live);
@@ -957,8 +969,8 @@ __attribute__((always_inline)) inline void count_block_by_formats(const uint32_t
 AMPI_CPU_CLONES void count_block_wide(const uint32_t* bits, const uint16_t* raw, int64_t n,
                                       const FormatBounds* bounds, int num_formats, BlockCounts& out,
                                       uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened,
-                                      StraddleGuess& guess) {
-  count_block_by_formats<kWideBytes>(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
+                                      const BlockKeys& keys, StraddleGuess& guess) {
+  count_block_by_formats<kWideBytes>(bits, raw, n, bounds, num_formats, out, hist, widened, keys, guess);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -982,8 +994,9 @@ bool avx2_lanes() {
 __attribute__((target("avx2,fma"))) void count_block_avx2(const uint32_t* bits, const uint16_t* raw, int64_t n,
                                                           const FormatBounds* bounds, int num_formats,
                                                           BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins],
-                                                          uint32_t* widened, StraddleGuess& guess) {
-  count_block_by_formats<kAvx2Bytes>(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
+                                                          uint32_t* widened, const BlockKeys& keys,
+                                                          StraddleGuess& guess) {
+  count_block_by_formats<kAvx2Bytes>(bits, raw, n, bounds, num_formats, out, hist, widened, keys, guess);
 }
 #endif
 
@@ -1030,11 +1043,11 @@ const WidenFn widen_fp16_fastest = pick_widen_fp16();
 // if it is off the common path), in the lanes this CPU runs best.
 void count_block(const uint32_t* bits, const uint16_t* raw, int64_t n, const FormatBounds* bounds, int num_formats,
                  BlockCounts& out, uint32_t (&hist)[kHistCopies][kHistBins], uint32_t* widened,
-                 StraddleGuess& guess) {
+                 const BlockKeys& keys, StraddleGuess& guess) {
 #ifdef AMPI_TENSOR_STATS_AVX2
-  if (avx2_lanes()) return count_block_avx2(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
+  if (avx2_lanes()) return count_block_avx2(bits, raw, n, bounds, num_formats, out, hist, widened, keys, guess);
 #endif
-  count_block_wide(bits, raw, n, bounds, num_formats, out, hist, widened, guess);
+  count_block_wide(bits, raw, n, bounds, num_formats, out, hist, widened, keys, guess);
 }
 
 void add_block(TensorAccumulator& acc, const BlockCounts& block, int64_t n, int num_formats) {
@@ -1088,6 +1101,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
                    TensorAccumulator& acc, ToBits&& to_bits, void (*widen)(const T*, int64_t, uint32_t*) = nullptr) {
   alignas(64) uint32_t buffer[kBlockElems];
   uint32_t hist[kHistCopies][kHistBins] = {};
+  const BlockKeys keys = block_keys(call.bounds, call.num_formats);
   const ElementReader<T> reader{static_cast<const T*>(view.data), view};
   const float scale = call.has_scale ? (call.scale_ptr ? *call.scale_ptr : call.scale_value) : 1.0f;
   for (int64_t done = 0; done < count; done += kBlockElems) {
@@ -1097,7 +1111,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       if (!call.has_scale && is_contiguous_view(view)) {
         bits = reinterpret_cast<const uint32_t*>(reader.base + start + done);  // float32 as stored: no copy
         BlockCounts block;
-        count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr, acc.guess);
+        count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr, keys, acc.guess);
         add_block(acc, block, n, call.num_formats);
         continue;
       }
@@ -1106,7 +1120,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       if (view.dtype == kBFloat16 && !call.has_scale && is_contiguous_view(view)) {
         BlockCounts block;
         count_block(nullptr, reader.base + start + done, n, call.bounds, call.num_formats, block, hist, buffer,
-                    acc.guess);
+                    keys, acc.guess);
         add_block(acc, block, n, call.num_formats);
         continue;
       }
@@ -1124,7 +1138,7 @@ void count_chunk32(const TensorView& view, int64_t start, int64_t count, const S
       reader.for_each(start + done, n, [&](int64_t i, T x) { buffer[i] = to_bits(x); });
     }
     BlockCounts block;
-    count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr, acc.guess);
+    count_block(bits, nullptr, n, call.bounds, call.num_formats, block, hist, nullptr, keys, acc.guess);
     add_block(acc, block, n, call.num_formats);
   }
   for (int b = 0; b < kHistBins; ++b) {
